@@ -1,0 +1,1 @@
+"""llms-gateway: one OpenAI-compatible endpoint in front of many model providers."""

@@ -1,0 +1,170 @@
+"""The HTTP surface: Litestar routes, the lifespan that owns the upstream session, one envelope.
+
+`create_app()` is the uvicorn factory (one per worker process): it reads the config named by
+`$LLMS_CONFIG` (the CLI sets it) or found by discovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+
+import providers
+from gateway import config, logs, relay, reload
+from gateway.config import Snapshot
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    RequestTooLarge,
+    envelope,
+)
+from gateway.logs import get_logger
+from gateway.runtime import Gateway, model_card
+
+JSON = "application/json"
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    """OpenAI chat completions, streaming or not."""
+    return await relay.handle(request, "chat/completions")
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    """The legacy completions endpoint."""
+    return await relay.handle(request, "completions")
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Every alias served by an enabled provider."""
+    return Response(_gateway(request).runtime.models_body, media_type=JSON)
+
+
+@get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
+    """One alias, or 404 model_not_found."""
+    runtime = _gateway(request).runtime
+    alias = model_id.lstrip("/")
+    routes = runtime.snapshot.routes.get(alias)
+    if not routes:
+        raise ModelNotFound(alias)
+    card = model_card(alias, routes[0].provider, int(_gateway(request).started))
+    return Response(msgspec.json.encode(card), media_type=JSON)
+
+
+@get("/health")
+async def health() -> Response[bytes]:
+    """Liveness: the process answers. No upstream is called."""
+    return Response(b'{"status":"ok"}', media_type=JSON)
+
+
+@get("/ready")
+async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Readiness: a config is loaded and at least one provider is enabled."""
+    snapshot = _gateway(request).runtime.snapshot
+    listing = [{"name": p.name, "type": p.kind, "enabled": p.enabled,
+                "reason": p.disabled_reason} for p in snapshot.providers]
+    is_ready = any(p.enabled for p in snapshot.providers)
+    body = {"status": "ready" if is_ready else "not_ready", "providers": listing}
+    if not is_ready:
+        body["reason"] = "no provider is enabled"
+    return Response(msgspec.json.encode(body), media_type=JSON,
+                    status_code=200 if is_ready else 503)
+
+
+def _gateway(request: Request[Any, Any, Any]) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    """Any GatewayError raised outside the relay path leaves as the envelope."""
+    return Response(envelope(exc), status_code=exc.status, media_type=JSON)
+
+
+def on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    """Litestar's own errors (no route, wrong method, body too large) in our envelope."""
+    error: GatewayError
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404:
+        error = NotFound(f"No route for {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        error = MethodNotAllowed(f"Method {request.method} not allowed for {request.url.path}")
+    elif exc.status_code == 413:
+        error = RequestTooLarge("Request body is larger than the gateway accepts")
+    elif exc.status_code == 400:
+        error = InvalidRequest(str(exc.detail))
+    else:
+        error = GatewayError(str(exc.detail))
+        return Response(envelope(error), status_code=exc.status_code, media_type=JSON,
+                        headers=headers)
+    return Response(envelope(error), status_code=error.status, media_type=JSON, headers=headers)
+
+
+def on_unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """A bug: log it with its traceback, answer 500 in the envelope without details."""
+    get_logger().exception("unhandled_error", path=request.url.path)
+    return Response(envelope(GatewayError("Internal gateway error")), status_code=500,
+                    media_type=JSON)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Litestar) -> AsyncIterator[None]:
+    """Own the one upstream session, the live config, and the reload watcher."""
+    snapshot: Snapshot = app.state.initial
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=75)
+    # No Accept-Encoding: an upstream that compresses would force us to re-read the stream.
+    async with aiohttp.ClientSession(connector=connector,
+                                     skip_auto_headers=("Accept-Encoding",)) as session:
+        gateway = Gateway(session, providers.load_kinds())
+        await gateway.apply(snapshot)
+        app.state.gateway = gateway
+        watcher = None
+        if snapshot.source is not None:
+            watcher = asyncio.create_task(reload.watch(
+                snapshot.source, snapshot.server.reload_interval, gateway.apply))
+        get_logger().info("gateway_started", config=str(snapshot.source),
+                          providers=[p.name for p in snapshot.enabled],
+                          models=len(snapshot.routes))
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            await gateway.close()
+
+
+def create_app(snapshot: Snapshot | None = None) -> Litestar:
+    """Build the app for `snapshot`, or for the config discovery finds."""
+    logs.configure()
+    if snapshot is None:
+        snapshot = config.load(config.discover())
+    return Litestar(
+        route_handlers=[chat_completions, completions, list_models, retrieve_model, health, ready],
+        lifespan=[lifespan],
+        exception_handlers={
+            GatewayError: on_gateway_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected_error,
+        },
+        request_max_body_size=snapshot.server.max_body_bytes,
+        state=State({"initial": snapshot}),
+        debug=False,
+        openapi_config=None,
+        logging_config=None,
+    )

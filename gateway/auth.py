@@ -1,0 +1,31 @@
+"""Gateway keys: `Authorization: Bearer <key>` or `x-api-key`, compared in constant time."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+
+from gateway.errors import AuthenticationFailed
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key the client sent, if any."""
+    authorization = headers.get("authorization")
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return headers.get("x-api-key")
+
+
+def check(headers: Mapping[str, str], keys: tuple[str, ...]) -> None:
+    """Raise AuthenticationFailed unless `keys` is empty or the client sent one of them."""
+    if not keys:
+        return
+    key = presented_key(headers)
+    if key is None:
+        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'")
+    # Compare against every key so the time taken does not reveal which one nearly matched.
+    matched = False
+    for expected in keys:
+        matched |= hmac.compare_digest(key.encode(), expected.encode())
+    if not matched:
+        raise AuthenticationFailed("Invalid API key")

@@ -1,0 +1,183 @@
+"""`llms-gateway`: serve, ls, check, chat."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from gateway import config
+from gateway.config import CONFIG_ENV, ConfigError, Snapshot
+from gateway.errors import GatewayError
+
+DEFAULT_URL = "http://127.0.0.1:8000/v1"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `llms-gateway` command."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except ConfigError as exc:
+        print(f"llms-gateway: invalid config: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llms-gateway", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="config file (default: $LLMS_CONFIG, ./llms.json, "
+                                        "~/.llms/llms.json)")
+    serve.add_argument("--host", help="address to bind (default: server.host)")
+    serve.add_argument("--port", type=int, help="port to bind (default: server.port)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    serve.set_defaults(run=_serve)
+
+    ls = commands.add_parser("ls", help="list providers in order and the models each serves")
+    ls.add_argument("--config")
+    ls.set_defaults(run=_ls)
+
+    check = commands.add_parser("check", help="send a tiny request to each enabled provider")
+    check.add_argument("provider", nargs="?", help="only this provider")
+    check.add_argument("--config")
+    check.set_defaults(run=_check)
+
+    chat = commands.add_parser("chat", help="stream an answer through a running gateway")
+    chat.add_argument("-m", "--model", required=True)
+    chat.add_argument("prompt")
+    chat.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
+    chat.add_argument("--key", default=os.environ.get("LLMS_GATEWAY_KEY"))
+    chat.set_defaults(run=_chat)
+    return parser
+
+
+def _load(path: str | None) -> tuple[Path, Snapshot]:
+    found = config.discover(path)
+    return found, config.load(found)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    import providers
+    from gateway.runtime import check_kinds
+
+    path, snapshot = _load(args.config)
+    check_kinds(snapshot, providers.load_kinds())
+    os.environ[CONFIG_ENV] = str(path.resolve())  # the app factory in each worker reads it
+    host = args.host or snapshot.server.host
+    port = snapshot.server.port if args.port is None else args.port
+    print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
+    uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port,
+                workers=args.workers, loop="uvloop", http="httptools", access_log=False,
+                log_level="warning", timeout_graceful_shutdown=30)
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    path, snapshot = _load(args.config)
+    print(f"{path} ({len(snapshot.providers)} providers, tried in this order)")
+    for number, spec in enumerate(snapshot.providers, 1):
+        state = "enabled" if spec.enabled else f"disabled: {spec.disabled_reason}"
+        print(f"{number:>3}. {spec.name:<14} {spec.kind:<10} {state}")
+        for alias, model in spec.models.items():
+            target = f" -> {model.id}" if model.id != alias else ""
+            print(f"       {alias}{target}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    _, snapshot = _load(args.config)
+    specs = [p for p in snapshot.providers if args.provider in (None, p.name)]
+    if not specs:
+        print(f"no provider named {args.provider!r}", file=sys.stderr)
+        return 2
+    return asyncio.run(_check_all(snapshot, [s.name for s in specs]))
+
+
+async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
+    import providers
+    from gateway.runtime import build
+    from providers.base import Outgoing
+
+    failures = 0
+    async with aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding",)) as session:
+        runtime = build(snapshot, session, providers.load_kinds())
+        for spec in snapshot.providers:
+            if spec.name not in names:
+                continue
+            if not spec.enabled:
+                print(f"{spec.name:<14} skipped ({spec.disabled_reason})")
+                continue
+            provider = runtime.providers[spec.name]
+            for alias, model in spec.models.items():
+                body = {"model": alias, "max_tokens": 1,
+                        "messages": [{"role": "user", "content": "Say OK."}]}
+                request = Outgoing("chat/completions", msgspec.json.encode(body), alias, False,
+                                   "check")
+                started = time.perf_counter()
+                try:
+                    await provider.send(request, model.id)
+                    outcome = "ok"
+                except GatewayError as exc:
+                    failures += 1
+                    outcome = f"error: {exc.status} {exc.message}"
+                elapsed = (time.perf_counter() - started) * 1000
+                print(f"{spec.name:<14} {alias:<28} {elapsed:8.0f} ms  {outcome}")
+    return 1 if failures else 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    return asyncio.run(_stream_chat(args.url.rstrip("/"), args.key, args.model, args.prompt))
+
+
+async def _stream_chat(url: str, key: str | None, model: str, prompt: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
+        f"{url}/chat/completions", json=body, headers=headers
+    ) as response:
+        if response.status != 200:
+            print(_error_text(await response.read()), file=sys.stderr)
+            return 1
+        async for line in response.content:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            event = msgspec.json.decode(payload)
+            if "error" in event:
+                print(f"\nerror: {event['error'].get('message')}", file=sys.stderr)
+                return 1
+            for choice in event.get("choices") or ():
+                delta = choice.get("delta") or {}
+                text = delta.get("content") or ""
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        error = msgspec.json.decode(body)["error"]
+        return f"error: {error.get('code')}: {error.get('message')}"
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return f"error: {body[:500].decode('utf-8', 'replace')}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""llms.json: find it, read it, check it, and resolve it into an immutable `Snapshot`.
+
+The file is read into plain structs (what the user wrote), then resolved: `"$NAME"` strings read
+the environment, per-provider `timeouts`/`retries` are merged over `defaults`, providers whose key
+is unset are disabled with a reason, and the alias → candidates table is computed once, so the
+hot path is a dict lookup. Every error names the file, the field and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import yaml
+
+DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
+CONFIG_ENV = "LLMS_CONFIG"
+CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class ConfigError(Exception):
+    """The config file is missing or invalid; the message names the file and the field."""
+
+
+class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Seconds allowed for each phase of an upstream exchange."""
+
+    connect: float = 5.0
+    first_token: float = 60.0
+    idle: float = 60.0
+    total: float = 600.0
+
+
+class Retries(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Tries per candidate before moving to the next one."""
+
+    attempts: int = 1
+    backoff: float = 0.25
+    max_backoff: float = 8.0
+    retry_after_cap: float = 30.0
+
+
+class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where the gateway listens and who may use it."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reload_interval: float = 1.0
+
+
+class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    timeouts: dict[str, Any] = {}
+    retries: dict[str, Any] = {}
+
+
+class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A model as one provider serves it: its upstream id and facts about it."""
+
+    id: str
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+
+
+class ProviderEntry(msgspec.Struct, frozen=True):
+    """The fields every provider kind shares; kinds read their own extras from `raw`."""
+
+    type: str
+    base_url: str | None = None
+    api_key: str | None = None
+    enabled: bool = True
+    models: dict[str, str | ModelEntry] = {}
+    timeouts: dict[str, Any] = {}
+    retries: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    params: dict[str, Any] = {}
+    drop_params: tuple[str, ...] = ()
+
+
+class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    providers: dict[str, dict[str, Any]]
+    server: dict[str, Any] = {}
+    defaults: _Defaults = _Defaults()
+
+
+class Secret:
+    """A credential: its repr never shows the value, so it cannot leak through a log line."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    """One provider, resolved: what a provider kind is built from."""
+
+    name: str
+    kind: str
+    base_url: str | None
+    api_key: Secret | None
+    enabled: bool
+    disabled_reason: str | None
+    models: Mapping[str, ModelEntry]
+    timeouts: Timeouts
+    retries: Retries
+    headers: Mapping[str, str]
+    params: Mapping[str, Any]
+    drop_params: frozenset[str]
+    raw: Mapping[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One candidate for an alias: which provider, and the id it wants."""
+
+    provider: str
+    upstream_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The whole resolved config; swapped as one object on reload."""
+
+    source: Path | None
+    server: ServerConfig
+    providers: tuple[ProviderSpec, ...]
+    routes: Mapping[str, tuple[Route, ...]]
+
+    @property
+    def enabled(self) -> tuple[ProviderSpec, ...]:
+        return tuple(p for p in self.providers if p.enabled)
+
+
+def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Find the config: `--config`, then `$LLMS_CONFIG`, then ./llms.json, then ~/.llms/."""
+    if explicit:
+        return _must_exist(Path(explicit), "--config")
+    if env_path := os.environ.get(CONFIG_ENV):
+        return _must_exist(Path(env_path), f"${CONFIG_ENV}")
+    for folder in (Path.cwd(), Path.home() / ".llms"):
+        for name in CONFIG_NAMES:
+            if (folder / name).is_file():
+                return folder / name
+    raise ConfigError("no config found: pass --config, set $LLMS_CONFIG, or create ./llms.json")
+
+
+def _must_exist(path: Path, origin: str) -> Path:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found (from {origin})")
+    return path
+
+
+def load(path: Path, environ: Mapping[str, str] | None = None) -> Snapshot:
+    """Read and resolve the config file at `path`; raises ConfigError naming file and field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    return parse(text, path, os.environ if environ is None else environ)
+
+
+def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
+    """Resolve config text (JSON, or YAML for .yaml/.yml) into a Snapshot."""
+    data = _decode(text, path)
+    try:
+        file = msgspec.convert(data, _File)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {_where(exc)}") from exc
+    where = str(path)
+    server = _server(file.server, environ, where)
+    timeouts = _merge(Timeouts(), file.defaults.timeouts, f"{where}: defaults.timeouts")
+    retries = _merge(Retries(), file.defaults.retries, f"{where}: defaults.retries")
+    providers = tuple(
+        _provider(name, raw, timeouts, retries, environ, f"{where}: providers.{name}")
+        for name, raw in file.providers.items()
+    )
+    return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers))
+
+
+def _decode(text: str, path: Path) -> Any:
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
+
+
+def _where(exc: msgspec.ValidationError) -> str:
+    # msgspec says "Expected `int`, got `str` - at `$.providers.x.timeouts`"; lead with the field.
+    message = str(exc)
+    if " - at `$." in message:
+        problem, _, at = message.rpartition(" - at `$.")
+        return f"{at.rstrip('`')}: {problem}"
+    return message
+
+
+def _server(raw: dict[str, Any], environ: Mapping[str, str], where: str) -> ServerConfig:
+    try:
+        server = msgspec.convert(raw, ServerConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: server.{_where(exc)}") from exc
+    keys = tuple(k for k in (_expand(k, environ) for k in server.api_keys) if k)
+    return msgspec.structs.replace(server, api_keys=keys)
+
+
+def _merge(base: S, overrides: Mapping[str, Any], where: str) -> S:
+    try:
+        merged = msgspec.convert({**msgspec.structs.asdict(base), **overrides}, type(base))
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}.{_where(exc)}") from exc
+    for name in ("connect", "first_token", "idle", "total", "attempts"):
+        value = getattr(merged, name, None)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{where}.{name}: must be greater than 0, got {value}")
+    return merged
+
+
+def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
+              environ: Mapping[str, str], where: str) -> ProviderSpec:
+    try:
+        entry = msgspec.convert(raw, ProviderEntry)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}.{_where(exc)}") from exc
+    models = {alias: m if isinstance(m, ModelEntry) else ModelEntry(id=m)
+              for alias, m in entry.models.items()}
+    disabled_reason = None if entry.enabled else "disabled in config"
+    api_key = _expand(entry.api_key, environ) if entry.api_key else None
+    if entry.api_key and not api_key and disabled_reason is None:
+        disabled_reason = f"{entry.api_key.lstrip('$').strip('{}')} is not set"
+    base_url = _expand(entry.base_url, environ) if entry.base_url else None
+    if entry.base_url and not base_url and disabled_reason is None:
+        disabled_reason = f"{entry.base_url.lstrip('$').strip('{}')} is not set"
+    return ProviderSpec(
+        name=name,
+        kind=entry.type,
+        base_url=base_url.rstrip("/") if base_url else None,
+        api_key=Secret(api_key) if api_key else None,
+        enabled=disabled_reason is None,
+        disabled_reason=disabled_reason,
+        models=models,
+        timeouts=_merge(timeouts, entry.timeouts, f"{where}.timeouts"),
+        retries=_merge(retries, entry.retries, f"{where}.retries"),
+        headers={k: _expand(v, environ) or "" for k, v in entry.headers.items()},
+        params=dict(entry.params),
+        drop_params=frozenset(entry.drop_params),
+        raw=raw,
+    )
+
+
+def _expand(value: str, environ: Mapping[str, str]) -> str | None:
+    """`"$NAME"` or `"${NAME}"` reads the environment (None when unset); other text is literal."""
+    if value.startswith("${") and value.endswith("}"):
+        return environ.get(value[2:-1]) or None
+    if value.startswith("$") and value[1:].replace("_", "").isalnum():
+        return environ.get(value[1:]) or None
+    return value
+
+
+def _routes(providers: tuple[ProviderSpec, ...]) -> dict[str, tuple[Route, ...]]:
+    routes: dict[str, list[Route]] = {}
+    for spec in providers:
+        if not spec.enabled:
+            continue
+        for alias, model in spec.models.items():
+            routes.setdefault(alias, []).append(Route(spec.name, model.id))
+    return {alias: tuple(candidates) for alias, candidates in routes.items()}
+
+
+def with_provider_disabled(snapshot: Snapshot, name: str, reason: str) -> Snapshot:
+    """A copy of the snapshot with one provider disabled (a kind that cannot start, say)."""
+    providers = tuple(
+        replace(p, enabled=False, disabled_reason=reason) if p.name == name else p
+        for p in snapshot.providers
+    )
+    return Snapshot(snapshot.source, snapshot.server, providers, _routes(providers))

@@ -1,0 +1,64 @@
+"""Notice a client that leaves while the gateway is still waiting on an upstream.
+
+Once a response has started, the ASGI server and Litestar's `Stream` notice disconnects. Before
+that, nothing does: this guard reads `http.disconnect` from the ASGI channel and cancels the
+work, so an abandoned request stops costing upstream time at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+from typing import Any
+
+from litestar.types import Receive
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the gateway could answer."""
+
+
+class DisconnectGuard:
+    """`async with DisconnectGuard(receive):` cancels its body when the client disconnects."""
+
+    __slots__ = ("_cancelling", "_disconnected", "_receive", "_task", "_watcher")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._disconnected = False
+        self._cancelling = 0
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DisconnectGuard:
+        self._task = asyncio.current_task()
+        assert self._task is not None
+        self._cancelling = self._task.cancelling()
+        self._watcher = asyncio.create_task(self._wait())
+        self._watcher.add_done_callback(self._on_disconnect)
+        return self
+
+    async def _wait(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+
+    def _on_disconnect(self, watcher: asyncio.Task[None]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None or self._task is None:
+            return
+        self._disconnected = True
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        assert self._watcher is not None and self._task is not None
+        self._watcher.remove_done_callback(self._on_disconnect)
+        self._watcher.cancel()
+        if not self._disconnected:
+            return
+        if exc_type is not asyncio.CancelledError:
+            # The cancel we asked for has not landed yet: take it here, not at a later await.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)
+        if self._task.uncancel() <= self._cancelling:
+            raise ClientDisconnected from exc

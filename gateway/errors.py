@@ -1,0 +1,258 @@
+"""The gateway's errors, and the one envelope every error leaves in.
+
+    GatewayError
+     ├── ClientError                  the request is at fault; never failed over
+     │    ├── InvalidRequest          400 invalid_request
+     │    ├── RequestTooLarge         413 request_too_large
+     │    ├── ModelNotFound           404 model_not_found
+     │    ├── NotFound                404 not_found (a route or an unknown id)
+     │    ├── AuthenticationFailed    401 invalid_api_key
+     │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
+     ├── ProviderError                one attempt at one provider failed; `retryable` says
+     │    │                           whether the same provider may be tried again
+     │    ├── ProviderUnavailable     refused / reset connection, 5xx
+     │    ├── ProviderTimeout
+     │    │    ├── ConnectTimeout
+     │    │    ├── FirstTokenTimeout
+     │    │    ├── IdleTimeout
+     │    │    └── TotalTimeout
+     │    ├── ProviderRateLimited     429, carries `retry_after`
+     │    ├── ProviderRejected        401/403/404 from the provider: its config, not the client's
+     │    └── BadUpstreamResponse     a body that is not what the protocol promises
+     └── AllProvidersFailed           every candidate failed: 502, or 429 / 504 when all failed so
+
+Every `ProviderError` moves the request to the next candidate; the envelope is built in one place,
+`envelope()`, and the HTTP layer turns any `GatewayError` into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgspec
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway reports to a client."""
+
+    http_status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "api_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        """The HTTP status this error leaves with."""
+        return self.http_status
+
+    def body(self) -> dict[str, Any]:
+        """The `error` object of the envelope."""
+        return {"message": self.message, "type": self.error_type, "code": self.code,
+                "param": self.param}
+
+
+class ClientError(GatewayError):
+    """The request itself is wrong; trying another provider would not help."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidRequest(ClientError):
+    """The body is not JSON, has wrong types, or misses a required field."""
+
+
+class RequestTooLarge(ClientError):
+    """The body is over the configured limit."""
+
+    http_status = 413
+    code = "request_too_large"
+
+
+class ModelNotFound(ClientError):
+    """No enabled provider serves the requested model."""
+
+    http_status = 404
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"Model '{model}' not found in any enabled provider", param="model")
+
+
+class NotFound(ClientError):
+    """No such route or object."""
+
+    http_status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(ClientError):
+    """The route exists but not for this method."""
+
+    http_status = 405
+    code = "method_not_allowed"
+
+
+class AuthenticationFailed(ClientError):
+    """The gateway key is missing or wrong."""
+
+    http_status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class UpstreamClientError(ClientError):
+    """A provider rejected the request as the client's fault; relayed with its status."""
+
+    def __init__(self, provider: str, status: int, message: str, *, error_type: str | None,
+                 code: str | None, param: str | None) -> None:
+        super().__init__(message, param=param)
+        self.provider = provider
+        self._status = status
+        self._type = error_type or "invalid_request_error"
+        self._code = code or "invalid_request"
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+    def body(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self._type, "code": self._code,
+                "param": self.param}
+
+
+class ProviderError(GatewayError):
+    """One attempt at one provider failed; the request moves on."""
+
+    http_status = 502
+    code = "provider_error"
+    retryable: ClassVar[bool] = True
+    reason: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, upstream_status: int | None = None) -> None:
+        super().__init__(message)
+        self.upstream_status = upstream_status
+        self.retry_after: float | None = None
+
+
+class ProviderUnavailable(ProviderError):
+    """The provider refused or dropped the connection, or answered 5xx."""
+
+    reason = "unavailable"
+
+
+class ProviderTimeout(ProviderError):
+    """A configured timeout fired."""
+
+    http_status = 504
+    reason = "timeout"
+
+
+class ConnectTimeout(ProviderTimeout):
+    """No connection within `timeouts.connect`."""
+
+    reason = "connect_timeout"
+
+
+class FirstTokenTimeout(ProviderTimeout):
+    """No response headers and first chunk within `timeouts.first_token`."""
+
+    reason = "first_token_timeout"
+
+
+class IdleTimeout(ProviderTimeout):
+    """The gap between two chunks exceeded `timeouts.idle`."""
+
+    reason = "idle_timeout"
+
+
+class TotalTimeout(ProviderTimeout):
+    """The whole exchange exceeded `timeouts.total`."""
+
+    reason = "total_timeout"
+
+
+class ProviderRateLimited(ProviderError):
+    """The provider answered 429."""
+
+    http_status = 429
+    reason = "rate_limited"
+
+    def __init__(self, message: str, *, upstream_status: int | None = 429,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message, upstream_status=upstream_status)
+        self.retry_after = retry_after
+
+
+class ProviderRejected(ProviderError):
+    """The provider refused us (401/403/404): a config problem, not worth retrying there."""
+
+    retryable = False
+    reason = "rejected"
+
+
+class BadUpstreamResponse(ProviderError):
+    """The provider's body broke the protocol: not JSON, not SSE."""
+
+    reason = "bad_response"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try at one provider, as reported in `provider_error`."""
+
+    provider: str
+    status: int | None
+    reason: str
+    message: str
+    retry_after: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"provider": self.provider, "status": self.status, "reason": self.reason,
+                "message": self.message}
+
+
+class AllProvidersFailed(GatewayError):
+    """Every candidate for the model failed; lists what each attempt saw."""
+
+    http_status = 502
+    code = "provider_error"
+
+    def __init__(self, model: str, attempts: Sequence[Attempt]) -> None:
+        tried = "; ".join(f"{a.provider}: {a.reason}" + (f" {a.status}" if a.status else "")
+                          for a in attempts)
+        super().__init__(f"All providers failed for model '{model}'" + (f" ({tried})" if tried
+                                                                         else ""))
+        self.attempts = tuple(attempts)
+        self.retry_after = min((a.retry_after for a in attempts if a.retry_after), default=None)
+
+    @property
+    def status(self) -> int:
+        reasons = {a.reason for a in self.attempts}
+        if reasons == {"rate_limited"}:
+            return 429
+        if reasons and all(r.endswith("timeout") for r in reasons):
+            return 504
+        return 502
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["attempts"] = [a.as_dict() for a in self.attempts]
+        return body
+
+
+def envelope(error: GatewayError) -> bytes:
+    """The JSON body of an error response: `{"error": {...}}`."""
+    return msgspec.json.encode({"error": error.body()})
+
+
+def sse_error_event(error: GatewayError) -> bytes:
+    """An in-band SSE error event, sent when a stream breaks after its first byte."""
+    return b"data: " + envelope(error) + b"\n\n"

@@ -1,0 +1,40 @@
+"""structlog setup: JSON lines when not on a terminal, one line per request, never a key."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import msgspec
+import structlog
+
+
+def configure(level: str = "info", json: bool | None = None) -> None:
+    """Configure structlog once per process; JSON unless stderr is a terminal."""
+    as_json = not sys.stderr.isatty() if json is None else json
+    processors: list[structlog.typing.Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if as_json:
+        processors.append(structlog.processors.JSONRenderer(serializer=_encode))
+        logger_factory: Any = structlog.BytesLoggerFactory(sys.stderr.buffer)
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        logger_factory = structlog.PrintLoggerFactory(sys.stderr)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=logger_factory,
+        cache_logger_on_first_use=True,
+    )
+
+
+def _encode(event: Any, **_: Any) -> bytes:
+    return msgspec.json.encode(event, enc_hook=str)
+
+
+def get_logger(name: str = "llms-gateway") -> structlog.typing.FilteringBoundLogger:
+    """The gateway's logger."""
+    return structlog.get_logger(name)

@@ -1,0 +1,147 @@
+"""The path of one relayed request: check, route, try, answer, log once.
+
+Shared by /v1/chat/completions, /v1/completions and /v1/responses; endpoint differences live in
+the request heads (`schemas`) and in the provider kinds, not here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from gateway import auth, router, schemas
+from gateway.disconnect import ClientDisconnected, DisconnectGuard
+from gateway.errors import AllProvidersFailed, Attempt, GatewayError, RequestTooLarge, envelope
+from gateway.logs import get_logger
+from gateway.runtime import Gateway
+from gateway.streaming import OpenedStream, open_stream, relay
+from providers.base import Outgoing, Provider
+
+HEADS: Mapping[str, type[schemas.ChatHead | schemas.CompletionHead | schemas.ResponsesHead]] = {
+    "chat/completions": schemas.ChatHead,
+    "completions": schemas.CompletionHead,
+    "responses": schemas.ResponsesHead,
+}
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MAX_REQUEST_ID = 128
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The client's `x-request-id` if it sent a sane one, else a new one."""
+    sent = headers.get("x-request-id")
+    if sent and len(sent) <= MAX_REQUEST_ID and sent.isprintable():
+        return sent
+    return os.urandom(12).hex()
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What one request did, for its response headers and its one log line."""
+
+    request_id: str
+    endpoint: str
+    started: float = field(default_factory=time.perf_counter)
+    model: str | None = None
+    stream: bool = False
+    provider: str | None = None
+    attempts: int = 0
+    failed: tuple[Attempt, ...] = ()
+    status: int = 200
+
+    def headers(self) -> dict[str, str]:
+        headers = {"x-request-id": self.request_id}
+        if self.attempts:
+            headers["x-llms-attempts"] = str(self.attempts)
+        if self.provider:
+            headers["x-llms-provider"] = self.provider
+        return headers
+
+    def log(self, outcome: str, **extra: Any) -> None:
+        get_logger().info(
+            "request",
+            request_id=self.request_id,
+            endpoint=self.endpoint,
+            model=self.model,
+            provider=self.provider,
+            status=self.status,
+            outcome=outcome,
+            attempts=self.attempts,
+            failed=[f"{a.provider}:{a.reason}" for a in self.failed] or None,
+            stream=self.stream,
+            latency_ms=round((time.perf_counter() - self.started) * 1000, 2),
+            **extra,
+        )
+
+
+async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any]:
+    """Serve one relay request end to end; every failure leaves as the error envelope."""
+    gateway: Gateway = request.app.state.gateway
+    runtime = gateway.runtime
+    exchange = Exchange(request_id(request.headers), endpoint)
+    try:
+        auth.check(request.headers, runtime.snapshot.server.api_keys)
+        raw = await _body(request)
+        head = schemas.parse(raw, HEADS[endpoint])
+        exchange.model, exchange.stream = head.model, bool(head.stream)
+        routes = router.candidates(runtime.snapshot, head.model)
+        outgoing = Outgoing(endpoint, raw, head.model, exchange.stream, exchange.request_id)
+        async with DisconnectGuard(request.receive):
+            if exchange.stream:
+                opened = await router.attempt(head.model, routes, runtime.providers,
+                                              lambda p, m: _open(p, outgoing, m))
+            else:
+                answered = await router.attempt(head.model, routes, runtime.providers,
+                                                lambda p, m: p.send(outgoing, m))
+    except GatewayError as exc:
+        return _error(exc, exchange)
+    except ClientDisconnected:
+        exchange.status = 499
+        exchange.log("client_disconnected")
+        return Response(b"", status_code=499)
+    if exchange.stream:
+        exchange.provider, exchange.attempts, exchange.failed = (
+            opened.provider, opened.attempts, opened.failed)
+        return Stream(
+            relay(opened.result, opened.provider, on_end=exchange.log),
+            media_type="text/event-stream",
+            headers={**exchange.headers(), **STREAM_HEADERS},
+        )
+    exchange.provider, exchange.attempts, exchange.failed = (
+        answered.provider, answered.attempts, answered.failed)
+    exchange.log("completed")
+    return Response(answered.result.body, media_type=answered.result.content_type,
+                    headers=exchange.headers())
+
+
+async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str) -> OpenedStream:
+    return await open_stream(provider.stream(outgoing, upstream_model))
+
+
+async def _body(request: Request[Any, Any, Any]) -> bytes:
+    try:
+        return await request.body()
+    except HTTPException as exc:
+        if exc.status_code == 413:
+            raise RequestTooLarge("Request body is larger than the gateway accepts") from None
+        raise
+
+
+def _error(exc: GatewayError, exchange: Exchange) -> Response[bytes]:
+    exchange.status = exc.status
+    headers = exchange.headers()
+    if isinstance(exc, AllProvidersFailed):
+        exchange.attempts, exchange.failed = len(exc.attempts), exc.attempts
+        headers["x-llms-attempts"] = str(len(exc.attempts))
+        if exc.retry_after is not None and exc.status in (429, 503):
+            headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    exchange.log("error", error=exc.code)
+    return Response(envelope(exc), status_code=exc.status, media_type="application/json",
+                    headers=headers)
+

@@ -1,0 +1,101 @@
+"""The live state of one gateway process: a config snapshot and the providers built from it.
+
+`Gateway.apply()` builds a complete new `Runtime` and swaps it in with one assignment, so a
+request sees either the old config or the new one, never half of each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import msgspec
+
+from gateway.config import ConfigError, Snapshot
+from gateway.logs import get_logger
+from providers.base import Provider
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """One config snapshot and its live providers."""
+
+    snapshot: Snapshot
+    providers: Mapping[str, Provider]
+    models_body: bytes
+
+
+def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None:
+    """Every enabled provider names a known kind, else a ConfigError naming the field."""
+    for spec in snapshot.enabled:
+        if spec.kind not in kinds:
+            known = ", ".join(sorted(kinds))
+            raise ConfigError(f"{snapshot.source}: providers.{spec.name}.type: unknown provider "
+                              f"type '{spec.kind}' (known: {known})")
+
+
+def build(snapshot: Snapshot, session: aiohttp.ClientSession,
+          kinds: Mapping[str, type[Provider]]) -> Runtime:
+    """Instantiate every enabled provider; an unknown type or bad field is a ConfigError."""
+    check_kinds(snapshot, kinds)
+    providers: dict[str, Provider] = {}
+    for spec in snapshot.enabled:
+        try:
+            providers[spec.name] = kinds[spec.kind](spec, session)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
+    return Runtime(snapshot, providers, models_list(snapshot))
+
+
+def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
+    """`GET /v1/models`: every alias an enabled provider serves, owned by the first of them."""
+    stamp = int(time.time()) if created is None else created
+    data = [model_card(alias, routes[0].provider, stamp)
+            for alias, routes in snapshot.routes.items()]
+    return msgspec.json.encode({"object": "list", "data": data})
+
+
+def model_card(alias: str, owner: str, created: int) -> dict[str, object]:
+    """One entry of the models list, in OpenAI's `Model` shape."""
+    return {"id": alias, "object": "model", "created": created, "owned_by": owner}
+
+
+class Gateway:
+    """Holds the current Runtime; swapped atomically on reload."""
+
+    def __init__(self, session: aiohttp.ClientSession,
+                 kinds: Mapping[str, type[Provider]]) -> None:
+        self.session = session
+        self.kinds = kinds
+        self.started = time.time()
+        self._runtime: Runtime | None = None
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            raise RuntimeError("gateway has no config yet")
+        return self._runtime
+
+    async def apply(self, snapshot: Snapshot) -> None:
+        """Make `snapshot` live; on any error the previous runtime keeps serving."""
+        runtime = build(snapshot, self.session, self.kinds)
+        for provider in runtime.providers.values():
+            await provider.start()
+        previous, self._runtime = self._runtime, runtime
+        log = get_logger()
+        for spec in snapshot.providers:
+            if not spec.enabled:
+                log.info("provider_disabled", provider=spec.name, reason=spec.disabled_reason)
+        if previous is not None:
+            await _close_all(previous)
+
+    async def close(self) -> None:
+        if self._runtime is not None:
+            await _close_all(self._runtime)
+
+
+async def _close_all(runtime: Runtime) -> None:
+    for provider in runtime.providers.values():
+        await provider.close()

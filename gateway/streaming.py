@@ -1,0 +1,151 @@
+"""SSE relay: peek before commit, pass bytes through, end every stream honestly.
+
+Until the first data event arrives nothing has been sent, so a failure is still a failover.
+After it, upstream bytes go to the client as they come; if the upstream breaks or stops before
+it said it was done, the client gets an in-band `data: {"error": ...}` event instead of a silent
+truncation. The watcher parses only what that needs: event boundaries, `[DONE]`, a
+`finish_reason`, an upstream error event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from gateway.errors import (
+    BadUpstreamResponse,
+    GatewayError,
+    ProviderError,
+    ProviderUnavailable,
+    sse_error_event,
+)
+
+DONE_EVENT = b"data: [DONE]\n\n"
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+_MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
+
+
+@dataclass(slots=True)
+class SSEWatch:
+    """Reads an SSE byte stream alongside the relay, line by line, without changing it."""
+
+    data_events: int = 0
+    done: bool = False
+    finished: bool = False
+    error_event: bytes | None = None
+    garbage: bool = False
+    _partial: bytes = field(default=b"", repr=False)
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next chunk of the stream."""
+        buffer = self._partial + chunk if self._partial else chunk
+        lines = buffer.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > _MAX_LINE:
+            self.garbage = True
+            self._partial = b""
+        for line in lines:
+            self._line(line.rstrip(b"\r"))
+
+    def _line(self, line: bytes) -> None:
+        if not line:
+            return
+        if not line.startswith(_SSE_FIELDS):
+            self.garbage = True
+            return
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].lstrip()
+        self.data_events += 1
+        if payload == b"[DONE]":
+            self.done = True
+        elif payload.startswith(b'{"error"') or payload.startswith(b'{"object":"error"'):
+            self.error_event = payload
+        elif _FINISHED.search(payload):
+            self.finished = True
+
+
+@dataclass(slots=True)
+class OpenedStream:
+    """An upstream stream that has produced its first data event and can be committed to."""
+
+    head: bytes
+    rest: AsyncIterator[bytes]
+    watch: SSEWatch
+
+
+async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
+    """Read until the first data event; anything wrong until then is a `ProviderError`."""
+    watch = SSEWatch()
+    head = b""
+    try:
+        async for chunk in chunks:
+            watch.feed(chunk)
+            head += chunk
+            if watch.garbage:
+                raise BadUpstreamResponse("stream is not server-sent events")
+            if watch.error_event is not None:
+                raise ProviderUnavailable(
+                    "stream began with an error event: " + watch.error_event[:200].decode(
+                        "utf-8", "replace"))
+            if watch.data_events:
+                return OpenedStream(head, chunks, watch)
+        raise BadUpstreamResponse("stream ended before its first event")
+    except BaseException:
+        await close_quietly(chunks)
+        raise
+
+
+async def relay(opened: OpenedStream, provider: str,
+                on_end: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
+    """Pass the stream through; end it with `[DONE]` or an in-band error, never silently.
+
+    `on_end` hears how it ended: "completed", "error" or "client_disconnected".
+    """
+    watch = opened.watch
+    outcome = "client_disconnected"
+    try:
+        yield opened.head
+        if not watch.done:
+            async for chunk in opened.rest:
+                watch.feed(chunk)
+                yield chunk
+                if watch.done:
+                    break
+        if watch.done or (watch.finished and not watch.garbage):
+            if not watch.done:
+                yield DONE_EVENT
+            outcome = "completed"
+        else:
+            outcome = "error"
+            yield sse_error_event(
+                _mid_stream(provider, ProviderUnavailable("stream ended before it finished")))
+    except ProviderError as exc:
+        outcome = "error"
+        yield sse_error_event(_mid_stream(provider, exc))
+    finally:
+        await close_quietly(opened.rest)
+        if on_end is not None:
+            on_end(outcome)
+
+
+def _mid_stream(provider: str, exc: ProviderError) -> GatewayError:
+    error = ProviderUnavailable(f"provider '{provider}' failed mid-stream: {exc.reason}: "
+                                f"{exc.message}")
+    error.upstream_status = exc.upstream_status
+    return error
+
+
+async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
+    """Close an upstream iterator even while being cancelled; its response closes synchronously."""
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is None:
+        return
+    with anyio.CancelScope(shield=True):
+        with contextlib.suppress(Exception):
+            await aclose()

@@ -1,0 +1,74 @@
+"""What every provider kind implements: send one request, or stream one.
+
+A kind turns the gateway's `Outgoing` request into its upstream's wire format and the answer back
+into OpenAI's. Failures are raised as `gateway.errors` types, so the router can decide failover
+without knowing which kind it talked to.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import aiohttp
+import msgspec
+
+from gateway.config import ProviderSpec
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A client request on its way to one provider: the raw body, and what the gateway parsed."""
+
+    endpoint: str  # "chat/completions", "completions", "responses"
+    raw: bytes
+    model: str
+    stream: bool
+    request_id: str
+    _json: dict[str, Any] | None = None
+
+    def json(self) -> dict[str, Any]:
+        """The body as a dict, decoded once; callers copy before changing it."""
+        if self._json is None:
+            self._json = msgspec.json.decode(self.raw)
+        return self._json
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A complete, successful upstream answer, already in OpenAI's format."""
+
+    body: bytes
+    content_type: str = "application/json"
+
+
+class Provider(ABC):
+    """One configured provider of some kind. Built per config snapshot; the session is shared."""
+
+    kind: ClassVar[str]
+    #: Endpoints this kind can serve natively.
+    endpoints: ClassVar[frozenset[str]] = frozenset({"chat/completions", "completions"})
+
+    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.session = session
+
+    @abstractmethod
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        """Send a non-streaming request; raise a ProviderError or UpstreamClientError on failure."""
+
+    @abstractmethod
+    def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        """Stream OpenAI-format SSE bytes; failures before the first chunk allow failover."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Called once when a snapshot using this provider goes live."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Called when the snapshot is replaced or the gateway stops."""
+
+    def supports(self, endpoint: str) -> bool:
+        return endpoint in self.endpoints

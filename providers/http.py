@@ -1,0 +1,206 @@
+"""HTTP plumbing shared by every provider kind that talks to its upstream over HTTP.
+
+aiohttp's exceptions become `gateway.errors` here and nowhere else (`translate_errors`), an
+upstream status becomes a failover decision in `error_for_status`, and upstream error bodies are
+cut short and scrubbed of anything that looks like a credential before a client can see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.config import Timeouts
+from gateway.errors import (
+    BadUpstreamResponse,
+    ConnectTimeout,
+    FirstTokenTimeout,
+    GatewayError,
+    IdleTimeout,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderRejected,
+    ProviderTimeout,
+    ProviderUnavailable,
+    TotalTimeout,
+    UpstreamClientError,
+)
+
+MAX_ERROR_MESSAGE = 500
+MAX_ERROR_BODY = 64 * 1024
+
+# Looks like a credential: bearer tokens, "sk-..." style keys, key=... query parameters.
+_CREDENTIAL = re.compile(
+    r"(?i)(bearer\s+)[\w.\-~+/=]{8,}|\b(sk|pk|rk|gsk|xai|key)-[\w\-]{8,}|([?&](?:api_)?key=)[^&\s\"']+"
+)
+
+
+def scrub(text: str, secret: str | None = None) -> str:
+    """Cut `text` short and mask credentials, including the provider's own key if given."""
+    if secret:
+        text = text.replace(secret, "***")
+    text = _CREDENTIAL.sub(_mask, text)
+    return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 1] + "…"
+
+
+def _mask(match: re.Match[str]) -> str:
+    prefix = match.group(1) or match.group(3)
+    return f"{prefix}***" if prefix else "***"
+
+
+class _ErrorBody(msgspec.Struct):
+    message: str | None = None
+    type: str | None = None
+    code: str | int | None = None
+    param: str | None = None
+
+
+class _Envelope(msgspec.Struct):
+    error: _ErrorBody | str | None = None
+    message: str | None = None  # vLLM's old shape: {"object": "error", "message": ...}
+    type: str | None = None
+    param: str | None = None
+    code: str | int | None = None
+    detail: Any = None  # FastAPI-style validation errors
+
+
+def read_error(body: bytes) -> _ErrorBody:
+    """What an upstream error body says, whichever of the common shapes it uses."""
+    try:
+        env = msgspec.json.decode(body, type=_Envelope)
+    except msgspec.DecodeError:
+        text = body.decode("utf-8", "replace").strip()
+        return _ErrorBody(message=text or None)
+    if isinstance(env.error, _ErrorBody):
+        return env.error
+    if isinstance(env.error, str):
+        return _ErrorBody(message=env.error, type=env.type, code=env.code, param=env.param)
+    if env.message:
+        return _ErrorBody(message=env.message, type=env.type, code=env.code, param=env.param)
+    if env.detail is not None:
+        return _ErrorBody(message=str(env.detail))
+    return _ErrorBody()
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Parse a Retry-After header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[str, str],
+                     secret: str | None) -> GatewayError:
+    """The error an upstream status means: the client's fault (relayed) or a failover reason."""
+    detail = read_error(body[:MAX_ERROR_BODY])
+    message = scrub(detail.message or f"HTTP {status}", secret)
+    if status == 429:
+        hint = retry_after_seconds(headers.get("Retry-After"))
+        return ProviderRateLimited(message, retry_after=hint)
+    if status in (401, 403, 404):
+        return ProviderRejected(message, upstream_status=status)
+    if status == 408:
+        return ProviderTimeout(message, upstream_status=status)
+    if 400 <= status < 500:
+        return UpstreamClientError(
+            provider, status, message, error_type=detail.type,
+            code=str(detail.code) if detail.code is not None and not isinstance(detail.code, int)
+            else None,
+            param=detail.param,
+        )
+    error = ProviderUnavailable(message, upstream_status=status)
+    error.retry_after = retry_after_seconds(headers.get("Retry-After"))
+    return error
+
+
+@contextmanager
+def translate_errors(secret: str | None = None) -> Iterator[None]:
+    """Turn aiohttp and timeout exceptions raised inside into `ProviderError`s."""
+    try:
+        yield
+    except (ProviderError, UpstreamClientError):
+        raise
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise ConnectTimeout("connection timed out") from exc
+    except aiohttp.ServerTimeoutError as exc:
+        raise IdleTimeout(scrub(str(exc) or "read timed out", secret)) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise ProviderUnavailable(f"cannot connect: {scrub(str(exc.os_error), secret)}") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise ProviderUnavailable("connection lost while reading the response") from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise ProviderUnavailable(f"connection lost: {scrub(str(exc), secret)}") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise BadUpstreamResponse(f"malformed HTTP response: {scrub(exc.message, secret)}") from exc
+    except aiohttp.ClientError as exc:
+        raise ProviderUnavailable(scrub(str(exc) or type(exc).__name__, secret)) from exc
+
+
+def client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
+    """aiohttp enforces only the connect phase; the others are ours (see `read_stream`)."""
+    return aiohttp.ClientTimeout(total=None, connect=timeouts.connect,
+                                 sock_connect=timeouts.connect)
+
+
+TimeoutKind = type[ProviderTimeout]
+
+
+class Deadline:
+    """The time budget of one exchange: first token and total from its start, idle per gap."""
+
+    __slots__ = ("_loop", "first_token_at", "idle", "total_at")
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._loop = asyncio.get_running_loop()
+        now = self._loop.time()
+        self.first_token_at = now + timeouts.first_token
+        self.total_at = now + timeouts.total
+        self.idle = timeouts.idle
+
+    def first_token(self) -> tuple[float, type[ProviderTimeout]]:
+        """Seconds left for headers and the first chunk, and the error that names what fired."""
+        return self._until(self.first_token_at, FirstTokenTimeout)
+
+    def next_chunk(self) -> tuple[float, type[ProviderTimeout]]:
+        """Seconds allowed for the next chunk."""
+        return self._until(self._loop.time() + self.idle, IdleTimeout)
+
+    def total(self) -> tuple[float, type[ProviderTimeout]]:
+        return self._until(self.total_at, TotalTimeout)
+
+    def _until(self, at: float, error: TimeoutKind) -> tuple[float, TimeoutKind]:
+        if self.total_at <= at:
+            at, error = self.total_at, TotalTimeout
+        return max(0.0, at - self._loop.time()), error
+
+
+async def read_stream(response: aiohttp.ClientResponse, deadline: Deadline) -> AsyncIterator[bytes]:
+    """Yield the body as it arrives, enforcing first-token, idle and total timeouts."""
+    chunks = response.content.iter_any().__aiter__()
+    limit, error = deadline.first_token()
+    while True:
+        try:
+            async with asyncio.timeout(limit):
+                chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise error(f"no data within {error.reason.replace('_', ' ')} limit") from None
+        yield chunk
+        limit, error = deadline.next_chunk()

@@ -1,0 +1,128 @@
+"""`"type": "openai"`: any OpenAI-compatible server (OpenAI, Lilac, Groq, vLLM, llama.cpp, ...).
+
+The body passes through as bytes when nothing needs changing; otherwise only the top-level fields
+the provider's config touches (model id, forced `params`, `drop_params`) are rewritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.config import ProviderSpec
+from gateway.errors import BadUpstreamResponse
+from providers.base import Outgoing, Provider, Reply
+from providers.http import (
+    MAX_ERROR_BODY,
+    Deadline,
+    client_timeout,
+    error_for_status,
+    read_stream,
+    translate_errors,
+)
+
+
+def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec) -> bytes:
+    """The upstream body: the client's bytes untouched unless the config asks for changes."""
+    if upstream_model == request.model and not spec.params and not spec.drop_params:
+        return request.raw
+    body: dict[str, Any] = dict(request.json())
+    body["model"] = upstream_model
+    for name in spec.drop_params:
+        body.pop(name, None)
+    body.update(spec.params)
+    return msgspec.json.encode(body)
+
+
+def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
+    """Headers sent with every request to this provider."""
+    headers = {"Content-Type": "application/json", **spec.headers}
+    if spec.api_key is not None:
+        headers["Authorization"] = f"Bearer {spec.api_key.reveal()}"
+    return headers
+
+
+def check_json(body: bytes) -> None:
+    """A 200 whose body is not a JSON object breaks the protocol: fail over."""
+    try:
+        decoded = msgspec.json.decode(body, type=dict)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BadUpstreamResponse(f"response is not a JSON object: {exc}") from None
+    if "error" in decoded and "choices" not in decoded and "output" not in decoded:
+        raise BadUpstreamResponse("response is an error object with status 200")
+
+
+class OpenAIProvider(Provider):
+    """An upstream that speaks OpenAI's HTTP API."""
+
+    kind = "openai"
+
+    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
+        super().__init__(spec, session)
+        if not spec.base_url:
+            raise ValueError(f"provider {spec.name!r} of type openai needs a base_url")
+        self._base_url = spec.base_url
+        self._headers = build_headers(spec)
+        self._timeout = client_timeout(spec.timeouts)
+        self._secret = spec.api_key.reveal() if spec.api_key else None
+        if spec.raw.get("responses"):
+            self.endpoints = self.endpoints | {"responses"}
+
+    def _post(self, request: Outgoing, upstream_model: str) -> Any:
+        return self.session.post(
+            f"{self._base_url}/{request.endpoint}",
+            data=build_body(request, upstream_model, self.spec),
+            headers=self._headers,
+            timeout=self._timeout,
+        )
+
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        deadline = Deadline(self.spec.timeouts)
+        limit, error = deadline.total()
+        try:
+            async with asyncio.timeout(limit):
+                with translate_errors(self._secret):
+                    async with self._post(request, upstream_model) as response:
+                        body = await response.read()
+                        status, headers = response.status, response.headers
+        except TimeoutError:
+            raise error(f"no complete answer within {limit:g}s") from None
+        if not 200 <= status < 300:
+            raise error_for_status(self.name, status, body, headers, self._secret)
+        check_json(body)
+        return Reply(body, headers.get("Content-Type", "application/json"))
+
+    async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        deadline = Deadline(self.spec.timeouts)
+        with translate_errors(self._secret):
+            limit, error = deadline.first_token()
+            try:
+                async with asyncio.timeout(limit):
+                    response = await self._post(request, upstream_model)
+            except TimeoutError:
+                raise error(f"no response headers within {limit:g}s") from None
+            try:
+                if response.status != 200:
+                    await self._raise_for_status(response, deadline)
+                if response.headers.get("Content-Type", "").startswith("application/json"):
+                    raise BadUpstreamResponse("answered JSON to a streaming request")
+                async for chunk in read_stream(response, deadline):
+                    yield chunk
+            finally:
+                response.close()
+
+    async def _raise_for_status(self, response: aiohttp.ClientResponse, deadline: Deadline) -> None:
+        limit, _ = deadline.next_chunk()
+        try:
+            async with asyncio.timeout(limit):
+                body = await response.content.read(MAX_ERROR_BODY)
+        except TimeoutError:
+            body = b""
+        except aiohttp.ClientError:
+            body = b""
+        raise error_for_status(self.name, response.status, body, response.headers, self._secret)
+
