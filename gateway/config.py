@@ -183,13 +183,13 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     try:
         file = msgspec.convert(data, _File)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path}: {_where(exc)}") from exc
+        raise _invalid(str(path), "", exc) from exc
     where = str(path)
     server = _server(file.server, environ, where)
-    timeouts = _merge(Timeouts(), file.defaults.timeouts, f"{where}: defaults.timeouts")
-    retries = _merge(Retries(), file.defaults.retries, f"{where}: defaults.retries")
+    timeouts = _merge(Timeouts(), file.defaults.timeouts, where, "defaults.timeouts")
+    retries = _merge(Retries(), file.defaults.retries, where, "defaults.retries")
     providers = tuple(
-        _provider(name, raw, timeouts, retries, environ, f"{where}: providers.{name}")
+        _provider(name, raw, timeouts, retries, environ, where)
         for name, raw in file.providers.items()
     )
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers))
@@ -209,42 +209,42 @@ def _decode(text: str, path: Path) -> Any:
         ) from exc
 
 
-def _where(exc: msgspec.ValidationError) -> str:
-    # msgspec says "Expected `int`, got `str` - at `$.providers.x.timeouts`"; lead with the field.
-    message = str(exc)
-    if " - at `$." in message:
-        problem, _, at = message.rpartition(" - at `$.")
-        return f"{at.rstrip('`')}: {problem}"
-    return message
+def _invalid(file: str, field: str, exc: msgspec.ValidationError) -> ConfigError:
+    """A ConfigError reading "FILE: dotted.field: problem" from a msgspec error."""
+    # msgspec says "Expected `int`, got `str` - at `$.timeouts.connect`"; lead with the field.
+    problem, _, at = str(exc).partition(" - at `$")
+    path = ".".join(part for part in (field, at.rstrip("`").lstrip(".")) if part)
+    return ConfigError(f"{file}: {path}: {problem}" if path else f"{file}: {problem}")
 
 
 def _server(raw: dict[str, Any], environ: Mapping[str, str], where: str) -> ServerConfig:
     try:
         server = msgspec.convert(raw, ServerConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}: server.{_where(exc)}") from exc
+        raise _invalid(where, "server", exc) from exc
     keys = tuple(k for k in (_expand(k, environ) for k in server.api_keys) if k)
     return msgspec.structs.replace(server, api_keys=keys)
 
 
-def _merge(base: S, overrides: Mapping[str, Any], where: str) -> S:
+def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:
     try:
         merged = msgspec.convert({**msgspec.structs.asdict(base), **overrides}, type(base))
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}.{_where(exc)}") from exc
+        raise _invalid(file, field, exc) from exc
     for name in ("connect", "first_token", "idle", "total", "attempts"):
         value = getattr(merged, name, None)
         if value is not None and value <= 0:
-            raise ConfigError(f"{where}.{name}: must be greater than 0, got {value}")
+            raise ConfigError(f"{file}: {field}.{name}: must be greater than 0, got {value}")
     return merged
 
 
 def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
-              environ: Mapping[str, str], where: str) -> ProviderSpec:
+              environ: Mapping[str, str], file: str) -> ProviderSpec:
+    where = f"providers.{name}"
     try:
         entry = msgspec.convert(raw, ProviderEntry)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}.{_where(exc)}") from exc
+        raise _invalid(file, where, exc) from exc
     models = {alias: m if isinstance(m, ModelEntry) else ModelEntry(id=m)
               for alias, m in entry.models.items()}
     disabled_reason = None if entry.enabled else "disabled in config"
@@ -262,8 +262,8 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         enabled=disabled_reason is None,
         disabled_reason=disabled_reason,
         models=models,
-        timeouts=_merge(timeouts, entry.timeouts, f"{where}.timeouts"),
-        retries=_merge(retries, entry.retries, f"{where}.retries"),
+        timeouts=_merge(timeouts, entry.timeouts, file, f"{where}.timeouts"),
+        retries=_merge(retries, entry.retries, file, f"{where}.retries"),
         headers={k: _expand(v, environ) or "" for k, v in entry.headers.items()},
         params=dict(entry.params),
         drop_params=frozenset(entry.drop_params),

@@ -1,0 +1,100 @@
+"""Shared fixtures: fake upstreams on real sockets, and the real gateway in front of them.
+
+Most tests use `pair`: one gateway serving alias `chat-model` from `primary` then `secondary`
+(file order), so failover is visible in which fake got the request. Tests that need another
+config start their own gateway with `start_gateway`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.gateway_process import GatewayProcess, config, provider
+from tests.upstream import FakeUpstream
+
+
+@dataclass
+class Pair:
+    """A gateway in front of two fake upstreams, primary first."""
+
+    gateway: GatewayProcess
+    primary: FakeUpstream
+    secondary: FakeUpstream
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.gateway.base_url, api_key="unused", max_retries=0,
+                             **kwargs)
+
+    def async_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key="unused",
+                                  max_retries=0, **kwargs)
+
+
+def pair_config(primary: FakeUpstream, secondary: FakeUpstream) -> dict[str, Any]:
+    return config({
+        "primary": provider(primary.base_url, {"chat-model": "primary-upstream-id",
+                                               "primary-only": "primary-only"}),
+        "secondary": provider(secondary.base_url, {"chat-model": "secondary-upstream-id"}),
+    })
+
+
+@pytest.fixture(scope="session")
+def primary() -> Iterator[FakeUpstream]:
+    with FakeUpstream(name="primary") as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="session")
+def secondary() -> Iterator[FakeUpstream]:
+    with FakeUpstream(name="secondary") as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="session")
+def pair_gateway(tmp_path_factory: pytest.TempPathFactory, primary: FakeUpstream,
+                 secondary: FakeUpstream) -> Iterator[GatewayProcess]:
+    gateway = GatewayProcess(tmp_path_factory.mktemp("pair"), pair_config(primary, secondary))
+    gateway.start()
+    yield gateway
+    gateway.stop()
+
+
+@pytest.fixture
+def pair(pair_gateway: GatewayProcess, primary: FakeUpstream, secondary: FakeUpstream) -> Pair:
+    primary.reset()
+    secondary.reset()
+    return Pair(pair_gateway, primary, secondary)
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def start(doc: dict[str, Any], **kwargs: Any) -> GatewayProcess:
+        gateway = GatewayProcess(tmp_path, doc, **kwargs)
+        started.append(gateway)
+        return gateway.start()
+
+    yield start
+    for gateway in started:
+        gateway.stop()
+
+
+@pytest.fixture
+def upstream_factory() -> Iterator[Callable[[str], FakeUpstream]]:
+    made: list[FakeUpstream] = []
+
+    def make(name: str) -> FakeUpstream:
+        upstream = FakeUpstream(name=name).start()
+        made.append(upstream)
+        return upstream
+
+    yield make
+    for upstream in made:
+        upstream.stop()

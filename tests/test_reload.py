@@ -1,0 +1,103 @@
+"""Editing llms.json reorders providers without a restart; a broken edit keeps the last good one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.gateway_process import ROOT, GatewayProcess, config, provider
+from tests.upstream import FakeUpstream
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def served_by(gateway: GatewayProcess) -> str:
+    response = httpx.post(f"{gateway.base_url}/chat/completions",
+                          json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 200, response.text
+    return response.headers["x-llms-provider"]
+
+
+def wait_until_served_by(gateway: GatewayProcess, name: str, within: float = 2.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if served_by(gateway) == name:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"still not served by {name} after {within}s:\n{gateway.logs()}")
+
+
+def test_reordering_providers_in_the_file_takes_effect_without_restart(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    a, b = upstream_factory("a"), upstream_factory("b")
+    first = config({"a": provider(a.base_url, {"m": "m"}), "b": provider(b.base_url, {"m": "m"})})
+    gateway = start_gateway(first)
+    pid = gateway.process.pid if gateway.process else None
+    assert served_by(gateway) == "a"
+
+    gateway.write_config(config({"b": provider(b.base_url, {"m": "m"}),
+                                 "a": provider(a.base_url, {"m": "m"})}))
+
+    wait_until_served_by(gateway, "b")
+    assert gateway.process is not None and gateway.process.pid == pid
+    assert gateway.log_events("config_reloaded")[-1]["providers"] == ["b", "a"]
+
+
+def test_a_broken_edit_is_logged_and_the_last_good_config_keeps_serving(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    a = upstream_factory("a")
+    gateway = start_gateway(config({"a": provider(a.base_url, {"m": "m"})}))
+
+    gateway.write_config('{"providers": {"a": {"type": "openai", "timeouts": {"connect": "soon"}')
+    syntax = gateway.wait_for_log("config_reload_failed")[-1]
+    assert str(gateway.config_path) in syntax["error"] and "line" in syntax["error"]
+    assert served_by(gateway) == "a"
+
+    bad_field = config({"a": provider(a.base_url, {"m": "m"}, timeouts={"connect": "soon"})})
+    gateway.write_config(bad_field)
+    error = gateway.wait_for_log("config_reload_failed", count=2)[-1]["error"]
+    assert "providers.a.timeouts" in error and "connect" in error
+    assert served_by(gateway) == "a"
+
+
+def test_invalid_config_at_startup_exits_non_zero_naming_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "llms.json"
+    path.write_text('{"providers": {"x": {"type": "openai", "base_url": "http://h/v1", '
+                    '"retries": {"attempts": "many"}}}}')
+
+    result = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+    assert result.returncode != 0
+    assert str(path) in result.stderr
+    assert "providers.x.retries" in result.stderr and "attempts" in result.stderr
+
+
+def test_unknown_provider_type_is_a_startup_error(tmp_path: Path) -> None:
+    path = tmp_path / "llms.yaml"
+    path.write_text("providers:\n  x:\n    type: telepathy\n    models: {m: m}\n")
+
+    result = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+    assert result.returncode == 2
+    assert "providers.x.type: unknown provider type 'telepathy'" in result.stderr
+
+
+def test_yaml_config_is_accepted(start_gateway: Callable[..., GatewayProcess],
+                                 upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    a = upstream_factory("a")
+    yaml_text = (f"providers:\n  a:\n    type: openai\n    base_url: {a.base_url}\n"
+                 f"    models:\n      m: upstream-m\n")
+    gateway = start_gateway(config({}), filename="llms.yaml")
+    gateway.write_config(yaml_text)
+
+    wait_until_served_by(gateway, "a", within=3)
+    assert a.last_json["model"] == "upstream-m"

@@ -1,0 +1,94 @@
+"""Streams end honestly: a broken upstream shows as an error event, a leaving client stops the GPU."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Pair
+from tests.upstream import ok, slow_first_token, stream_cut
+
+BODY = {"model": "chat-model", "messages": [{"role": "user", "content": "hello"}], "stream": True}
+
+
+def events(pair: Pair) -> list[str]:
+    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions", json=BODY) as resp:
+        assert resp.status_code == 200
+        return [line for line in resp.iter_lines() if line]
+
+
+def test_upstream_dying_mid_stream_ends_with_an_error_event_not_done(pair: Pair) -> None:
+    pair.primary.set_mode(stream_cut(after_chunks=2))
+
+    lines = events(pair)
+
+    assert "data: [DONE]" not in lines
+    error = json.loads(lines[-1].removeprefix("data: "))["error"]
+    assert error["code"] == "provider_error"
+    assert "primary" in error["message"]
+    content = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all("choices" in chunk for chunk in content), "what arrived before the cut is relayed"
+    assert pair.secondary.requests == [], "after the first byte there is no failover"
+
+
+def test_sdk_raises_instead_of_returning_a_truncated_answer(pair: Pair) -> None:
+    pair.primary.set_mode(stream_cut(after_chunks=1))
+    stream = pair.client().chat.completions.create(model="chat-model",
+                                                   messages=BODY["messages"], stream=True)
+
+    with pytest.raises(openai.APIError):
+        for _ in stream:
+            pass
+
+
+def test_client_leaving_mid_stream_cancels_the_upstream(pair: Pair) -> None:
+    pair.primary.set_mode(ok(content=" ".join(["word"] * 200), delay_between_chunks=0.05))
+
+    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions", json=BODY) as resp:
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data: ")
+    started = time.monotonic()
+
+    assert pair.primary.wait_for_cancel(timeout=5)
+    assert time.monotonic() - started < 1.0
+
+
+def test_client_leaving_before_the_first_token_cancels_the_upstream(pair: Pair) -> None:
+    pair.primary.set_mode(slow_first_token(10))
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(json.dumps(BODY))}\r\n\r\n"
+        f"{json.dumps(BODY)}"
+    ).encode()
+
+    with socket.create_connection(("127.0.0.1", pair.gateway.port)) as sock:
+        sock.sendall(request)
+        time.sleep(0.5)  # the gateway is now waiting on the slow upstream
+    started = time.monotonic()
+
+    assert pair.primary.wait_for_cancel(timeout=5)
+    assert time.monotonic() - started < 1.0, "the gateway must notice the client left at once"
+    assert pair.secondary.requests == []
+
+
+def test_non_streaming_client_leaving_cancels_the_upstream(pair: Pair) -> None:
+    pair.primary.set_mode(slow_first_token(10))
+
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{pair.gateway.base_url}/chat/completions",
+                   json={**BODY, "stream": False}, timeout=0.5)
+
+    assert pair.primary.wait_for_cancel(timeout=3)
+
+
+def test_gateway_keeps_serving_after_faults(pair: Pair) -> None:
+    pair.primary.set_mode(stream_cut(after_chunks=1))
+    events(pair)
+    pair.primary.set_mode(ok())
+
+    assert events(pair)[-1] == "data: [DONE]"
