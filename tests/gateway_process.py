@@ -26,8 +26,8 @@ def free_port() -> int:
 
 def provider(base_url: str, models: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """An `openai`-type provider entry with short test timeouts."""
-    entry: dict[str, Any] = {"type": "openai", "base_url": base_url, "api_key": "sk-test-secret-123456",
-                             "models": models}
+    entry: dict[str, Any] = {"type": "openai", "base_url": base_url,
+                             "api_key": "sk-test-secret-123456", "models": models}
     entry.update(extra)
     return entry
 
@@ -100,7 +100,8 @@ class GatewayProcess:
                     events.append(record)
         return events
 
-    def wait_for_log(self, event: str, count: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+    def wait_for_log(self, event: str, count: int = 1,
+                     timeout: float = 5.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = self.log_events(event)

@@ -65,7 +65,8 @@ def test_server_keys_resolve_and_unset_ones_are_dropped() -> None:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ('{"providers": ', "not valid JSON at line 1 column 15"),
-    ('{"providers": {"p": {"base_url": "x"}}}', "providers.p: Object missing required field `type`"),
+    ('{"providers": {"p": {"base_url": "x"}}}',
+     "providers.p: Object missing required field `type`"),
     ('{"providers": {"p": {"type": "openai", "timeouts": {"connect": "x"}}}}',
      "providers.p.timeouts.connect: Expected `float`"),
     ('{"providers": {"p": {"type": "openai", "timeouts": {"conect": 1}}}}',

@@ -17,7 +17,8 @@ def test_upstream_key_never_leaks_and_each_request_logs_one_line(
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
     leaky, good = upstream_factory("leaky"), upstream_factory("good")
     # A provider that echoes the key it got in its error message, as some do.
-    leaky.set_mode(status(400, message=f"Incorrect API key provided: {KEY}"), status(503, message=f"bad {KEY}"))
+    leaky.set_mode(status(400, message=f"Incorrect API key provided: {KEY}"),
+                   status(503, message=f"bad {KEY}"))
     gateway = start_gateway(config({
         "leaky": {"type": "openai", "base_url": leaky.base_url, "api_key": "$LEAKY_KEY",
                   "models": {"m": "m"}},

@@ -1,4 +1,4 @@
-"""Streams end honestly: a broken upstream shows as an error event, a leaving client stops the GPU."""
+"""Streams end honestly: a broken upstream shows as an error, a leaving client stops the GPU."""
 
 from __future__ import annotations
 
