@@ -46,7 +46,7 @@ class ResponsesHead(msgspec.Struct):
     stream: bool | None = False
 
 
-Head = TypeVar("Head", ChatHead, CompletionHead, ResponsesHead)
+Head = TypeVar("Head", bound=msgspec.Struct)
 
 _FIELD = re.compile(r"`\$\.(\w+)|required field `(\w+)`")
 

@@ -49,7 +49,7 @@ class Provider(ABC):
 
     kind: ClassVar[str]
     #: Endpoints this kind can serve natively.
-    endpoints: ClassVar[frozenset[str]] = frozenset({"chat/completions", "completions"})
+    endpoints: frozenset[str] = frozenset({"chat/completions", "completions"})
 
     def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
         self.spec = spec
