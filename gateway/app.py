@@ -90,9 +90,15 @@ def _gateway(request: Request[Any, Any, Any]) -> Gateway:
     return gateway
 
 
+def _error_response(request: Request[Any, Any, Any], error: GatewayError, status: int,
+                    headers: dict[str, str] | None = None) -> Response[bytes]:
+    headers = {**(headers or {}), "x-request-id": relay.request_id(request.headers)}
+    return Response(envelope(error), status_code=status, media_type=JSON, headers=headers)
+
+
 def on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
     """Any GatewayError raised outside the relay path leaves as the envelope."""
-    return Response(envelope(exc), status_code=exc.status, media_type=JSON)
+    return _error_response(request, exc, exc.status)
 
 
 def on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -108,17 +114,14 @@ def on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Respon
     elif exc.status_code == 400:
         error = InvalidRequest(str(exc.detail))
     else:
-        error = GatewayError(str(exc.detail))
-        return Response(envelope(error), status_code=exc.status_code, media_type=JSON,
-                        headers=headers)
-    return Response(envelope(error), status_code=error.status, media_type=JSON, headers=headers)
+        return _error_response(request, GatewayError(str(exc.detail)), exc.status_code, headers)
+    return _error_response(request, error, error.status, headers)
 
 
 def on_unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """A bug: log it with its traceback, answer 500 in the envelope without details."""
     get_logger().exception("unhandled_error", path=request.url.path)
-    return Response(envelope(GatewayError("Internal gateway error")), status_code=500,
-                    media_type=JSON)
+    return _error_response(request, GatewayError("Internal gateway error"), 500)
 
 
 @contextlib.asynccontextmanager

@@ -16,6 +16,7 @@ def configure(level: str = "info", json: bool | None = None) -> None:
     processors: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
     ]
     if as_json:
         processors.append(structlog.processors.JSONRenderer(serializer=_encode))

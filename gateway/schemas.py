@@ -27,7 +27,9 @@ class ChatHead(msgspec.Struct):
     stream: bool | None = False
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+# msgspec allows one array-like per union: the element union covers strings, token ids and
+# lists of token ids; a mixed list is left for the provider to refuse.
+Prompt = str | list[str | int | list[int]]
 
 
 class CompletionHead(msgspec.Struct):

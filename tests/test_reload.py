@@ -16,11 +16,10 @@ from tests.upstream import FakeUpstream
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-def served_by(gateway: GatewayProcess) -> str:
+def served_by(gateway: GatewayProcess) -> str | None:
     response = httpx.post(f"{gateway.base_url}/chat/completions",
                           json={"model": "m", "messages": MESSAGES})
-    assert response.status_code == 200, response.text
-    return response.headers["x-llms-provider"]
+    return response.headers.get("x-llms-provider") if response.status_code == 200 else None
 
 
 def wait_until_served_by(gateway: GatewayProcess, name: str, within: float = 2.0) -> float:
