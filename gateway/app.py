@@ -129,9 +129,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     """Own the one upstream session, the live config, and the reload watcher."""
     snapshot: Snapshot = app.state.initial
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=75)
-    # No Accept-Encoding: an upstream that compresses would force us to re-read the stream.
-    async with aiohttp.ClientSession(connector=connector,
-                                     skip_auto_headers=("Accept-Encoding",)) as session:
+    async with aiohttp.ClientSession(connector=connector) as session:
         gateway = Gateway(session, providers.load_kinds())
         await gateway.apply(snapshot)
         app.state.gateway = gateway

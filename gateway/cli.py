@@ -112,7 +112,7 @@ async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     from providers.base import Outgoing
 
     failures = 0
-    async with aiohttp.ClientSession(skip_auto_headers=("Accept-Encoding",)) as session:
+    async with aiohttp.ClientSession() as session:
         runtime = build(snapshot, session, providers.load_kinds())
         for spec in snapshot.providers:
             if spec.name not in names:
