@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
+from gateway.circuit import CircuitPolicy
+
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
 CONFIG_ENV = "LLMS_CONFIG"
 CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
@@ -60,6 +62,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeouts: dict[str, Any] = {}
     retries: dict[str, Any] = {}
+    circuit: dict[str, Any] = {}
 
 
 class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -80,6 +83,7 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     models: dict[str, str | ModelEntry] = {}
     timeouts: dict[str, Any] = {}
     retries: dict[str, Any] = {}
+    circuit: dict[str, Any] = {}
     headers: dict[str, str] = {}
     params: dict[str, Any] = {}
     drop_params: tuple[str, ...] = ()
@@ -121,6 +125,7 @@ class ProviderSpec:
     models: Mapping[str, ModelEntry]
     timeouts: Timeouts
     retries: Retries
+    circuit: CircuitPolicy
     headers: Mapping[str, str]
     params: Mapping[str, Any]
     drop_params: frozenset[str]
@@ -188,8 +193,9 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     server = _server(file.server, environ, where)
     timeouts = _merge(Timeouts(), file.defaults.timeouts, where, "defaults.timeouts")
     retries = _merge(Retries(), file.defaults.retries, where, "defaults.retries")
+    circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
     providers = tuple(
-        _provider(name, raw, timeouts, retries, environ, where)
+        _provider(name, raw, timeouts, retries, circuit, environ, where)
         for name, raw in file.providers.items()
     )
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers))
@@ -231,7 +237,8 @@ def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:
         merged = msgspec.convert({**msgspec.structs.asdict(base), **overrides}, type(base))
     except msgspec.ValidationError as exc:
         raise _invalid(file, field, exc) from exc
-    for name in ("connect", "first_token", "idle", "total", "attempts"):
+    for name in ("connect", "first_token", "idle", "total", "attempts", "failures",
+                 "window", "open_for"):
         value = getattr(merged, name, None)
         if value is not None and value <= 0:
             raise ConfigError(f"{file}: {field}.{name}: must be greater than 0, got {value}")
@@ -239,7 +246,7 @@ def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:
 
 
 def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
-              environ: Mapping[str, str], file: str) -> ProviderSpec:
+              circuit: CircuitPolicy, environ: Mapping[str, str], file: str) -> ProviderSpec:
     where = f"providers.{name}"
     try:
         entry = msgspec.convert(raw, ProviderEntry)
@@ -264,6 +271,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         models=models,
         timeouts=_merge(timeouts, entry.timeouts, file, f"{where}.timeouts"),
         retries=_merge(retries, entry.retries, file, f"{where}.retries"),
+        circuit=_merge(circuit, entry.circuit, file, f"{where}.circuit"),
         headers={k: _expand(v, environ) or "" for k, v in entry.headers.items()},
         params=dict(entry.params),
         drop_params=frozenset(entry.drop_params),

@@ -18,6 +18,7 @@
      │    │    └── TotalTimeout
      │    ├── ProviderRateLimited     429, carries `retry_after`
      │    ├── ProviderRejected        401/403/404 from the provider: its config, not the client's
+     │    ├── CircuitOpen             its breaker opened between two retries
      │    └── BadUpstreamResponse     a body that is not what the protocol promises
      └── AllProvidersFailed           every candidate failed: 502, or 429 / 504 when all failed so
 
@@ -196,6 +197,13 @@ class ProviderRejected(ProviderError):
 
     retryable = False
     reason = "rejected"
+
+
+class CircuitOpen(ProviderError):
+    """The provider's circuit opened while this request waited to retry it."""
+
+    retryable = False
+    reason = "circuit_open"
 
 
 class BadUpstreamResponse(ProviderError):

@@ -95,10 +95,10 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
         async with DisconnectGuard(request.receive):
             if exchange.stream:
                 opened = await router.attempt(head.model, routes, runtime.providers,
-                                              lambda p, m: _open(p, outgoing, m))
+                                              lambda p, m: _open(p, outgoing, m), gateway.health)
             else:
                 answered = await router.attempt(head.model, routes, runtime.providers,
-                                                lambda p, m: p.send(outgoing, m))
+                                                lambda p, m: p.send(outgoing, m), gateway.health)
     except GatewayError as exc:
         return _error(exc, exchange)
     except ClientDisconnected:

@@ -15,8 +15,17 @@ from typing import Generic, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from gateway.circuit import CircuitPolicy
 from gateway.config import Retries, Route, Snapshot
-from gateway.errors import AllProvidersFailed, Attempt, ModelNotFound, ProviderError
+from gateway.errors import (
+    AllProvidersFailed,
+    Attempt,
+    CircuitOpen,
+    ModelNotFound,
+    ProviderError,
+    UpstreamClientError,
+)
+from gateway.state import Planned, ProviderHealth
 from providers.base import Provider
 
 T = TypeVar("T")
@@ -57,35 +66,64 @@ Call = Callable[[Provider, str], Awaitable[T]]
 
 
 async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str, Provider],
-                  call: Call[T]) -> Served[T]:
-    """Try the routes in order with per-candidate retries; AllProvidersFailed if none answers."""
+                  call: Call[T], health: ProviderHealth | None = None) -> Served[T]:
+    """Try the routes in order with per-candidate retries; AllProvidersFailed if none answers.
+
+    With `health`, candidates whose circuit is open or who are cooling down are skipped, and
+    every outcome is recorded there.
+    """
     failed: list[Attempt] = []
-    for route in routes:
-        provider = providers.get(route.provider)
+    planned = health.plan(routes, lambda name: _policy(providers, name)) if health else [
+        Planned(route) for route in routes]
+    for plan in planned:
+        provider = providers.get(plan.route.provider)
         if provider is None:
             continue
         try:
-            result = await _with_retries(provider, route.upstream_model, call, failed)
+            result = await _with_retries(provider, plan, call, failed, health)
         except ProviderError:
             continue
         return Served(result, provider.name, tuple(failed))
     raise AllProvidersFailed(model, failed)
 
 
-async def _with_retries(provider: Provider, upstream_model: str, call: Call[T],
-                        failed: list[Attempt]) -> T:
-    retries = provider.spec.retries
+def _policy(providers: Mapping[str, Provider], name: str) -> CircuitPolicy:
+    provider = providers.get(name)
+    return provider.spec.circuit if provider is not None else CircuitPolicy()
 
-    def record(exc: ProviderError) -> None:
-        failed.append(Attempt(provider.name, exc.upstream_status, exc.reason, exc.message,
-                              exc.retry_after))
+
+async def _with_retries(provider: Provider, plan: Planned, call: Call[T],
+                        failed: list[Attempt], health: ProviderHealth | None) -> T:
+    retries = provider.spec.retries
+    route, policy = plan.route, provider.spec.circuit
+
+    async def once() -> T:
+        if health is not None and not health.acquire(plan, policy):
+            raise CircuitOpen(f"circuit open for {route.provider}/{route.upstream_model}")
+        verdict = False
+        try:
+            result = await call(provider, route.upstream_model)
+        except ProviderError as exc:
+            verdict = True
+            failed.append(Attempt(provider.name, exc.upstream_status, exc.reason, exc.message,
+                                  exc.retry_after))
+            if health is not None and not isinstance(exc, CircuitOpen):
+                health.failed(route, policy, exc)
+            raise
+        except UpstreamClientError:
+            verdict = True  # the provider answered sensibly: it is healthy
+            if health is not None:
+                health.succeeded(route, policy)
+            raise
+        finally:
+            if health is not None and not verdict:
+                health.released(route, policy)
+        if health is not None:
+            health.succeeded(route, policy)
+        return result
 
     if retries.attempts <= 1:  # the common case needs no retry machinery
-        try:
-            return await call(provider, upstream_model)
-        except ProviderError as exc:
-            record(exc)
-            raise
+        return await once()
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -100,9 +138,5 @@ async def _with_retries(provider: Provider, upstream_model: str, call: Call[T],
     )
     async for try_ in retrying:
         with try_:
-            try:
-                return await call(provider, upstream_model)
-            except ProviderError as exc:
-                record(exc)
-                raise
+            return await once()
     raise AssertionError("unreachable: tenacity re-raises the last error")

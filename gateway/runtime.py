@@ -15,6 +15,7 @@ import msgspec
 
 from gateway.config import ConfigError, Snapshot
 from gateway.logs import get_logger
+from gateway.state import ProviderHealth
 from providers.base import Provider
 
 
@@ -70,6 +71,7 @@ class Gateway:
         self.session = session
         self.kinds = kinds
         self.started = time.time()
+        self.health = ProviderHealth()
         self._runtime: Runtime | None = None
 
     @property

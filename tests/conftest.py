@@ -41,7 +41,7 @@ def pair_config(primary: FakeUpstream, secondary: FakeUpstream) -> dict[str, Any
         "primary": provider(primary.base_url, {"chat-model": "primary-upstream-id",
                                                "primary-only": "primary-only"}),
         "secondary": provider(secondary.base_url, {"chat-model": "secondary-upstream-id"}),
-    })
+    }, defaults={"circuit": {"enabled": False}})  # tests share this gateway: no memory between them
 
 
 @pytest.fixture(scope="session")

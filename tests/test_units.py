@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway import config, router
+from gateway.circuit import CircuitPolicy
 from gateway.config import Retries
 from gateway.errors import (
     AllProvidersFailed,
@@ -111,7 +112,8 @@ class FakeProvider:
     def __init__(self, name: str, outcomes: list[Exception | str], attempts: int = 1) -> None:
         self.name = name
         self.outcomes = outcomes
-        self.spec = type("Spec", (), {"retries": Retries(attempts=attempts, backoff=0.001)})()
+        self.spec = type("Spec", (), {"retries": Retries(attempts=attempts, backoff=0.001),
+                                      "circuit": CircuitPolicy()})()
         self.calls = 0
 
 

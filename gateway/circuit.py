@@ -1,0 +1,111 @@
+"""The circuit breaker for one (provider, upstream model): pure, clock passed in.
+
+    closed ──N consecutive failures, or error rate over the window──▶ open
+    open ──`open_for` elapsed (doubling on each trip, capped)──▶ half-open
+    half-open ──the one probe succeeds──▶ closed      ──it fails──▶ open (longer)
+
+A rate-limited provider is not broken: a 429 puts it in a cooldown for its `Retry-After` instead,
+kept per provider (see `gateway.state`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import msgspec
+
+
+class CircuitPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When a breaker opens and for how long; `circuit` in llms.json."""
+
+    enabled: bool = True
+    failures: int = 5
+    error_rate: float = 0.5
+    window: float = 60.0
+    min_requests: int = 10
+    open_for: float = 5.0
+    max_open_for: float = 300.0
+    rate_limit_cooldown: float = 1.0
+
+
+class CircuitState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass
+class Breaker:
+    """One breaker; every method takes `now` so tests drive the clock."""
+
+    policy: CircuitPolicy
+    state: CircuitState = CircuitState.CLOSED
+    consecutive_failures: int = 0
+    trips: int = 0
+    open_until: float = 0.0
+    probing: bool = False
+    _outcomes: deque[tuple[float, bool]] = field(default_factory=deque, repr=False)
+
+    def blocked_until(self, now: float) -> float:
+        """0 if a request may go now, else when it may."""
+        if self.state is CircuitState.OPEN:
+            return self.open_until if now < self.open_until else 0.0
+        if self.state is CircuitState.HALF_OPEN and self.probing:
+            return now + self.policy.open_for
+        return 0.0
+
+    def acquire(self, now: float) -> bool:
+        """Claim the right to send one request; in half-open only one probe at a time."""
+        if self.state is CircuitState.OPEN:
+            if now < self.open_until:
+                return False
+            self.state = CircuitState.HALF_OPEN
+        if self.state is CircuitState.HALF_OPEN:
+            if self.probing:
+                return False
+            self.probing = True
+        return True
+
+    def release(self) -> None:
+        """The claimed request ended without a verdict (the client left): free the probe."""
+        self.probing = False
+
+    def success(self, now: float) -> None:
+        self._record(now, ok=True)
+        self.consecutive_failures = 0
+        if self.state is not CircuitState.CLOSED:
+            self.state, self.trips, self.probing = CircuitState.CLOSED, 0, False
+
+    def failure(self, now: float) -> bool:
+        """Count a failure; True if it opened the circuit."""
+        self._record(now, ok=False)
+        self.consecutive_failures += 1
+        if self.state is CircuitState.HALF_OPEN or self._over_threshold():
+            self.trip(now)
+            return True
+        return False
+
+    def trip(self, now: float, until: float | None = None) -> None:
+        """Open the circuit; each consecutive trip doubles the time it stays open."""
+        self.trips += 1
+        period = min(self.policy.max_open_for, self.policy.open_for * 2 ** (self.trips - 1))
+        self.state = CircuitState.OPEN
+        self.open_until = max(until or 0.0, now + period)
+        self.probing = False
+
+    def _record(self, now: float, ok: bool) -> None:
+        self._outcomes.append((now, ok))
+        horizon = now - self.policy.window
+        while self._outcomes and self._outcomes[0][0] < horizon:
+            self._outcomes.popleft()
+
+    def _over_threshold(self) -> bool:
+        if self.consecutive_failures >= self.policy.failures:
+            return True
+        total = len(self._outcomes)
+        if total < self.policy.min_requests:
+            return False
+        failed = sum(1 for _, ok in self._outcomes if not ok)
+        return failed / total >= self.policy.error_rate
