@@ -74,11 +74,14 @@ async def health() -> Response[bytes]:
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Readiness: a config is loaded and at least one provider is enabled."""
-    snapshot = _gateway(request).runtime.snapshot
+    gateway = _gateway(request)
+    snapshot = gateway.runtime.snapshot
     listing = [{"name": p.name, "type": p.kind, "enabled": p.enabled,
                 "reason": p.disabled_reason} for p in snapshot.providers]
     is_ready = any(p.enabled for p in snapshot.providers)
-    body = {"status": "ready" if is_ready else "not_ready", "providers": listing}
+    body: dict[str, Any] = {"status": "ready" if is_ready else "not_ready",
+                            "providers": listing, "inflight": gateway.inflight,
+                            "circuits": gateway.health.snapshot()}
     if not is_ready:
         body["reason"] = "no provider is enabled"
     return Response(msgspec.json.encode(body), media_type=JSON,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import sys
 import time
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default: server.host)")
     serve.add_argument("--port", type=int, help="port to bind (default: server.port)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    serve.add_argument("--allow-unauthenticated", action="store_true",
+                       help="serve a non-loopback address without server.api_keys")
     serve.set_defaults(run=_serve)
 
     ls = commands.add_parser("ls", help="list providers in order and the models each serves")
@@ -78,11 +81,28 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ[CONFIG_ENV] = str(path.resolve())  # the app factory in each worker reads it
     host = args.host or snapshot.server.host
     port = snapshot.server.port if args.port is None else args.port
+    allowed = args.allow_unauthenticated or snapshot.server.allow_unauthenticated
+    if not snapshot.server.api_keys and not is_loopback(host) and not allowed:
+        print(f"llms-gateway: refusing to serve {host} without API keys: anyone who can reach "
+              f"it could spend your provider credits. Set server.api_keys (e.g. "
+              f'["$LLMS_GATEWAY_KEY"] with that variable set), bind 127.0.0.1, or pass '
+              f"--allow-unauthenticated.", file=sys.stderr)
+        return 2
     print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
     uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port,
                 workers=args.workers, loop="uvloop", http="httptools", access_log=False,
                 log_level="warning", timeout_graceful_shutdown=30)
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _ls(args: argparse.Namespace) -> int:

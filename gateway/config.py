@@ -56,6 +56,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = 8000
     api_keys: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = 64 * 1024
+    max_concurrency: int = 10_000
+    allow_unauthenticated: bool = False
     reload_interval: float = 1.0
 
 

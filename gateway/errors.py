@@ -6,8 +6,10 @@
      │    ├── RequestTooLarge         413 request_too_large
      │    ├── ModelNotFound           404 model_not_found
      │    ├── NotFound                404 not_found (a route or an unknown id)
+     │    ├── HeadersTooLarge         431 headers_too_large
      │    ├── AuthenticationFailed    401 invalid_api_key
      │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
+     ├── Overloaded                   503 overloaded: the process is at its concurrency cap
      ├── ProviderError                one attempt at one provider failed; `retryable` says
      │    │                           whether the same provider may be tried again
      │    ├── ProviderUnavailable     refused / reset connection, 5xx
@@ -101,6 +103,13 @@ class MethodNotAllowed(ClientError):
     code = "method_not_allowed"
 
 
+class HeadersTooLarge(ClientError):
+    """The request headers are over the limit."""
+
+    http_status = 431
+    code = "headers_too_large"
+
+
 class AuthenticationFailed(ClientError):
     """The gateway key is missing or wrong."""
 
@@ -127,6 +136,13 @@ class UpstreamClientError(ClientError):
     def body(self) -> dict[str, Any]:
         return {"message": self.message, "type": self._type, "code": self._code,
                 "param": self.param}
+
+
+class Overloaded(GatewayError):
+    """This gateway process is at its concurrency cap; try again shortly."""
+
+    http_status = 503
+    code = "overloaded"
 
 
 class ProviderError(GatewayError):

@@ -13,15 +13,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
 from gateway import auth, router, schemas
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.errors import AllProvidersFailed, Attempt, GatewayError, RequestTooLarge, envelope
+from gateway.errors import (
+    AllProvidersFailed,
+    Attempt,
+    GatewayError,
+    HeadersTooLarge,
+    Overloaded,
+    RequestTooLarge,
+    envelope,
+)
 from gateway.logs import get_logger
 from gateway.runtime import Gateway
-from gateway.streaming import OpenedStream, open_stream, relay
+from gateway.streaming import OpenedStream, close_quietly, open_stream, relay
 from providers.base import Outgoing, Provider
 
 HEADS: Mapping[str, type[schemas.ChatHead | schemas.CompletionHead | schemas.ResponsesHead]] = {
@@ -63,6 +72,10 @@ class Exchange:
             headers["x-llms-provider"] = self.provider
         return headers
 
+    def served(self, served: router.Served[Any]) -> None:
+        self.provider, self.attempts, self.failed = (served.provider, served.attempts,
+                                                     served.failed)
+
     def log(self, outcome: str, **extra: Any) -> None:
         get_logger().info(
             "request",
@@ -84,14 +97,24 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
     """Serve one relay request end to end; every failure leaves as the error envelope."""
     gateway: Gateway = request.app.state.gateway
     runtime = gateway.runtime
+    server = runtime.snapshot.server
     exchange = Exchange(request_id(request.headers), endpoint)
     try:
-        auth.check(request.headers, runtime.snapshot.server.api_keys)
+        if sum(len(k) + len(v) for k, v in request.scope["headers"]) > server.max_header_bytes:
+            raise HeadersTooLarge("Request headers are larger than the gateway accepts")
+        auth.check(request.headers, server.api_keys)
+        if gateway.inflight >= server.max_concurrency:
+            raise Overloaded("The gateway is at its concurrency limit; retry shortly")
         raw = await _body(request)
         head = schemas.parse(raw, HEADS[endpoint])
         exchange.model, exchange.stream = head.model, bool(head.stream)
         routes = router.candidates(runtime.snapshot, head.model)
-        outgoing = Outgoing(endpoint, raw, head.model, exchange.stream, exchange.request_id)
+    except GatewayError as exc:
+        return _error(exc, exchange)
+    outgoing = Outgoing(endpoint, raw, head.model, exchange.stream, exchange.request_id)
+    gateway.inflight += 1
+    streaming = False
+    try:
         async with DisconnectGuard(request.receive):
             if exchange.stream:
                 opened = await router.attempt(head.model, routes, runtime.providers,
@@ -99,25 +122,46 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
             else:
                 answered = await router.attempt(head.model, routes, runtime.providers,
                                                 lambda p, m: p.send(outgoing, m), gateway.health)
+        if not exchange.stream:
+            exchange.served(answered)
+            exchange.log("completed")
+            return Response(answered.result.body, media_type=answered.result.content_type,
+                            headers=exchange.headers())
+        exchange.served(opened)
+        streaming = True
+        return _stream(gateway, exchange, opened)
     except GatewayError as exc:
         return _error(exc, exchange)
     except ClientDisconnected:
         exchange.status = 499
         exchange.log("client_disconnected")
         return Response(b"", status_code=499)
-    if exchange.stream:
-        exchange.provider, exchange.attempts, exchange.failed = (
-            opened.provider, opened.attempts, opened.failed)
-        return Stream(
-            relay(opened.result, opened.provider, on_end=exchange.log),
-            media_type="text/event-stream",
-            headers={**exchange.headers(), **STREAM_HEADERS},
-        )
-    exchange.provider, exchange.attempts, exchange.failed = (
-        answered.provider, answered.attempts, answered.failed)
-    exchange.log("completed")
-    return Response(answered.result.body, media_type=answered.result.content_type,
-                    headers=exchange.headers())
+    finally:
+        if not streaming:
+            gateway.inflight -= 1
+
+
+def _stream(gateway: Gateway, exchange: Exchange,
+            opened: router.Served[OpenedStream]) -> Stream:
+    done = False
+
+    def ended(outcome: str) -> None:
+        nonlocal done
+        if not done:
+            done = True
+            gateway.inflight -= 1
+            exchange.log(outcome)
+
+    async def after() -> None:
+        # Runs even when the client left before the body started, which skips the relay's
+        # own cleanup: the upstream must still be closed and the request counted out.
+        if not done:
+            await close_quietly(opened.result.rest)
+            ended("client_disconnected")
+
+    return Stream(relay(opened.result, opened.provider, on_end=ended),
+                  background=BackgroundTask(after), media_type="text/event-stream",
+                  headers={**exchange.headers(), **STREAM_HEADERS})
 
 
 async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str) -> OpenedStream:
@@ -141,6 +185,8 @@ def _error(exc: GatewayError, exchange: Exchange) -> Response[bytes]:
         headers["x-llms-attempts"] = str(len(exc.attempts))
         if exc.retry_after is not None and exc.status in (429, 503):
             headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+    elif isinstance(exc, Overloaded):
+        headers["Retry-After"] = "1"
     exchange.log("error", error=exc.code)
     return Response(envelope(exc), status_code=exc.status, media_type="application/json",
                     headers=headers)

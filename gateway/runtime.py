@@ -72,6 +72,7 @@ class Gateway:
         self.kinds = kinds
         self.started = time.time()
         self.health = ProviderHealth()
+        self.inflight = 0  # requests holding an upstream, for the concurrency cap
         self._runtime: Runtime | None = None
 
     @property

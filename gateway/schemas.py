@@ -66,3 +66,6 @@ def parse(raw: bytes, head: type[Head]) -> Head:
         raise InvalidRequest(f"Invalid request: {message}", param=param) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"Request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # msgspec stops at the interpreter's recursion limit (about 1,000 levels).
+        raise InvalidRequest("Request body is nested too deeply") from None

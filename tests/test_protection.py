@@ -1,0 +1,105 @@
+"""The gateway protects itself and its owner: caps, limits, and no open door by accident."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import Pair
+from tests.gateway_process import ROOT, GatewayProcess, config, provider
+from tests.upstream import FakeUpstream, ok, slow_first_token
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def test_past_the_concurrency_cap_clients_get_503_with_retry_after_not_a_pile_up(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    slow = upstream_factory("slow")
+    slow.set_mode(slow_first_token(1.0))
+    gateway = start_gateway(config({"slow": provider(slow.base_url, {"m": "m"})},
+                                   server={"max_concurrency": 2}))
+    url = f"{gateway.base_url}/chat/completions"
+    body = {"model": "m", "messages": MESSAGES}
+    held = [threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body})
+            for _ in range(2)]
+    for thread in held:
+        thread.start()
+    time.sleep(0.3)
+
+    refused = httpx.post(url, json=body)
+
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "overloaded"
+    for thread in held:
+        thread.join()
+    slow.set_mode(ok())
+    assert httpx.post(url, json={**body, "stream": True}).status_code == 200
+    assert httpx.get(f"{gateway.url}/ready").json()["inflight"] == 0, "every request counted out"
+
+
+def test_huge_headers_and_absurd_nesting_are_refused_cleanly(pair: Pair) -> None:
+    url = f"{pair.gateway.base_url}/chat/completions"
+    headers = {f"x-filler-{i}": "y" * 1000 for i in range(80)}
+
+    too_big = httpx.post(url, json={"model": "chat-model", "messages": MESSAGES},
+                         headers=headers)
+    nested = httpx.post(url, content=b'{"model": "chat-model", "messages": [{"role": "user", '
+                        b'"content": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}")
+
+    assert too_big.status_code == 431
+    assert too_big.json()["error"]["code"] == "headers_too_large"
+    assert nested.status_code == 400
+    assert nested.json()["error"]["message"] == "Request body is nested too deeply"
+    assert pair.primary.requests == []
+    assert httpx.get(f"{pair.gateway.url}/health").status_code == 200
+
+
+def test_binding_beyond_loopback_without_keys_is_refused_unless_asked(tmp_path: Path) -> None:
+    path = tmp_path / "llms.json"
+    path.write_text('{"providers": {}}')
+    command = [sys.executable, "-m", "gateway", "serve", "--config", str(path),
+               "--host", "0.0.0.0", "--port", "0"]
+
+    refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+    assert refused.returncode == 2
+    assert "refusing to serve 0.0.0.0 without API keys" in refused.stderr
+    assert "--allow-unauthenticated" in refused.stderr
+
+
+def test_sigterm_lets_open_streams_finish_then_exits(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    import os
+    import signal
+
+    up = upstream_factory("up")
+    up.set_mode(ok(content=" ".join(["word"] * 15), delay_between_chunks=0.1))
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})}))
+    assert gateway.process is not None
+
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
+                      json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        os.killpg(gateway.process.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        try:
+            httpx.get(f"{gateway.url}/health", timeout=1)
+            accepted_new = True
+        except httpx.HTTPError:
+            accepted_new = False
+        rest = [line for line in lines if line]
+
+    assert rest[-1] == "data: [DONE]", "the in-flight stream finished"
+    assert not accepted_new, "no new connections once shutting down"
+    # uvicorn re-raises SIGTERM after its graceful shutdown, as init systems expect.
+    assert gateway.process.wait(timeout=10) in (0, -signal.SIGTERM)
