@@ -31,6 +31,7 @@ from gateway.errors import (
 )
 from gateway.logs import get_logger
 from gateway.runtime import Gateway, model_card
+from gateway.shared_state import RedisSync
 
 JSON = "application/json"
 
@@ -136,20 +137,26 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         gateway = Gateway(session, providers.load_kinds())
         await gateway.apply(snapshot)
         app.state.gateway = gateway
-        watcher = None
+        tasks = []
         if snapshot.source is not None:
-            watcher = asyncio.create_task(reload.watch(
-                snapshot.source, snapshot.server.reload_interval, gateway.apply))
+            tasks.append(asyncio.create_task(reload.watch(
+                snapshot.source, snapshot.server.reload_interval, gateway.apply)))
+        shared = None
+        if snapshot.state.backend == "redis":
+            shared = RedisSync(snapshot.state, gateway.health)
+            tasks.append(asyncio.create_task(shared.run()))
         get_logger().info("gateway_started", config=str(snapshot.source),
                           providers=[p.name for p in snapshot.enabled],
                           models=len(snapshot.routes))
         try:
             yield
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                    await task
+            if shared is not None:
+                await shared.close()
             await gateway.close()
 
 

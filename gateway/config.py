@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import yaml
@@ -92,10 +92,20 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     drop_params: tuple[str, ...] = ()
 
 
+class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where breaker and cooldown state lives: this process, or Redis shared by all."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "llms-gateway:"
+    sync_interval: float = 0.5
+
+
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     providers: dict[str, dict[str, Any]]
     server: dict[str, Any] = {}
     defaults: _Defaults = _Defaults()
+    state: StateConfig = StateConfig()
 
 
 class Secret:
@@ -151,6 +161,7 @@ class Snapshot:
     server: ServerConfig
     providers: tuple[ProviderSpec, ...]
     routes: Mapping[str, tuple[Route, ...]]
+    state: StateConfig = field(default_factory=StateConfig)
 
     @property
     def enabled(self) -> tuple[ProviderSpec, ...]:
@@ -201,7 +212,9 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         _provider(name, raw, timeouts, retries, circuit, environ, where)
         for name, raw in file.providers.items()
     )
-    return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers))
+    state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
+    return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
+                    state=state)
 
 
 def _decode(text: str, path: Path) -> Any:
@@ -307,4 +320,4 @@ def with_provider_disabled(snapshot: Snapshot, name: str, reason: str) -> Snapsh
         replace(p, enabled=False, disabled_reason=reason) if p.name == name else p
         for p in snapshot.providers
     )
-    return Snapshot(snapshot.source, snapshot.server, providers, _routes(providers))
+    return replace(snapshot, providers=providers, routes=_routes(providers))

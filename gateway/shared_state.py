@@ -1,0 +1,105 @@
+"""Share breaker trips and cooldowns between processes and replicas through Redis.
+
+Redis stays off the hot path: a request consults only the local `ProviderHealth`. Local trips
+and cooldowns are queued as they happen; every `sync_interval` one task writes the queue to a
+Redis hash and reads back what the other processes wrote, so a provider one replica saw fail is
+skipped by the others within a second. If Redis is down the gateway serves on local state, logs
+once, and reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.config import StateConfig
+from gateway.logs import get_logger
+from gateway.state import Change, ProviderHealth
+
+_SEPARATOR = "\x1f"
+
+
+class _Stored(msgspec.Struct, array_like=True):
+    until: float
+    trips: int
+
+
+def encode(change: Change) -> tuple[str, bytes]:
+    """A change as a hash field and value."""
+    field = f"{change.provider}{_SEPARATOR}{change.model or ''}"
+    return field, msgspec.json.encode(_Stored(change.until, change.trips))
+
+
+def decode(field: bytes | str, value: bytes | str) -> Change:
+    """The inverse of `encode`."""
+    text = field.decode() if isinstance(field, bytes) else field
+    provider, _, model = text.partition(_SEPARATOR)
+    stored = msgspec.json.decode(value, type=_Stored)
+    return Change(provider, model or None, stored.until, stored.trips)
+
+
+class RedisSync:
+    """Keeps one process's `ProviderHealth` in step with every other process's."""
+
+    def __init__(self, config: StateConfig, health: ProviderHealth) -> None:
+        self.config = config
+        self.health = health
+        self.key = f"{config.prefix}health"
+        self.pending: deque[Change] = deque(maxlen=10_000)
+        self.connected: bool | None = None  # None until the first sync says which
+        self._client = aioredis.from_url(config.url, socket_timeout=1.0,
+                                         socket_connect_timeout=1.0)
+        health.listeners.append(self.pending.append)
+
+    async def run(self) -> None:
+        """Sync forever; never raises for a Redis failure."""
+        while True:
+            await self.sync_once()
+            await asyncio.sleep(self.config.sync_interval)
+
+    async def sync_once(self) -> None:
+        """Write local changes, read everyone's; mark Redis up or down."""
+        batch = list(self.pending)
+        try:
+            if batch:
+                await self._client.hset(self.key, mapping=dict(encode(c) for c in batch))
+            stored = await self._client.hgetall(self.key)
+        except (RedisError, OSError) as exc:
+            self._mark(False, exc)
+            return
+        for _ in batch:
+            self.pending.popleft()
+        self._mark(True)
+        now = time.time()
+        expired = []
+        for field, value in stored.items():
+            change = decode(field, value)
+            if change.until > now:
+                self.health.apply_remote(change)
+            else:
+                expired.append(field)
+        if expired:
+            try:
+                await self._client.hdel(self.key, *expired)
+            except (RedisError, OSError) as exc:
+                self._mark(False, exc)
+
+    def _mark(self, up: bool, error: BaseException | None = None) -> None:
+        if up == self.connected:
+            return
+        log = get_logger()
+        if up:
+            log.info("shared_state_connected", backend="redis")
+        else:
+            log.warning("shared_state_unavailable", backend="redis",
+                        error=type(error).__name__ if error else None,
+                        action="serving on local state; reconnecting")
+        self.connected = up
+
+    async def close(self) -> None:
+        await self._client.aclose()
