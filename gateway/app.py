@@ -143,7 +143,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 snapshot.source, snapshot.server.reload_interval, gateway.apply)))
         shared = None
         if snapshot.state.backend == "redis":
-            shared = RedisSync(snapshot.state, gateway.health)
+            shared = RedisSync(snapshot.state, gateway.health, gateway.limiter)
             tasks.append(asyncio.create_task(shared.run()))
         get_logger().info("gateway_started", config=str(snapshot.source),
                           providers=[p.name for p in snapshot.enabled],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
+from gateway.config import GatewayKey
 from gateway.errors import AuthenticationFailed
 
 
@@ -16,16 +17,19 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key")
 
 
-def check(headers: Mapping[str, str], keys: tuple[str, ...]) -> None:
-    """Raise AuthenticationFailed unless `keys` is empty or the client sent one of them."""
+def check(headers: Mapping[str, str], keys: tuple[GatewayKey, ...]) -> GatewayKey | None:
+    """The key the client presented; AuthenticationFailed unless `keys` is empty or it matches."""
     if not keys:
-        return
+        return None
     key = presented_key(headers)
     if key is None:
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'")
     # Compare against every key so the time taken does not reveal which one nearly matched.
-    matched = False
+    presented = key.encode()
+    matched = None
     for expected in keys:
-        matched |= hmac.compare_digest(key.encode(), expected.encode())
-    if not matched:
+        if hmac.compare_digest(presented, expected.secret.reveal().encode()):
+            matched = expected
+    if matched is None:
         raise AuthenticationFailed("Invalid API key")
+    return matched

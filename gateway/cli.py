@@ -82,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or snapshot.server.host
     port = snapshot.server.port if args.port is None else args.port
     allowed = args.allow_unauthenticated or snapshot.server.allow_unauthenticated
-    if not snapshot.server.api_keys and not is_loopback(host) and not allowed:
+    if not snapshot.keys and not is_loopback(host) and not allowed:
         print(f"llms-gateway: refusing to serve {host} without API keys: anyone who can reach "
               f"it could spend your provider credits. Set server.api_keys (e.g. "
               f'["$LLMS_GATEWAY_KEY"] with that variable set), bind 127.0.0.1, or pass '

@@ -8,6 +8,7 @@ hot path is a dict lookup. Every error names the file, the field and the problem
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ import msgspec
 import yaml
 
 from gateway.circuit import CircuitPolicy
+from gateway.limits import KeyLimits
 
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
 CONFIG_ENV = "LLMS_CONFIG"
@@ -49,12 +51,21 @@ class Retries(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     retry_after_cap: float = 30.0
 
 
+class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A gateway key with an id for logs and optional per-minute limits."""
+
+    key: str
+    id: str | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where the gateway listens and who may use it."""
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[str | KeyEntry, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_header_bytes: int = 64 * 1024
     max_concurrency: int = 10_000
@@ -146,6 +157,14 @@ class ProviderSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayKey:
+    """A key clients may present, resolved from the environment."""
+
+    secret: Secret
+    limits: KeyLimits
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """One candidate for an alias: which provider, and the id it wants."""
 
@@ -162,6 +181,7 @@ class Snapshot:
     providers: tuple[ProviderSpec, ...]
     routes: Mapping[str, tuple[Route, ...]]
     state: StateConfig = field(default_factory=StateConfig)
+    keys: tuple[GatewayKey, ...] = ()
 
     @property
     def enabled(self) -> tuple[ProviderSpec, ...]:
@@ -204,7 +224,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     except msgspec.ValidationError as exc:
         raise _invalid(str(path), "", exc) from exc
     where = str(path)
-    server = _server(file.server, environ, where)
+    server = _server(file.server, where)
+    keys = _keys(server.api_keys, environ)
     timeouts = _merge(Timeouts(), file.defaults.timeouts, where, "defaults.timeouts")
     retries = _merge(Retries(), file.defaults.retries, where, "defaults.retries")
     circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
@@ -214,7 +235,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
-                    state=state)
+                    state=state, keys=keys)
 
 
 def _decode(text: str, path: Path) -> Any:
@@ -239,13 +260,26 @@ def _invalid(file: str, field: str, exc: msgspec.ValidationError) -> ConfigError
     return ConfigError(f"{file}: {path}: {problem}" if path else f"{file}: {problem}")
 
 
-def _server(raw: dict[str, Any], environ: Mapping[str, str], where: str) -> ServerConfig:
+def _server(raw: dict[str, Any], where: str) -> ServerConfig:
     try:
-        server = msgspec.convert(raw, ServerConfig)
+        return msgspec.convert(raw, ServerConfig)
     except msgspec.ValidationError as exc:
         raise _invalid(where, "server", exc) from exc
-    keys = tuple(k for k in (_expand(k, environ) for k in server.api_keys) if k)
-    return msgspec.structs.replace(server, api_keys=keys)
+
+
+def _keys(entries: tuple[str | KeyEntry, ...], environ: Mapping[str, str]
+          ) -> tuple[GatewayKey, ...]:
+    """Resolve `server.api_keys`; one whose variable is unset is dropped."""
+    keys = []
+    for entry in entries:
+        item = entry if isinstance(entry, KeyEntry) else KeyEntry(key=entry)
+        secret = _expand(item.key, environ)
+        if not secret:
+            continue
+        key_id = item.id or "key-" + hashlib.sha256(secret.encode()).hexdigest()[:8]
+        keys.append(GatewayKey(Secret(secret), KeyLimits(
+            key_id, item.requests_per_minute, item.tokens_per_minute)))
+    return tuple(keys)
 
 
 def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:

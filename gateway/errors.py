@@ -6,6 +6,7 @@
      │    ├── RequestTooLarge         413 request_too_large
      │    ├── ModelNotFound           404 model_not_found
      │    ├── NotFound                404 not_found (a route or an unknown id)
+     │    ├── KeyRateLimited          429 rate_limit_exceeded: this key's per-minute limit
      │    ├── HeadersTooLarge         431 headers_too_large
      │    ├── AuthenticationFailed    401 invalid_api_key
      │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
@@ -101,6 +102,18 @@ class MethodNotAllowed(ClientError):
 
     http_status = 405
     code = "method_not_allowed"
+
+
+class KeyRateLimited(ClientError):
+    """This gateway key used its requests or tokens for the minute."""
+
+    http_status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class HeadersTooLarge(ClientError):

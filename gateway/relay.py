@@ -6,6 +6,7 @@ the request heads (`schemas`) and in the provider kinds, not here.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from gateway.errors import (
     Attempt,
     GatewayError,
     HeadersTooLarge,
+    KeyRateLimited,
     Overloaded,
     RequestTooLarge,
     envelope,
@@ -63,6 +65,8 @@ class Exchange:
     attempts: int = 0
     failed: tuple[Attempt, ...] = ()
     status: int = 200
+    key_id: str | None = None
+    tokens: int | None = None
 
     def headers(self) -> dict[str, str]:
         headers = {"x-request-id": self.request_id}
@@ -76,6 +80,12 @@ class Exchange:
         self.provider, self.attempts, self.failed = (served.provider, served.attempts,
                                                      served.failed)
 
+    def finished(self, gateway: Gateway, tokens: int | None) -> None:
+        """Record what the answer used, against the client's key."""
+        self.tokens = tokens
+        if tokens and self.key_id is not None:
+            gateway.limiter.spend_tokens(self.key_id, tokens)
+
     def log(self, outcome: str, **extra: Any) -> None:
         get_logger().info(
             "request",
@@ -88,6 +98,8 @@ class Exchange:
             attempts=self.attempts,
             failed=[f"{a.provider}:{a.reason}" for a in self.failed] or None,
             stream=self.stream,
+            key_id=self.key_id,
+            tokens=self.tokens,
             latency_ms=round((time.perf_counter() - self.started) * 1000, 2),
             **extra,
         )
@@ -102,7 +114,12 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
     try:
         if sum(len(k) + len(v) for k, v in request.scope["headers"]) > server.max_header_bytes:
             raise HeadersTooLarge("Request headers are larger than the gateway accepts")
-        auth.check(request.headers, server.api_keys)
+        key = auth.check(request.headers, runtime.snapshot.keys)
+        if key is not None:
+            exchange.key_id = key.limits.key_id
+            if (wait := gateway.limiter.admit(key.limits)) is not None:
+                raise KeyRateLimited(f"Rate limit reached for key {key.limits.key_id}; "
+                                     f"retry in {wait:.0f}s", retry_after=wait)
         if gateway.inflight >= server.max_concurrency:
             raise Overloaded("The gateway is at its concurrency limit; retry shortly")
         raw = await _body(request)
@@ -124,6 +141,7 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
                                                 lambda p, m: p.send(outgoing, m), gateway.health)
         if not exchange.stream:
             exchange.served(answered)
+            exchange.finished(gateway, answered.result.total_tokens)
             exchange.log("completed")
             return Response(answered.result.body, media_type=answered.result.content_type,
                             headers=exchange.headers())
@@ -145,11 +163,12 @@ def _stream(gateway: Gateway, exchange: Exchange,
             opened: router.Served[OpenedStream]) -> Stream:
     done = False
 
-    def ended(outcome: str) -> None:
+    def ended(outcome: str, tokens: int | None) -> None:
         nonlocal done
         if not done:
             done = True
             gateway.inflight -= 1
+            exchange.finished(gateway, tokens)
             exchange.log(outcome)
 
     async def after() -> None:
@@ -157,7 +176,7 @@ def _stream(gateway: Gateway, exchange: Exchange,
         # own cleanup: the upstream must still be closed and the request counted out.
         if not done:
             await close_quietly(opened.result.rest)
-            ended("client_disconnected")
+            ended("client_disconnected", None)
 
     return Stream(relay(opened.result, opened.provider, on_end=ended),
                   background=BackgroundTask(after), media_type="text/event-stream",
@@ -187,6 +206,8 @@ def _error(exc: GatewayError, exchange: Exchange) -> Response[bytes]:
             headers["Retry-After"] = str(max(1, round(exc.retry_after)))
     elif isinstance(exc, Overloaded):
         headers["Retry-After"] = "1"
+    elif isinstance(exc, KeyRateLimited):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     exchange.log("error", error=exc.code)
     return Response(envelope(exc), status_code=exc.status, media_type="application/json",
                     headers=headers)

@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 
 from gateway.config import ConfigError, Snapshot
+from gateway.limits import RateLimiter
 from gateway.logs import get_logger
 from gateway.state import ProviderHealth
 from providers.base import Provider
@@ -72,6 +73,7 @@ class Gateway:
         self.kinds = kinds
         self.started = time.time()
         self.health = ProviderHealth()
+        self.limiter = RateLimiter()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
         self._runtime: Runtime | None = None
 

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.config import StateConfig
+from gateway.limits import WINDOW, RateLimiter
 from gateway.logs import get_logger
 from gateway.state import Change, ProviderHealth
 
@@ -46,9 +47,11 @@ def decode(field: bytes | str, value: bytes | str) -> Change:
 class RedisSync:
     """Keeps one process's `ProviderHealth` in step with every other process's."""
 
-    def __init__(self, config: StateConfig, health: ProviderHealth) -> None:
+    def __init__(self, config: StateConfig, health: ProviderHealth,
+                 limiter: RateLimiter | None = None) -> None:
         self.config = config
         self.health = health
+        self.limiter = limiter
         self.key = f"{config.prefix}health"
         self.pending: deque[Change] = deque(maxlen=10_000)
         self.connected: bool | None = None  # None until the first sync says which
@@ -64,6 +67,31 @@ class RedisSync:
 
     async def sync_once(self) -> None:
         """Write local changes, read everyone's; mark Redis up or down."""
+        await self._sync_health()
+        if self.limiter is not None and self.connected:
+            await self._sync_counts(self.limiter)
+
+    async def _sync_counts(self, limiter: RateLimiter) -> None:
+        # INCRBY returns the cluster total; INCRBY 0 refreshes a window we added nothing to.
+        pending = limiter.take_pending()
+        window = int(time.time() // WINDOW)
+        counted = set(pending) | {c for c in limiter.local if c[1] == window}
+        ordered = sorted(counted)
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key_id, at, kind in ordered:
+                    name = f"{self.config.prefix}rate:{key_id}:{at}:{kind}"
+                    pipe.incrby(name, pending.get((key_id, at, kind), 0))
+                    pipe.expire(name, 2 * WINDOW)
+                replies = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            limiter.restore(pending)
+            self._mark(False, exc)
+            return
+        limiter.apply_totals({c: int(total) for c, total in zip(ordered, replies[::2],
+                                                                 strict=True)})
+
+    async def _sync_health(self) -> None:
         batch = list(self.pending)
         try:
             if batch:

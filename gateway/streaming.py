@@ -26,6 +26,7 @@ from gateway.errors import (
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+_TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
 
@@ -39,6 +40,7 @@ class SSEWatch:
     finished: bool = False
     error_event: bytes | None = None
     garbage: bool = False
+    total_tokens: int | None = None
     _partial: bytes = field(default=b"", repr=False)
 
     def feed(self, chunk: bytes) -> None:
@@ -66,8 +68,11 @@ class SSEWatch:
             self.done = True
         elif payload.startswith(b'{"error"') or payload.startswith(b'{"object":"error"'):
             self.error_event = payload
-        elif _FINISHED.search(payload):
-            self.finished = True
+        else:
+            if _FINISHED.search(payload):
+                self.finished = True
+            if b'"total_tokens"' in payload and (found := _TOTAL_TOKENS.search(payload)):
+                self.total_tokens = int(found.group(1))
 
 
 @dataclass(slots=True)
@@ -102,10 +107,12 @@ async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
 
 
 async def relay(opened: OpenedStream, provider: str,
-                on_end: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
+                on_end: Callable[[str, int | None], None] | None = None
+                ) -> AsyncIterator[bytes]:
     """Pass the stream through; end it with `[DONE]` or an in-band error, never silently.
 
-    `on_end` hears how it ended: "completed", "error" or "client_disconnected".
+    `on_end` hears how it ended ("completed", "error" or "client_disconnected") and the total
+    tokens the stream's `usage` reported, if any.
     """
     watch = opened.watch
     outcome = "client_disconnected"
@@ -131,7 +138,7 @@ async def relay(opened: OpenedStream, provider: str,
     finally:
         await close_quietly(opened.rest)
         if on_end is not None:
-            on_end(outcome)
+            on_end(outcome, watch.total_tokens)
 
 
 def _mid_stream(provider: str, exc: ProviderError) -> GatewayError:

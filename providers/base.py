@@ -42,6 +42,7 @@ class Reply:
 
     body: bytes
     content_type: str = "application/json"
+    total_tokens: int | None = None  # from the answer's `usage`, when it has one
 
 
 class Provider(ABC):

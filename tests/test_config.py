@@ -8,6 +8,7 @@ import pytest
 
 from gateway import config
 from gateway.config import ConfigError, Retries, Timeouts
+from gateway.limits import KeyLimits
 
 PATH = Path("/etc/llms/llms.json")
 
@@ -57,10 +58,14 @@ def test_provider_overrides_merge_over_defaults() -> None:
 
 
 def test_server_keys_resolve_and_unset_ones_are_dropped() -> None:
-    snapshot = parse('{"server": {"api_keys": ["$K1", "$K2", "literal"]}, "providers": {}}',
-                     K1="one")
+    snapshot = parse('{"server": {"api_keys": ["$K1", "$K2", "literal",'
+                     ' {"key": "$K3", "id": "team-a", "requests_per_minute": 60}]},'
+                     ' "providers": {}}', K1="sekrit-1", K3="three")
 
-    assert snapshot.server.api_keys == ("one", "literal")
+    assert [k.secret.reveal() for k in snapshot.keys] == ["sekrit-1", "literal", "three"]
+    assert snapshot.keys[0].limits.key_id.startswith("key-")
+    assert "sekrit" not in repr(snapshot.keys[0]), "the id and repr never carry the key"
+    assert snapshot.keys[2].limits == KeyLimits("team-a", 60, None)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
