@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import threading
 import time
@@ -39,6 +40,8 @@ class Mode:
     seconds: float = 0.0
     after_chunks: int = 2
     then: Mode | None = None
+    options: tuple[Mode, ...] = ()
+    seed: int = 0
 
 
 def ok(content: str | None = None, chunks: list[str] | None = None,
@@ -70,6 +73,11 @@ def slow_first_token(seconds: float, then: Mode | None = None) -> Mode:
 def stream_cut(after_chunks: int = 2) -> Mode:
     """Start answering, then drop the connection without finishing."""
     return Mode("cut", after_chunks=after_chunks)
+
+
+def chaos(*options: Mode, seed: int = 0) -> Mode:
+    """Each request gets one of `options` at random (repeatably, from `seed`)."""
+    return Mode("chaos", options=options, seed=seed)
 
 
 def invalid_json() -> Mode:
@@ -121,6 +129,7 @@ class FakeUpstream:
 
     def __post_init__(self) -> None:
         self._modes: list[Mode] = [ok()]
+        self._rng: random.Random | None = None
         self._lock = threading.Lock()
         self._cancelled = 0
         self._cancel_event = threading.Event()
@@ -208,7 +217,12 @@ class FakeUpstream:
 
     def _next_mode(self) -> Mode:
         with self._lock:
-            return self._modes.pop(0) if len(self._modes) > 1 else self._modes[0]
+            mode = self._modes.pop(0) if len(self._modes) > 1 else self._modes[0]
+            if mode.kind == "chaos":
+                if self._rng is None:
+                    self._rng = random.Random(mode.seed)
+                mode = self._rng.choice(mode.options)
+            return mode
 
     def _mark_cancelled(self) -> None:
         self._cancelled += 1
