@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
 
 import httpx
 import openai
 import pytest
 
 from tests.conftest import Pair
-from tests.upstream import ok, slow_first_token, stream_cut
+from tests.gateway_process import GatewayProcess, config, provider
+from tests.upstream import FakeUpstream, ok, slow_first_token, stream_cut
 
 BODY = {"model": "chat-model", "messages": [{"role": "user", "content": "hello"}], "stream": True}
 
@@ -92,3 +94,23 @@ def test_gateway_keeps_serving_after_faults(pair: Pair) -> None:
     pair.primary.set_mode(ok())
 
     assert events(pair)[-1] == "data: [DONE]"
+
+
+def test_a_stream_that_stalls_mid_way_ends_with_an_idle_timeout_event(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    stalling = upstream_factory("stalling")
+    stalling.set_mode(ok(content="one two three", delay_between_chunks=2.0))
+    gateway = start_gateway(config({
+        "stalling": provider(stalling.base_url, {"m": "m"}, timeouts={"idle": 0.3}),
+    }))
+
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
+                      json={**BODY, "model": "m"}) as resp:
+        lines = [line for line in resp.iter_lines() if line]
+
+    assert time.monotonic() - started < 1.5
+    error = json.loads(lines[-1].removeprefix("data: "))["error"]
+    assert "idle_timeout" in error["message"]
+    assert gateway.log_events("request")[-1]["outcome"] == "error"
