@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -10,8 +11,9 @@ import msgspec
 import structlog
 
 
-def configure(level: str = "info", json: bool | None = None) -> None:
+def configure(level: str | None = None, json: bool | None = None) -> None:
     """Configure structlog once per process; JSON unless stderr is a terminal."""
+    level = level or os.environ.get("LLMS_LOG_LEVEL", "info")
     as_json = not sys.stderr.isatty() if json is None else json
     processors: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
