@@ -31,6 +31,7 @@ from gateway.errors import (
     envelope,
 )
 from gateway.logs import get_logger
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.runtime import Gateway, model_card
 from gateway.shared_state import RedisSync
 
@@ -66,6 +67,12 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Resp
         raise ModelNotFound(alias)
     card = model_card(alias, routes[0].provider, int(_gateway(request).started))
     return Response(msgspec.json.encode(card), media_type=JSON)
+
+
+@get("/metrics")
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Prometheus text format, every worker's when there are several."""
+    return Response(_gateway(request).metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
 
 @get("/health")
@@ -172,7 +179,8 @@ def create_app(snapshot: Snapshot | None = None) -> Litestar:
     if snapshot is None:
         snapshot = config.load(config.discover())
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, retrieve_model, health, ready],
+        route_handlers=[chat_completions, completions, list_models, retrieve_model, health, ready,
+                        metrics],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: on_gateway_error,

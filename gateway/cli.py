@@ -7,6 +7,7 @@ import asyncio
 import ipaddress
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,9 @@ def _serve(args: argparse.Namespace) -> int:
     path, snapshot = _load(args.config)
     check_kinds(snapshot, providers.load_kinds())
     os.environ[CONFIG_ENV] = str(path.resolve())  # the app factory in each worker reads it
+    if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Each worker writes its metrics here; /metrics on any worker sums them all.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llms-gateway-metrics-")
     host = args.host or snapshot.server.host
     port = snapshot.server.port if args.port is None else args.port
     allowed = args.allow_unauthenticated or snapshot.server.allow_unauthenticated

@@ -21,6 +21,7 @@ import yaml
 
 from gateway.circuit import CircuitPolicy
 from gateway.limits import KeyLimits
+from gateway.usage import Price
 
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
 CONFIG_ENV = "LLMS_CONFIG"
@@ -85,6 +86,7 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str
     context_window: int | None = None
     max_output_tokens: int | None = None
+    price: Price | None = None
 
 
 class ProviderEntry(msgspec.Struct, frozen=True):

@@ -33,7 +33,9 @@ from gateway.errors import (
 from gateway.logs import get_logger
 from gateway.runtime import Gateway
 from gateway.streaming import OpenedStream, close_quietly, open_stream, relay
-from providers.base import Outgoing, Provider
+from gateway.usage import Usage
+from gateway.usage import cost as cost_of
+from providers.base import Outgoing, Provider, Reply
 
 HEADS: Mapping[str, type[schemas.ChatHead | schemas.CompletionHead | schemas.ResponsesHead]] = {
     "chat/completions": schemas.ChatHead,
@@ -54,8 +56,9 @@ def request_id(headers: Mapping[str, str]) -> str:
 
 @dataclass(slots=True)
 class Exchange:
-    """What one request did, for its response headers and its one log line."""
+    """What one request did: its response headers, and its one ending (log line, metrics)."""
 
+    gateway: Gateway
     request_id: str
     endpoint: str
     started: float = field(default_factory=time.perf_counter)
@@ -66,7 +69,11 @@ class Exchange:
     failed: tuple[Attempt, ...] = ()
     status: int = 200
     key_id: str | None = None
-    tokens: int | None = None
+    usage: Usage | None = None
+    cost: float | None = None
+    ttft: float | None = None
+    upstream_time: float | None = None
+    ended: bool = False
 
     def headers(self) -> dict[str, str]:
         headers = {"x-request-id": self.request_id}
@@ -74,19 +81,39 @@ class Exchange:
             headers["x-llms-attempts"] = str(self.attempts)
         if self.provider:
             headers["x-llms-provider"] = self.provider
+        if self.cost is not None:
+            headers["x-llms-cost"] = f"{self.cost:.6f}"
         return headers
 
     def served(self, served: router.Served[Any]) -> None:
         self.provider, self.attempts, self.failed = (served.provider, served.attempts,
                                                      served.failed)
 
-    def finished(self, gateway: Gateway, tokens: int | None) -> None:
-        """Record what the answer used, against the client's key."""
-        self.tokens = tokens
-        if tokens and self.key_id is not None:
-            gateway.limiter.spend_tokens(self.key_id, tokens)
+    def used(self, usage: Usage | None) -> None:
+        """What the answer used: priced, and counted against the client's key."""
+        self.usage = usage
+        if usage is None:
+            return
+        price = self.gateway.runtime.prices.get((self.provider or "", self.model or ""))
+        if price is not None:
+            self.cost = cost_of(usage, price)
+        if self.key_id is not None:
+            self.gateway.limiter.spend_tokens(self.key_id, usage.total_tokens)
 
-    def log(self, outcome: str, **extra: Any) -> None:
+    def finish(self, outcome: str, **extra: Any) -> None:
+        """Log the request and record its metrics, once."""
+        if self.ended:
+            return
+        self.ended = True
+        duration = time.perf_counter() - self.started
+        routes = self.gateway.runtime.snapshot.routes
+        model_label = self.model if self.model is not None and self.model in routes else "_unknown"
+        self.gateway.metrics.record(
+            endpoint=self.endpoint, model=model_label, provider=self.provider,
+            status=self.status, duration=duration, ttft=self.ttft,
+            upstream=self.upstream_time, failed=self.failed, attempts=self.attempts,
+            usage=self.usage, cost=self.cost)
+        self.gateway.stats.add(duration, ok=self.status < 500 and outcome != "error")
         get_logger().info(
             "request",
             request_id=self.request_id,
@@ -99,8 +126,10 @@ class Exchange:
             failed=[f"{a.provider}:{a.reason}" for a in self.failed] or None,
             stream=self.stream,
             key_id=self.key_id,
-            tokens=self.tokens,
-            latency_ms=round((time.perf_counter() - self.started) * 1000, 2),
+            tokens=self.usage.total_tokens if self.usage else None,
+            cost=round(self.cost, 8) if self.cost is not None else None,
+            ttft_ms=round(self.ttft * 1000, 2) if self.ttft is not None else None,
+            latency_ms=round(duration * 1000, 2),
             **extra,
         )
 
@@ -110,7 +139,7 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
     gateway: Gateway = request.app.state.gateway
     runtime = gateway.runtime
     server = runtime.snapshot.server
-    exchange = Exchange(request_id(request.headers), endpoint)
+    exchange = Exchange(gateway, request_id(request.headers), endpoint)
     try:
         if sum(len(k) + len(v) for k, v in request.scope["headers"]) > server.max_header_bytes:
             raise HeadersTooLarge("Request headers are larger than the gateway accepts")
@@ -129,7 +158,7 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
     except GatewayError as exc:
         return _error(exc, exchange)
     outgoing = Outgoing(endpoint, raw, head.model, exchange.stream, exchange.request_id)
-    gateway.inflight += 1
+    gateway.enter()
     streaming = False
     try:
         async with DisconnectGuard(request.receive):
@@ -138,43 +167,41 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
                                               lambda p, m: _open(p, outgoing, m), gateway.health)
             else:
                 answered = await router.attempt(head.model, routes, runtime.providers,
-                                                lambda p, m: p.send(outgoing, m), gateway.health)
+                                                lambda p, m: _send(p, outgoing, m, exchange),
+                                                gateway.health)
         if not exchange.stream:
             exchange.served(answered)
-            exchange.finished(gateway, answered.result.total_tokens)
-            exchange.log("completed")
+            exchange.used(answered.result.usage)
+            exchange.finish("completed")
             return Response(answered.result.body, media_type=answered.result.content_type,
                             headers=exchange.headers())
         exchange.served(opened)
+        exchange.ttft = time.perf_counter() - exchange.started
         streaming = True
         return _stream(gateway, exchange, opened)
     except GatewayError as exc:
         return _error(exc, exchange)
     except ClientDisconnected:
         exchange.status = 499
-        exchange.log("client_disconnected")
+        exchange.finish("client_disconnected")
         return Response(b"", status_code=499)
     finally:
         if not streaming:
-            gateway.inflight -= 1
+            gateway.leave()
 
 
 def _stream(gateway: Gateway, exchange: Exchange,
             opened: router.Served[OpenedStream]) -> Stream:
-    done = False
-
-    def ended(outcome: str, tokens: int | None) -> None:
-        nonlocal done
-        if not done:
-            done = True
-            gateway.inflight -= 1
-            exchange.finished(gateway, tokens)
-            exchange.log(outcome)
+    def ended(outcome: str, usage: Usage | None) -> None:
+        if not exchange.ended:
+            gateway.leave()
+            exchange.used(usage)
+            exchange.finish(outcome)
 
     async def after() -> None:
         # Runs even when the client left before the body started, which skips the relay's
         # own cleanup: the upstream must still be closed and the request counted out.
-        if not done:
+        if not exchange.ended:
             await close_quietly(opened.result.rest)
             ended("client_disconnected", None)
 
@@ -185,6 +212,15 @@ def _stream(gateway: Gateway, exchange: Exchange,
 
 async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str) -> OpenedStream:
     return await open_stream(provider.stream(outgoing, upstream_model))
+
+
+async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
+                exchange: Exchange) -> Reply:
+    started = time.perf_counter()
+    try:
+        return await provider.send(outgoing, upstream_model)
+    finally:  # the last try is the one that answered: its time is the upstream's share
+        exchange.upstream_time = time.perf_counter() - started
 
 
 async def _body(request: Request[Any, Any, Any]) -> bytes:
@@ -208,7 +244,7 @@ def _error(exc: GatewayError, exchange: Exchange) -> Response[bytes]:
         headers["Retry-After"] = "1"
     elif isinstance(exc, KeyRateLimited):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    exchange.log("error", error=exc.code)
+    exchange.finish("error", error=exc.code)
     return Response(envelope(exc), status_code=exc.status, media_type="application/json",
                     headers=headers)
 

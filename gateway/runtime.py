@@ -16,7 +16,10 @@ import msgspec
 from gateway.config import ConfigError, Snapshot
 from gateway.limits import RateLimiter
 from gateway.logs import get_logger
+from gateway.metrics import Metrics
 from gateway.state import ProviderHealth
+from gateway.stats import RecentStats
+from gateway.usage import Price
 from providers.base import Provider
 
 
@@ -27,6 +30,7 @@ class Runtime:
     snapshot: Snapshot
     providers: Mapping[str, Provider]
     models_body: bytes
+    prices: Mapping[tuple[str, str], Price]
 
 
 def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None:
@@ -48,7 +52,9 @@ def build(snapshot: Snapshot, session: aiohttp.ClientSession,
             providers[spec.name] = kinds[spec.kind](spec, session)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
-    return Runtime(snapshot, providers, models_list(snapshot))
+    prices = {(spec.name, alias): model.price for spec in snapshot.providers
+              for alias, model in spec.models.items() if model.price is not None}
+    return Runtime(snapshot, providers, models_list(snapshot), prices)
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
@@ -74,6 +80,8 @@ class Gateway:
         self.started = time.time()
         self.health = ProviderHealth()
         self.limiter = RateLimiter()
+        self.metrics = Metrics(self.health)
+        self.stats = RecentStats()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
         self._runtime: Runtime | None = None
 
@@ -82,6 +90,15 @@ class Gateway:
         if self._runtime is None:
             raise RuntimeError("gateway has no config yet")
         return self._runtime
+
+    def enter(self) -> None:
+        """A request now holds an upstream."""
+        self.inflight += 1
+        self.metrics.inflight.inc()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        self.metrics.inflight.dec()
 
     async def apply(self, snapshot: Snapshot) -> None:
         """Make `snapshot` live; on any error the previous runtime keeps serving."""

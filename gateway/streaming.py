@@ -23,10 +23,10 @@ from gateway.errors import (
     ProviderUnavailable,
     sse_error_event,
 )
+from gateway.usage import Usage, from_payload
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
-_TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
 
@@ -40,7 +40,7 @@ class SSEWatch:
     finished: bool = False
     error_event: bytes | None = None
     garbage: bool = False
-    total_tokens: int | None = None
+    usage: Usage | None = None
     _partial: bytes = field(default=b"", repr=False)
 
     def feed(self, chunk: bytes) -> None:
@@ -71,8 +71,8 @@ class SSEWatch:
         else:
             if _FINISHED.search(payload):
                 self.finished = True
-            if b'"total_tokens"' in payload and (found := _TOTAL_TOKENS.search(payload)):
-                self.total_tokens = int(found.group(1))
+            if b'"usage"' in payload and (usage := from_payload(payload)) is not None:
+                self.usage = usage
 
 
 @dataclass(slots=True)
@@ -107,12 +107,12 @@ async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
 
 
 async def relay(opened: OpenedStream, provider: str,
-                on_end: Callable[[str, int | None], None] | None = None
+                on_end: Callable[[str, Usage | None], None] | None = None
                 ) -> AsyncIterator[bytes]:
     """Pass the stream through; end it with `[DONE]` or an in-band error, never silently.
 
-    `on_end` hears how it ended ("completed", "error" or "client_disconnected") and the total
-    tokens the stream's `usage` reported, if any.
+    `on_end` hears how it ended ("completed", "error" or "client_disconnected") and the
+    `usage` the stream reported, if any.
     """
     watch = opened.watch
     outcome = "client_disconnected"
@@ -138,7 +138,7 @@ async def relay(opened: OpenedStream, provider: str,
     finally:
         await close_quietly(opened.rest)
         if on_end is not None:
-            on_end(outcome, watch.total_tokens)
+            on_end(outcome, watch.usage)
 
 
 def _mid_stream(provider: str, exc: ProviderError) -> GatewayError:

@@ -16,6 +16,7 @@ import aiohttp
 import msgspec
 
 from gateway.config import ProviderSpec
+from gateway.usage import Usage
 
 
 @dataclass(slots=True)
@@ -42,7 +43,7 @@ class Reply:
 
     body: bytes
     content_type: str = "application/json"
-    total_tokens: int | None = None  # from the answer's `usage`, when it has one
+    usage: Usage | None = None  # from the answer, when it reports one
 
 
 class Provider(ABC):

@@ -15,6 +15,7 @@ import msgspec
 
 from gateway.config import ProviderSpec
 from gateway.errors import BadUpstreamResponse
+from gateway.usage import Usage
 from providers.base import Outgoing, Provider, Reply
 from providers.http import (
     MAX_ERROR_BODY,
@@ -48,27 +49,23 @@ def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
     return headers
 
 
-class _Usage(msgspec.Struct):
-    total_tokens: int | None = None
-
-
 class _AnswerProbe(msgspec.Struct):
     # Decoding into a Struct validates the whole document without building it.
     choices: Any = None
     output: Any = None
     error: Any = None
-    usage: _Usage | None = None
+    usage: Usage | None = None
 
 
-def check_json(body: bytes) -> int | None:
-    """Fail over on a 200 whose body is not a JSON answer; return its total tokens if given."""
+def check_json(body: bytes) -> Usage | None:
+    """Fail over on a 200 whose body is not a JSON answer; return its usage if it has one."""
     try:
         probe = msgspec.json.decode(body, type=_AnswerProbe)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BadUpstreamResponse(f"response is not a JSON answer: {exc}") from None
     if probe.error is not None and probe.choices is None and probe.output is None:
         raise BadUpstreamResponse("response is an error object with status 200")
-    return probe.usage.total_tokens if probe.usage else None
+    return probe.usage
 
 
 class OpenAIProvider(Provider):
@@ -108,8 +105,8 @@ class OpenAIProvider(Provider):
             raise error(f"no complete answer within {limit:g}s") from None
         if not 200 <= status < 300:
             raise error_for_status(self.name, status, body, headers, self._secret)
-        tokens = check_json(body)
-        return Reply(body, headers.get("Content-Type", "application/json"), tokens)
+        usage = check_json(body)
+        return Reply(body, headers.get("Content-Type", "application/json"), usage)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         deadline = Deadline(self.spec.timeouts)
