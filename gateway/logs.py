@@ -15,8 +15,15 @@ def configure(level: str | None = None, json: bool | None = None) -> None:
     """Configure structlog once per process; JSON unless stderr is a terminal."""
     level = level or os.environ.get("LLMS_LOG_LEVEL", "info")
     as_json = not sys.stderr.isatty() if json is None else json
+    pid = os.getpid()  # with --workers N, says which worker wrote the line
+
+    def add_pid(_: Any, __: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+        event["pid"] = pid
+        return event
+
     processors: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
+        add_pid,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
     ]

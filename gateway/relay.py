@@ -157,7 +157,9 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
         routes = router.candidates(runtime.snapshot, head.model)
     except GatewayError as exc:
         return _error(exc, exchange)
-    outgoing = Outgoing(endpoint, raw, head.model, exchange.stream, exchange.request_id)
+    options = getattr(head, "stream_options", None)
+    outgoing = Outgoing(endpoint, raw, head.model, exchange.stream, exchange.request_id,
+                        client_wants_usage=bool(options and options.include_usage))
     gateway.enter()
     streaming = False
     try:
@@ -178,7 +180,7 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
         exchange.served(opened)
         exchange.ttft = time.perf_counter() - exchange.started
         streaming = True
-        return _stream(gateway, exchange, opened)
+        return _stream(gateway, exchange, opened, outgoing)
     except GatewayError as exc:
         return _error(exc, exchange)
     except ClientDisconnected:
@@ -190,8 +192,8 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
             gateway.leave()
 
 
-def _stream(gateway: Gateway, exchange: Exchange,
-            opened: router.Served[OpenedStream]) -> Stream:
+def _stream(gateway: Gateway, exchange: Exchange, opened: router.Served[OpenedStream],
+            outgoing: Outgoing) -> Stream:
     def ended(outcome: str, usage: Usage | None) -> None:
         if not exchange.ended:
             gateway.leave()
@@ -205,7 +207,8 @@ def _stream(gateway: Gateway, exchange: Exchange,
             await close_quietly(opened.result.rest)
             ended("client_disconnected", None)
 
-    return Stream(relay(opened.result, opened.provider, on_end=ended),
+    return Stream(relay(opened.result, opened.provider, on_end=ended,
+                        strip_usage=not outgoing.client_wants_usage),
                   background=BackgroundTask(after), media_type="text/event-stream",
                   headers={**exchange.headers(), **STREAM_HEADERS})
 

@@ -19,12 +19,17 @@ class Message(msgspec.Struct):
     content: Any = None
 
 
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
 class ChatHead(msgspec.Struct):
     """What routing needs from a chat-completions body."""
 
     model: NonEmptyStr
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
 
 
 # msgspec allows one array-like per union: the element union covers strings, token ids and
@@ -38,6 +43,7 @@ class CompletionHead(msgspec.Struct):
     model: NonEmptyStr
     prompt: Prompt
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
 
 
 class ResponsesHead(msgspec.Struct):

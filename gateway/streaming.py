@@ -107,21 +107,26 @@ async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
 
 
 async def relay(opened: OpenedStream, provider: str,
-                on_end: Callable[[str, Usage | None], None] | None = None
-                ) -> AsyncIterator[bytes]:
+                on_end: Callable[[str, Usage | None], None] | None = None,
+                strip_usage: bool = False) -> AsyncIterator[bytes]:
     """Pass the stream through; end it with `[DONE]` or an in-band error, never silently.
 
     `on_end` hears how it ended ("completed", "error" or "client_disconnected") and the
-    `usage` the stream reported, if any.
+    `usage` the stream reported, if any. `strip_usage` drops the usage-only event the gateway
+    asked for on the client's behalf.
     """
     watch = opened.watch
     outcome = "client_disconnected"
     try:
-        yield opened.head
+        head = opened.head  # may hold the whole answer when the upstream was quick
+        yield drop_usage_events(head) if strip_usage and b'"usage"' in head else head
         if not watch.done:
             async for chunk in opened.rest:
                 watch.feed(chunk)
-                yield chunk
+                if strip_usage and b'"usage"' in chunk:
+                    chunk = drop_usage_events(chunk)
+                if chunk:
+                    yield chunk
                 if watch.done:
                     break
         if watch.done or (watch.finished and not watch.garbage):
@@ -139,6 +144,17 @@ async def relay(opened: OpenedStream, provider: str,
         await close_quietly(opened.rest)
         if on_end is not None:
             on_end(outcome, watch.usage)
+
+
+_USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
+def drop_usage_events(chunk: bytes) -> bytes:
+    """Remove whole `data:` events that carry only usage (`"choices": []`) from a chunk."""
+    events = chunk.split(b"\n\n")
+    kept = [e for e in events if not (b'"usage"' in e and _USAGE_ONLY.search(e)
+                                      and e.lstrip().startswith(b"data:"))]
+    return b"\n\n".join(kept) if len(kept) != len(events) else chunk
 
 
 def _mid_stream(provider: str, exc: ProviderError) -> GatewayError:

@@ -28,6 +28,7 @@ class Outgoing:
     model: str
     stream: bool
     request_id: str
+    client_wants_usage: bool = False  # the client asked for stream usage itself
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:

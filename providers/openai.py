@@ -27,12 +27,23 @@ from providers.http import (
 )
 
 
+def asks_stream_usage(request: Outgoing, spec: ProviderSpec) -> bool:
+    """Streams ask for usage (for cost and token limits) unless the client did or config says no."""
+    return (request.stream and not request.client_wants_usage
+            and request.endpoint in ("chat/completions", "completions")
+            and bool(spec.raw.get("stream_usage", True)))
+
+
 def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec) -> bytes:
-    """The upstream body: the client's bytes untouched unless the config asks for changes."""
-    if upstream_model == request.model and not spec.params and not spec.drop_params:
+    """The upstream body: the client's bytes untouched unless something must change."""
+    add_usage = asks_stream_usage(request, spec)
+    if (upstream_model == request.model and not spec.params and not spec.drop_params
+            and not add_usage):
         return request.raw
     body: dict[str, Any] = dict(request.json())
     body["model"] = upstream_model
+    if add_usage:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     for name in spec.drop_params:
         body.pop(name, None)
     body.update(spec.params)

@@ -1,0 +1,117 @@
+"""Operators see what happened: /metrics moves by exactly the scripted traffic, and cost adds up."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway_process import GatewayProcess, config, provider
+from tests.upstream import FakeUpstream, status
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+PRICE = {"input": 2.0, "output": 10.0}  # dollars per million tokens
+
+
+def scrape(gateway: GatewayProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = httpx.get(f"{gateway.url}/metrics").text
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def priced_pair(primary: FakeUpstream, secondary: FakeUpstream) -> dict:
+    return config({
+        "primary": provider(primary.base_url, {"m": {"id": "m", "price": PRICE}}),
+        "secondary": provider(secondary.base_url, {"m": {"id": "m", "price": PRICE}}),
+    })
+
+
+def test_metrics_move_by_exactly_a_failover_a_stream_and_an_error(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    primary, secondary = upstream_factory("primary"), upstream_factory("secondary")
+    gateway = start_gateway(priced_pair(primary, secondary))
+    url = f"{gateway.base_url}/chat/completions"
+    before = scrape(gateway)
+
+    primary.set_mode(status(503))
+    failed_over = httpx.post(url, json={"model": "m", "messages": MESSAGES})
+    primary.reset()
+    streamed = httpx.post(url, json={"model": "m", "messages": MESSAGES, "stream": True})
+    unknown = httpx.post(url, json={"model": "attacker-chosen-x1", "messages": MESSAGES})
+    after = scrape(gateway)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert failed_over.headers["x-llms-provider"] == "secondary" and unknown.status_code == 404
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+    assert moved("llms_requests_total", endpoint="chat/completions", model="m",
+                 provider="secondary", status="200") == 1
+    assert moved("llms_requests_total", endpoint="chat/completions", model="m",
+                 provider="primary", status="200") == 1
+    assert moved("llms_requests_total", endpoint="chat/completions", model="_unknown",
+                 provider="none", status="404") == 1
+    assert moved("llms_failovers_total", model="m", provider="primary", reason="unavailable") == 1
+    assert moved("llms_request_duration_seconds_count", model="m", provider="secondary") == 1
+    assert moved("llms_request_duration_seconds_count", model="m", provider="primary") == 1
+    assert moved("llms_time_to_first_token_seconds_count", model="m", provider="primary") == 1
+    assert moved("llms_attempts_per_request_sum") == 3, "2 tries, then 1"
+    assert moved("llms_gateway_overhead_seconds_count") == 1, "non-streamed answers only"
+    assert "attacker-chosen-x1" not in httpx.get(f"{gateway.url}/metrics").text
+
+    # The fake reports 4 prompt tokens, and 3 completion tokens for "Hello from <name>".
+    usage = failed_over.json()["usage"]
+    expected = (usage["prompt_tokens"] * 2.0 + usage["completion_tokens"] * 10.0) / 1e6
+    assert float(failed_over.headers["x-llms-cost"]) == pytest.approx(expected, abs=1e-6)
+    assert moved("llms_tokens_total", model="m", provider="secondary", kind="prompt") == \
+        usage["prompt_tokens"]
+    assert moved("llms_tokens_total", model="m", provider="primary", kind="completion") == 3, \
+        "a stream's usage counts too"
+    assert moved("llms_cost_usd_total", model="m", provider="primary") == pytest.approx(expected)
+    logged = gateway.log_events("request")[-3:]
+    assert logged[0]["cost"] == pytest.approx(expected) and logged[1]["tokens"] == 7
+
+
+def test_streams_ask_for_usage_but_clients_that_did_not_ask_never_see_it(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})}))
+    url = f"{gateway.base_url}/chat/completions"
+
+    plain = httpx.post(url, json={"model": "m", "messages": MESSAGES, "stream": True})
+    asked = httpx.post(url, json={"model": "m", "messages": MESSAGES, "stream": True,
+                                  "stream_options": {"include_usage": True}})
+
+    assert up.requests[0].json["stream_options"] == {"include_usage": True}
+    assert '"usage"' not in plain.text and plain.text.rstrip().endswith("data: [DONE]")
+    assert '"usage"' in asked.text
+    assert gateway.log_events("request")[0]["tokens"] == 7
+
+
+def test_metrics_add_up_across_workers(start_gateway: Callable[..., GatewayProcess],
+                                       upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})}),
+                            extra_args=("--workers", "2"))
+    time.sleep(1.0)  # both workers up
+
+    with httpx.Client() as client:  # fresh connections spread over the workers
+        for _ in range(20):
+            client.post(f"{gateway.base_url}/chat/completions",
+                        json={"model": "m", "messages": MESSAGES},
+                        headers={"Connection": "close"})
+    samples = scrape(gateway)
+
+    assert value(samples, "llms_requests_total", endpoint="chat/completions", model="m",
+                 provider="up", status="200") == 20
+    assert len({line["pid"] for line in gateway.log_events("request")}) == 2, \
+        "both workers served"
