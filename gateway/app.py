@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,7 +20,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 import providers
-from gateway import config, logs, relay, reload
+from gateway import admin, config, logs, relay, reload, status
 from gateway.config import Snapshot
 from gateway.errors import (
     GatewayError,
@@ -36,6 +37,7 @@ from gateway.runtime import Gateway, model_card
 from gateway.shared_state import RedisSync
 
 JSON = "application/json"
+STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 GC_THRESHOLD = 50_000
 
 
@@ -73,6 +75,18 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Resp
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text format, every worker's when there are several."""
     return Response(_gateway(request).metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+
+@get("/")
+async def status_page() -> Response[bytes]:
+    """The status page: plain HTML and a small script, no build step, works offline."""
+    return Response(STATUS_PAGE, media_type="text/html; charset=utf-8")
+
+
+@get("/status.json")
+async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """What the status page shows, refreshed every two seconds."""
+    return Response(msgspec.json.encode(status.status(_gateway(request))), media_type=JSON)
 
 
 @get("/health")
@@ -180,7 +194,8 @@ def create_app(snapshot: Snapshot | None = None) -> Litestar:
         snapshot = config.load(config.discover())
     return Litestar(
         route_handlers=[chat_completions, completions, list_models, retrieve_model, health, ready,
-                        metrics],
+                        metrics, status_page, status_json, admin.list_providers,
+                        admin.toggle_provider],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: on_gateway_error,

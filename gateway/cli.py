@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
     chat.add_argument("--key", default=os.environ.get("LLMS_GATEWAY_KEY"))
     chat.set_defaults(run=_chat)
+
+    usage = commands.add_parser("usage", help="requests, tokens and cost per provider and model "
+                                              "from a running gateway")
+    usage.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
+    usage.set_defaults(run=_usage)
     return parser
 
 
@@ -193,6 +198,38 @@ async def _stream_chat(url: str, key: str | None, model: str, prompt: str) -> in
                 sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    root = args.url.rstrip("/").removesuffix("/v1")
+    text = asyncio.run(_get_text(f"{root}/metrics"))
+    totals: dict[tuple[str, str], dict[str, float]] = {}
+    wanted = {"llms_requests_total": "requests", "llms_tokens_total": None,
+              "llms_cost_usd_total": "cost"}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name not in wanted or sample.labels.get("provider") in (None, "none"):
+                continue
+            column = wanted[sample.name] or f"{sample.labels['kind']}_tokens"
+            row = totals.setdefault((sample.labels["provider"], sample.labels["model"]), {})
+            row[column] = row.get(column, 0.0) + sample.value
+    columns = ("requests", "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
+    print(f"{'provider':<14} {'model':<24} " + " ".join(f"{c:>17}" for c in columns))
+    for (provider, model), row in sorted(totals.items()):
+        cells = [f"{row.get(c, 0):17.6f}" if c == "cost" else f"{row.get(c, 0):17.0f}"
+                 for c in columns]
+        print(f"{provider:<14} {model:<24} " + " ".join(cells))
+    grand = sum(row.get("cost", 0.0) for row in totals.values())
+    print(f"total cost: ${grand:.6f} since the gateway started")
+    return 0
+
+
+async def _get_text(url: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        response.raise_for_status()
+        return await response.text()
 
 
 def _error_text(body: bytes) -> str:

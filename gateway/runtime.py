@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
-from gateway.config import ConfigError, Snapshot
+from gateway.config import ConfigError, Snapshot, with_provider_disabled
 from gateway.limits import RateLimiter
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
@@ -21,6 +21,8 @@ from gateway.state import ProviderHealth
 from gateway.stats import RecentStats
 from gateway.usage import Price
 from providers.base import Provider
+
+ADMIN_DISABLED = "disabled by an admin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,8 @@ class Gateway:
         self.metrics = Metrics(self.health)
         self.stats = RecentStats()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
+        self.disabled_by_admin: set[str] = set()
+        self.configured: Snapshot | None = None  # the file's config, before admin overrides
         self._runtime: Runtime | None = None
 
     @property
@@ -102,16 +106,29 @@ class Gateway:
 
     async def apply(self, snapshot: Snapshot) -> None:
         """Make `snapshot` live; on any error the previous runtime keeps serving."""
-        runtime = build(snapshot, self.session, self.kinds)
+        effective = snapshot
+        for name in self.disabled_by_admin:
+            effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
+        runtime = build(effective, self.session, self.kinds)
+        self.configured = snapshot
         for provider in runtime.providers.values():
             await provider.start()
         previous, self._runtime = self._runtime, runtime
         log = get_logger()
-        for spec in snapshot.providers:
+        for spec in effective.providers:
             if not spec.enabled:
                 log.info("provider_disabled", provider=spec.name, reason=spec.disabled_reason)
         if previous is not None:
             await _close_all(previous)
+
+    async def set_enabled(self, name: str, enabled: bool) -> None:
+        """Enable or disable a provider at runtime; it lasts across config reloads."""
+        if enabled:
+            self.disabled_by_admin.discard(name)
+        else:
+            self.disabled_by_admin.add(name)
+        if self.configured is not None:
+            await self.apply(self.configured)
 
     async def close(self) -> None:
         if self._runtime is not None:

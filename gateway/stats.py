@@ -45,10 +45,10 @@ class RecentStats:
     def series(self, minutes: int = 5, step: int = 10) -> list[dict[str, float | int | None]]:
         """Bins of `step` seconds over the last `minutes`: rate, error rate, p50 and p99 (ms)."""
         now = int(self.clock())
-        start = now - minutes * 60
+        start = now - minutes * 60 + 1  # the current second is the last one shown
         bins: dict[int, list[_Second]] = {}
         for second in self._seconds:
-            if second.at > start:
+            if second.at >= start:
                 bins.setdefault((second.at - start) // step, []).append(second)
         rows = []
         for index in range((minutes * 60) // step):

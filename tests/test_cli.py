@@ -80,3 +80,15 @@ def test_chat_reports_a_gateway_error(pair: Pair) -> None:
 
     assert result.returncode == 1
     assert "model_not_found" in result.stderr
+
+
+def test_usage_prints_totals_from_a_running_gateway(pair: Pair) -> None:
+    pair.client().chat.completions.create(model="chat-model",
+                                          messages=[{"role": "user", "content": "hi"}])
+
+    result = run("usage", "--url", pair.gateway.base_url)
+
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("primary"))
+    assert "chat-model" in row and int(row.split()[2]) >= 1
+    assert "total cost" in result.stdout

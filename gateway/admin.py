@@ -1,0 +1,57 @@
+"""Admin endpoints: list providers, enable or disable one at runtime. Behind the gateway key.
+
+With no gateway keys configured they answer only clients on this machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+
+from gateway import auth
+from gateway.errors import AuthenticationFailed, NotFound
+from gateway.runtime import Gateway
+from gateway.status import providers_view
+
+JSON = "application/json"
+
+
+def _authorized(request: Request[Any, Any, Any]) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    keys = gateway.runtime.snapshot.keys
+    if keys:
+        auth.check(request.headers, keys)
+    elif not _is_local(request.client.host if request.client else ""):
+        raise AuthenticationFailed("Admin endpoints need a gateway key (server.api_keys)")
+    return gateway
+
+
+def _is_local(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@get("/admin/providers")
+async def list_providers(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Providers in file order with state, models and circuits."""
+    gateway = _authorized(request)
+    return Response(msgspec.json.encode({"providers": providers_view(gateway)}), media_type=JSON)
+
+
+@post("/admin/providers/{name:str}/{action:str}", status_code=200)
+async def toggle_provider(request: Request[Any, Any, Any], name: str,
+                          action: str) -> Response[bytes]:
+    """`enable` or `disable` a provider; routing changes with the next request."""
+    gateway = _authorized(request)
+    if action not in ("enable", "disable"):
+        raise NotFound(f"No admin action '{action}': use enable or disable")
+    if name not in {spec.name for spec in gateway.runtime.snapshot.providers}:
+        raise NotFound(f"No provider named '{name}'")
+    await gateway.set_enabled(name, action == "enable")
+    row = next(p for p in providers_view(gateway) if p["name"] == name)
+    return Response(msgspec.json.encode(row), media_type=JSON)

@@ -1,0 +1,56 @@
+"""What the status page and `/admin` show: providers in order, their health, recent traffic."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.runtime import Gateway
+
+
+def providers_view(gateway: Gateway) -> list[dict[str, Any]]:
+    """Every provider in file order, with its state, models and circuits."""
+    runtime = gateway.runtime
+    circuits = gateway.health.snapshot()
+    rows = []
+    for spec in runtime.snapshot.providers:
+        mine = [c for c in circuits if c["provider"] == spec.name]
+        cooling = next((c["open_for"] for c in mine if c["state"] == "cooling_down"), None)
+        rows.append({
+            "name": spec.name,
+            "type": spec.kind,
+            "enabled": spec.enabled,
+            "reason": spec.disabled_reason,
+            "models": [{"alias": alias, "id": model.id} for alias, model in spec.models.items()],
+            "circuits": [c for c in mine if c["state"] != "cooling_down"],
+            "cooling_down_for": cooling,
+            "health": _health(spec.enabled, mine),
+        })
+    return rows
+
+
+def _health(enabled: bool, circuits: list[dict[str, Any]]) -> str:
+    if not enabled:
+        return "disabled"
+    states = {c["state"] for c in circuits}
+    if "open" in states or "cooling_down" in states:
+        return "degraded"
+    return "half_open" if "half_open" in states else "ok"
+
+
+def status(gateway: Gateway) -> dict[str, Any]:
+    """The body of `/status.json`, which the status page polls."""
+    series = gateway.stats.series()
+    window = [row for row in series if row["rps"]]
+    return {
+        "uptime_s": round(time.time() - gateway.started),
+        "inflight": gateway.inflight,
+        "providers": providers_view(gateway),
+        "series": series,
+        "summary": {
+            "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),
+            "error_rate": window[-1]["error_rate"] if window else 0.0,
+            "p50_ms": window[-1]["p50_ms"] if window else None,
+            "p99_ms": window[-1]["p99_ms"] if window else None,
+        },
+    }

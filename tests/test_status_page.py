@@ -1,0 +1,101 @@
+"""An operator opens the status page, sees providers in order, and disables one at runtime."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway_process import GatewayProcess, config, provider
+from tests.upstream import FakeUpstream
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+KEY = "admin-test-key-1"
+
+
+@pytest.fixture
+def three(start_gateway: Callable[..., GatewayProcess],
+          upstream_factory: Callable[[str], FakeUpstream]) -> GatewayProcess:
+    ups = [upstream_factory(name) for name in ("alpha", "beta", "gamma")]
+    return start_gateway(config({up.name: provider(up.base_url, {"m": "m", up.name: "x"})
+                                 for up in ups}, server={"api_keys": [KEY]}))
+
+
+def admin(gateway: GatewayProcess, path: str, key: str | None = KEY) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    method = httpx.post if path.endswith(("/enable", "/disable")) else httpx.get
+    return method(f"{gateway.url}/admin/{path}", headers=headers)
+
+
+def chat(gateway: GatewayProcess) -> httpx.Response:
+    return httpx.post(f"{gateway.base_url}/chat/completions",
+                      json={"model": "m", "messages": MESSAGES},
+                      headers={"Authorization": f"Bearer {KEY}"})
+
+
+def test_admin_disables_a_provider_and_routing_follows_at_once(three: GatewayProcess) -> None:
+    assert chat(three).headers["x-llms-provider"] == "alpha"
+    assert admin(three, "providers", key=None).status_code == 401
+    assert admin(three, "providers/alpha/disable", key="wrong").status_code == 401
+    assert admin(three, "providers/nobody/disable").status_code == 404
+
+    disabled = admin(three, "providers/alpha/disable")
+
+    assert disabled.json()["enabled"] is False and disabled.json()["health"] == "disabled"
+    assert chat(three).headers["x-llms-provider"] == "beta"
+    listed = admin(three, "providers").json()["providers"]
+    assert [(p["name"], p["enabled"]) for p in listed] == [
+        ("alpha", False), ("beta", True), ("gamma", True)]
+    models = [m["id"] for m in httpx.get(f"{three.base_url}/models").json()["data"]]
+    assert "alpha" not in models
+
+    admin(three, "providers/alpha/enable")
+    assert chat(three).headers["x-llms-provider"] == "alpha"
+
+
+def test_status_json_has_providers_in_order_and_recent_traffic(three: GatewayProcess) -> None:
+    for _ in range(5):
+        chat(three)
+
+    status = httpx.get(f"{three.url}/status.json").json()
+
+    assert [p["name"] for p in status["providers"]] == ["alpha", "beta", "gamma"]
+    assert status["providers"][0]["health"] == "ok"
+    assert sum(row["rps"] for row in status["series"]) * 10 == pytest.approx(5, abs=0.01)
+    assert status["summary"]["p50_ms"] is not None
+
+
+def chromium(url: str, workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={workdir / 'chromium-profile'}",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *extra, url],
+        capture_output=True, text=True, timeout=90)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_page_renders_in_a_real_browser_and_shows_an_admin_disable(
+        three: GatewayProcess, tmp_path: Path) -> None:
+    chat(three)
+    admin(three, "providers/beta/disable")
+
+    page = chromium(f"{three.url}/", tmp_path, "--dump-dom")
+    shot = tmp_path / "status.png"
+    chromium(f"{three.url}/", tmp_path, f"--screenshot={shot}", "--window-size=412,915",
+             "--hide-scrollbars")
+
+    assert 'data-loaded="true"' in page.stdout, page.stderr[-2000:]
+    order = re.findall(r'<li class="provider" data-name="(\w+)" data-health="(\w+)"',
+                       page.stdout)
+    assert order == [("alpha", "ok"), ("beta", "disabled"), ("gamma", "ok")]
+    assert "disabled by an admin" in page.stdout
+    assert ":CONSOLE(" not in page.stderr, "the page logged to the console (an error?)"
+    assert shot.exists() and shot.stat().st_size > 10_000
