@@ -152,7 +152,7 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
         if gateway.inflight >= server.max_concurrency:
             raise Overloaded("The gateway is at its concurrency limit; retry shortly")
         raw = await _body(request)
-        head = schemas.parse(raw, HEADS[endpoint])
+        head, raw = schemas.parse(raw, HEADS[endpoint])
         exchange.model, exchange.stream = head.model, bool(head.stream)
         routes = router.candidates(runtime.snapshot, head.model)
     except GatewayError as exc:

@@ -23,13 +23,20 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
 
 
+Stop = str | Annotated[list[str], msgspec.Meta(max_length=4)] | None
+Choices = Annotated[int, msgspec.Meta(ge=1, le=128)] | None
+
+
 class ChatHead(msgspec.Struct):
-    """What routing needs from a chat-completions body."""
+    """What routing needs from a chat-completions body, and the bounds the gateway enforces."""
 
     model: NonEmptyStr
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    stop: Stop = None
+    n: Choices = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
 
 
 # msgspec allows one array-like per union: the element union covers strings, token ids and
@@ -44,6 +51,9 @@ class CompletionHead(msgspec.Struct):
     prompt: Prompt
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    stop: Stop = None
+    n: Choices = None
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
 
 
 class ResponsesHead(msgspec.Struct):
@@ -59,12 +69,28 @@ Head = TypeVar("Head", bound=msgspec.Struct)
 _FIELD = re.compile(r"`\$\.(\w+)|required field `(\w+)`")
 
 
-def parse(raw: bytes, head: type[Head]) -> Head:
-    """Decode and check `raw` as `head`; InvalidRequest names the field that is wrong."""
+def merge_extra_body(raw: bytes) -> bytes:
+    """A literal `extra_body` object is merged into the top level, as the OpenAI SDK does."""
+    try:
+        body = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return raw  # `parse` reports it
+    extra = body.pop("extra_body", None) if isinstance(body, dict) else None
+    if not isinstance(extra, dict):
+        return raw
+    body.update(extra)
+    return msgspec.json.encode(body)
+
+
+def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
+    """Decode and check `raw` as `head`, returning the body to forward (extra_body merged);
+    InvalidRequest names the field that is wrong."""
     if not raw.strip():
         raise InvalidRequest("Request body is empty; expected a JSON object")
+    if b'"extra_body"' in raw:
+        raw = merge_extra_body(raw)
     try:
-        return msgspec.json.decode(raw, type=head)
+        return msgspec.json.decode(raw, type=head), raw
     except msgspec.ValidationError as exc:
         message = str(exc)
         found = _FIELD.search(message)

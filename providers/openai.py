@@ -1,7 +1,8 @@
 """`"type": "openai"`: any OpenAI-compatible server (OpenAI, Lilac, Groq, vLLM, llama.cpp, ...).
 
-The body passes through as bytes when nothing needs changing; otherwise only the top-level fields
-the provider's config touches (model id, forced `params`, `drop_params`) are rewritten.
+The body passes through as bytes when nothing needs changing; otherwise it is rewritten for this
+provider: the model id, forced `params`, `drop_params`, a stream's usage request, and the field
+spellings it understands (`providers.compat`). Answers come back normalised the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from gateway.config import ProviderSpec
 from gateway.errors import BadUpstreamResponse
 from gateway.usage import Usage
 from providers.base import Outgoing, Provider, Reply
+from providers.compat import (
+    OpenAIOptions,
+    StreamNormalizer,
+    needs_translation,
+    normalize_reply,
+    read_options,
+    translate_request,
+    used_legacy_functions,
+)
 from providers.http import (
     MAX_ERROR_BODY,
     Deadline,
@@ -27,20 +37,25 @@ from providers.http import (
 )
 
 
-def asks_stream_usage(request: Outgoing, spec: ProviderSpec) -> bool:
+def asks_stream_usage(request: Outgoing, options: OpenAIOptions) -> bool:
     """Streams ask for usage (for cost and token limits) unless the client did or config says no."""
-    return (request.stream and not request.client_wants_usage
-            and request.endpoint in ("chat/completions", "completions")
-            and bool(spec.raw.get("stream_usage", True)))
+    return (request.stream and not request.client_wants_usage and options.stream_usage
+            and request.endpoint in ("chat/completions", "completions"))
 
 
-def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec) -> bytes:
+def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec,
+               options: OpenAIOptions) -> bytes:
     """The upstream body: the client's bytes untouched unless something must change."""
-    add_usage = asks_stream_usage(request, spec)
+    add_usage = asks_stream_usage(request, options)
+    translate = request.endpoint == "chat/completions" and needs_translation(request.raw,
+                                                                            options)
     if (upstream_model == request.model and not spec.params and not spec.drop_params
-            and not add_usage):
+            and not add_usage and not translate):
         return request.raw
-    body: dict[str, Any] = dict(request.json())
+    if translate:  # translation changes nested messages: work on a fresh copy
+        body: dict[str, Any] = translate_request(msgspec.json.decode(request.raw), options)
+    else:
+        body = dict(request.json())
     body["model"] = upstream_model
     if add_usage:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
@@ -92,13 +107,14 @@ class OpenAIProvider(Provider):
         self._headers = build_headers(spec)
         self._timeout = client_timeout(spec.timeouts)
         self._secret = spec.api_key.reveal() if spec.api_key else None
-        if spec.raw.get("responses"):
+        self.options = read_options(spec.raw)
+        if self.options.responses:
             self.endpoints = self.endpoints | {"responses"}
 
     def _post(self, request: Outgoing, upstream_model: str) -> Any:
         return self.session.post(
             f"{self._base_url}/{request.endpoint}",
-            data=build_body(request, upstream_model, self.spec),
+            data=build_body(request, upstream_model, self.spec, self.options),
             headers=self._headers,
             timeout=self._timeout,
         )
@@ -117,7 +133,14 @@ class OpenAIProvider(Provider):
         if not 200 <= status < 300:
             raise error_for_status(self.name, status, body, headers, self._secret)
         usage = check_json(body)
+        if request.endpoint == "chat/completions":
+            body = normalize_reply(body, self._legacy(request))
         return Reply(body, headers.get("Content-Type", "application/json"), usage)
+
+    def _legacy(self, request: Outgoing) -> bool:
+        """Did the client use the deprecated functions API that this upstream no longer has?"""
+        return (not self.options.legacy_functions and b'"function' in request.raw
+                and used_legacy_functions(request.json()))
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         deadline = Deadline(self.spec.timeouts)
@@ -133,8 +156,17 @@ class OpenAIProvider(Provider):
                     await self._raise_for_status(response, deadline)
                 if response.headers.get("Content-Type", "").startswith("application/json"):
                     raise BadUpstreamResponse("answered JSON to a streaming request")
-                async for chunk in read_stream(response, deadline):
-                    yield chunk
+                chunks = read_stream(response, deadline)
+                if request.endpoint != "chat/completions":
+                    async for chunk in chunks:
+                        yield chunk
+                    return
+                normalizer = StreamNormalizer(self._legacy(request))
+                async for chunk in chunks:
+                    if normalized := normalizer.feed(chunk):
+                        yield normalized
+                if rest := normalizer.flush():
+                    yield rest
             finally:
                 response.close()
 

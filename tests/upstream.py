@@ -42,6 +42,7 @@ class Mode:
     then: Mode | None = None
     options: tuple[Mode, ...] = ()
     seed: int = 0
+    tool: tuple[str, str] | None = None  # (function name, JSON arguments)
 
 
 def ok(content: str | None = None, chunks: list[str] | None = None,
@@ -51,6 +52,12 @@ def ok(content: str | None = None, chunks: list[str] | None = None,
     return Mode("ok", content=content, chunks=tuple(chunks) if chunks else None,
                 delay_between_chunks=delay_between_chunks, reasoning=reasoning,
                 finish_reason=finish_reason, usage=usage)
+
+
+def tool_call(name: str, arguments: str, content: str = "", reasoning: str | None = None) -> Mode:
+    """Answer with a call of function `name` (streamed as deltas when asked to stream)."""
+    return Mode("ok", content=content, chunks=tuple(_words(content)) if content else ("",),
+                reasoning=reasoning, finish_reason="tool_calls", tool=(name, arguments))
 
 
 def status(code: int, message: str | None = None, retry_after: float | str | None = None,
@@ -350,9 +357,14 @@ class _Shape:
 
 class _ChatShape(_Shape):
     def whole(self, body: dict[str, Any], text: str, mode: Mode, pieces: int) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        message: dict[str, Any] = {"role": "assistant", "content": text or None,
+                                   "refusal": None}
         if mode.reasoning:
             message["reasoning_content"] = mode.reasoning
+        if mode.tool:
+            message["tool_calls"] = [{"id": "call_1", "type": "function",
+                                      "function": {"name": mode.tool[0],
+                                                   "arguments": mode.tool[1]}}]
         choices = [{"index": i, "message": message, "logprobs": None,
                     "finish_reason": mode.finish_reason} for i in range(body.get("n") or 1)]
         answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
@@ -371,7 +383,15 @@ class _ChatShape(_Shape):
         events = [chunk({"role": "assistant", "content": ""})]
         if mode.reasoning:
             events.append(chunk({"reasoning_content": mode.reasoning}))
-        events += [chunk({"content": piece}) for piece in pieces]
+        events += [chunk({"content": piece}) for piece in pieces if piece]
+        if mode.tool:
+            name, arguments = mode.tool
+            third = max(1, len(arguments) // 3)
+            events.append(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                 "function": {"name": name, "arguments": ""}}]}))
+            events += [chunk({"tool_calls": [{"index": 0, "function": {
+                "arguments": arguments[i:i + third]}}]})
+                for i in range(0, len(arguments), third)]
         events.append(chunk({}, mode.finish_reason))
         if (body.get("stream_options") or {}).get("include_usage"):
             events.append({**chunk({}), "choices": [], "usage": _usage(body, len(pieces))})
