@@ -53,6 +53,12 @@ async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     return await relay.handle(request, "completions")
 
 
+@post("/v1/responses", status_code=200)
+async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
+    """The Responses API: native where a provider speaks it, bridged to chat elsewhere."""
+    return await relay.handle(request, "responses")
+
+
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every alias served by an enabled provider."""
@@ -193,9 +199,9 @@ def create_app(snapshot: Snapshot | None = None) -> Litestar:
     if snapshot is None:
         snapshot = config.load(config.discover())
     return Litestar(
-        route_handlers=[chat_completions, completions, list_models, retrieve_model, health, ready,
-                        metrics, status_page, status_json, admin.list_providers,
-                        admin.toggle_provider],
+        route_handlers=[chat_completions, completions, responses, list_models, retrieve_model,
+                        health, ready, metrics, status_page, status_json,
+                        admin.list_providers, admin.toggle_provider],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: on_gateway_error,

@@ -5,6 +5,7 @@
      │    ├── InvalidRequest          400 invalid_request
      │    ├── RequestTooLarge         413 request_too_large
      │    ├── ModelNotFound           404 model_not_found
+     │    ├── ResponseNotFound        404 response_not_found (previous_response_id)
      │    ├── NotFound                404 not_found (a route or an unknown id)
      │    ├── KeyRateLimited          429 rate_limit_exceeded: this key's per-minute limit
      │    ├── HeadersTooLarge         431 headers_too_large
@@ -88,6 +89,16 @@ class ModelNotFound(ClientError):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"Model '{model}' not found in any enabled provider", param="model")
+
+
+class ResponseNotFound(ClientError):
+    """`previous_response_id` names a response this gateway does not have."""
+
+    http_status = 404
+    code = "response_not_found"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response '{response_id}' not found", param="previous_response_id")
 
 
 class NotFound(ClientError):

@@ -19,6 +19,7 @@ from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
 from gateway import auth, router, schemas
+from gateway.config import Route
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.errors import (
     AllProvidersFailed,
@@ -28,9 +29,11 @@ from gateway.errors import (
     KeyRateLimited,
     Overloaded,
     RequestTooLarge,
+    ResponseNotFound,
     envelope,
 )
 from gateway.logs import get_logger
+from gateway.responses.bridge import ResponsesBridge
 from gateway.runtime import Gateway
 from gateway.streaming import OpenedStream, close_quietly, open_stream, relay
 from gateway.usage import Usage
@@ -155,6 +158,10 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
         head, raw = schemas.parse(raw, HEADS[endpoint])
         exchange.model, exchange.stream = head.model, bool(head.stream)
         routes = router.candidates(runtime.snapshot, head.model)
+        providers = runtime.providers
+        if endpoint == "responses":
+            providers = gateway.responses_providers()
+            _check_previous_response(gateway, head, routes, providers)
     except GatewayError as exc:
         return _error(exc, exchange)
     options = getattr(head, "stream_options", None)
@@ -165,10 +172,10 @@ async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any
     try:
         async with DisconnectGuard(request.receive):
             if exchange.stream:
-                opened = await router.attempt(head.model, routes, runtime.providers,
+                opened = await router.attempt(head.model, routes, providers,
                                               lambda p, m: _open(p, outgoing, m), gateway.health)
             else:
-                answered = await router.attempt(head.model, routes, runtime.providers,
+                answered = await router.attempt(head.model, routes, providers,
                                                 lambda p, m: _send(p, outgoing, m, exchange),
                                                 gateway.health)
         if not exchange.stream:
@@ -211,6 +218,18 @@ def _stream(gateway: Gateway, exchange: Exchange, opened: router.Served[OpenedSt
                         strip_usage=not outgoing.client_wants_usage),
                   background=BackgroundTask(after), media_type="text/event-stream",
                   headers={**exchange.headers(), **STREAM_HEADERS})
+
+
+def _check_previous_response(gateway: Gateway, head: Any, routes: tuple[Route, ...],
+                             providers: Mapping[str, Provider]) -> None:
+    """An id the gateway issued must still be stored; others may belong to a native upstream."""
+    previous = getattr(head, "previous_response_id", None)
+    if previous is None or previous in gateway.responses:
+        return
+    native = [p for r in routes if (p := providers.get(r.provider)) is not None
+              and not isinstance(p, ResponsesBridge)]
+    if not native:
+        raise ResponseNotFound(previous)
 
 
 async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str) -> OpenedStream:

@@ -17,6 +17,8 @@ from gateway.config import ConfigError, Snapshot, with_provider_disabled
 from gateway.limits import RateLimiter
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
+from gateway.responses.bridge import ResponsesBridge
+from gateway.responses.store import ResponseStore
 from gateway.state import ProviderHealth
 from gateway.stats import RecentStats
 from gateway.usage import Price
@@ -86,6 +88,8 @@ class Gateway:
         self.stats = RecentStats()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
+        self.responses = ResponseStore()
+        self._bridged: tuple[Runtime, Mapping[str, Provider]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         self._runtime: Runtime | None = None
 
@@ -94,6 +98,15 @@ class Gateway:
         if self._runtime is None:
             raise RuntimeError("gateway has no config yet")
         return self._runtime
+
+    def responses_providers(self) -> Mapping[str, Provider]:
+        """The providers for /v1/responses: native ones as they are, others behind the bridge."""
+        runtime = self.runtime
+        if self._bridged is None or self._bridged[0] is not runtime:
+            bridged = {name: p if p.supports("responses") else ResponsesBridge(p, self.responses)
+                       for name, p in runtime.providers.items()}
+            self._bridged = (runtime, bridged)
+        return self._bridged[1]
 
     def enter(self) -> None:
         """A request now holds an upstream."""

@@ -60,8 +60,10 @@ class ResponsesHead(msgspec.Struct):
     """What routing needs from a Responses API body."""
 
     model: NonEmptyStr
-    input: str | list[Any] | None = None
+    input: str | list[dict[str, Any]] | None = None
     stream: bool | None = False
+    previous_response_id: str | None = None
+    store: bool | None = True
 
 
 Head = TypeVar("Head", bound=msgspec.Struct)

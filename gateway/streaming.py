@@ -27,6 +27,8 @@ from gateway.usage import Usage, from_payload
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+# A Responses API stream is over once the response completed, stopped short, or failed.
+_RESPONSE_ENDED = re.compile(rb'^\{\s*"type"\s*:\s*"response\.(completed|incomplete|failed)"')
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
 
@@ -64,7 +66,8 @@ class SSEWatch:
             return
         payload = line[5:].lstrip()
         self.data_events += 1
-        if payload == b"[DONE]":
+        ended = b'"response.' in payload[:40] and _RESPONSE_ENDED.match(payload)
+        if payload == b"[DONE]" or ended:
             self.done = True
         elif payload.startswith(b'{"error"') or payload.startswith(b'{"object":"error"'):
             self.error_event = payload

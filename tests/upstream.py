@@ -307,12 +307,15 @@ class FakeUpstream:
         for number, event in enumerate(events[:limit]):
             if number and mode.delay_between_chunks:
                 await asyncio.sleep(mode.delay_between_chunks)
-            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            # Responses API streams name each event; chat streams do not.
+            named = f"event: {event['type']}\n".encode() if "type" in event else b""
+            await response.write(named + b"data: " + json.dumps(event).encode() + b"\n\n")
         if mode.kind == "cut":
             assert request.transport is not None
             request.transport.abort()
             return response
-        await response.write(b"data: [DONE]\n\n")
+        if not isinstance(shape, _ResponsesShape):  # a Responses stream ends without [DONE]
+            await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 
@@ -439,7 +442,8 @@ def _logprobs(pieces: list[str]) -> dict[str, Any]:
 class _ResponsesShape(_Shape):
     def whole(self, body: dict[str, Any], text: str, mode: Mode, pieces: int) -> dict[str, Any]:
         return {"id": "resp_fake", "object": "response", "created_at": int(time.time()),
-                "status": "completed", "model": body.get("model"),
+                "status": "completed", "model": body.get("model"), "tools": [],
+                "tool_choice": "auto", "parallel_tool_calls": True,
                 "output": [{"type": "message", "id": "msg_fake", "status": "completed",
                             "role": "assistant",
                             "content": [{"type": "output_text", "text": text,
@@ -448,4 +452,24 @@ class _ResponsesShape(_Shape):
                           "total_tokens": 3 + pieces}}
 
     def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
-        return [self.whole(body, "".join(pieces), mode, len(pieces))]
+        final = self.whole(body, "".join(pieces), mode, len(pieces))
+        opening = {**final, "status": "in_progress", "output": [], "usage": None}
+        item = {**final["output"][0], "status": "in_progress", "content": []}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": opening},
+            {"type": "response.output_item.added", "output_index": 0, "item": item},
+            {"type": "response.content_part.added", "item_id": item["id"], "output_index": 0,
+             "content_index": 0, "part": part}]
+        events += [{"type": "response.output_text.delta", "item_id": item["id"],
+                    "output_index": 0, "content_index": 0, "delta": piece, "logprobs": []}
+                   for piece in pieces]
+        events += [{"type": "response.output_text.done", "item_id": item["id"],
+                    "output_index": 0, "content_index": 0, "text": "".join(pieces),
+                    "logprobs": []},
+                   {"type": "response.output_item.done", "output_index": 0,
+                    "item": final["output"][0]},
+                   {"type": "response.completed", "response": final}]
+        for number, event in enumerate(events):
+            event["sequence_number"] = number
+        return events
