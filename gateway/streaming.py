@@ -66,16 +66,18 @@ class SSEWatch:
             return
         payload = line[5:].lstrip()
         self.data_events += 1
-        ended = b'"response.' in payload[:40] and _RESPONSE_ENDED.match(payload)
-        if payload == b"[DONE]" or ended:
+        if payload == b"[DONE]":
             self.done = True
-        elif payload.startswith(b'{"error"') or payload.startswith(b'{"object":"error"'):
+            return
+        if payload.startswith(b'{"error"') or payload.startswith(b'{"object":"error"'):
             self.error_event = payload
-        else:
-            if _FINISHED.search(payload):
-                self.finished = True
-            if b'"usage"' in payload and (usage := from_payload(payload)) is not None:
-                self.usage = usage
+            return
+        if b'"response.' in payload[:40] and _RESPONSE_ENDED.match(payload):
+            self.done = True
+        elif _FINISHED.search(payload):
+            self.finished = True
+        if b'"usage"' in payload and (usage := from_payload(payload)) is not None:
+            self.usage = usage
 
 
 @dataclass(slots=True)

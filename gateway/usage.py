@@ -11,13 +11,29 @@ class _Details(msgspec.Struct):
 
 
 class Usage(msgspec.Struct):
-    """OpenAI's `usage` object; reasoning tokens are part of `completion_tokens`."""
+    """OpenAI's `usage` object; reasoning tokens are part of `completion_tokens`.
+
+    The Responses API's names (`input_tokens`, `output_tokens`, `*_tokens_details`) are read
+    into the same fields.
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     completion_tokens_details: _Details | None = None
     prompt_tokens_details: _Details | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    input_tokens_details: _Details | None = None
+    output_tokens_details: _Details | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_tokens is not None and not self.prompt_tokens:
+            self.prompt_tokens = self.input_tokens
+            self.prompt_tokens_details = self.input_tokens_details
+        if self.output_tokens is not None and not self.completion_tokens:
+            self.completion_tokens = self.output_tokens
+            self.completion_tokens_details = self.output_tokens_details
 
     @property
     def reasoning_tokens(self) -> int:
@@ -38,16 +54,22 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cached_input: float | None = None
 
 
+class _Response(msgspec.Struct):
+    usage: Usage | None = None
+
+
 class _Carrier(msgspec.Struct):
     usage: Usage | None = None
+    response: _Response | None = None  # Responses API events nest it
 
 
 def from_payload(payload: bytes) -> Usage | None:
     """The `usage` of a JSON answer or stream event, if it has one (other fields are skipped)."""
     try:
-        return msgspec.json.decode(payload, type=_Carrier).usage
+        carrier = msgspec.json.decode(payload, type=_Carrier)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return carrier.usage or (carrier.response.usage if carrier.response else None)
 
 
 def cost(usage: Usage, price: Price) -> float:

@@ -229,3 +229,15 @@ def test_previous_response_id_continues_the_conversation(
     with pytest.raises(openai.NotFoundError) as missing:
         client.responses.create(model="kimi", input="x", previous_response_id="resp_nope")
     assert missing.value.body["code"] == "response_not_found"  # type: ignore[index]
+
+
+def test_streamed_responses_are_counted_in_the_request_log(
+        client: openai.OpenAI, gateway: GatewayProcess) -> None:
+    with client.responses.stream(model="kimi", input="Hello") as stream:
+        stream.get_final_response()
+    with client.responses.stream(model="native-model", input="Hello") as stream:
+        stream.get_final_response()
+
+    bridged, native = gateway.log_events("request")[-2:]
+    assert bridged["tokens"] == 7 and bridged["outcome"] == "completed"
+    assert native["tokens"] is not None and native["tokens"] > 0
