@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.gateway_process import GatewayProcess, config, provider
+from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream
 
 
@@ -84,6 +85,16 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     yield start
     for gateway in started:
         gateway.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may kill and restart."""
+    if not RedisServer.available():
+        pytest.skip("redis-server not installed")
+    server = RedisServer().start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

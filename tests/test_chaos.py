@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -126,15 +126,6 @@ def test_random_failures_under_load_always_end_well_formed(
     assert ready["inflight"] == 0, "a request was left counted in flight"
     assert "unhandled_error" not in gateway.logs()
     assert len(gateway.log_events("request")) == REQUESTS
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    if not RedisServer.available():
-        pytest.skip("redis-server not installed")
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 def test_two_workers_sharing_redis_survive_redis_dying_midway(

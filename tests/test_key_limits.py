@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -84,15 +84,6 @@ def test_a_key_over_its_limits_gets_429_while_others_carry_on(
     assert {r["key_id"] for r in logged} == {"team-a", "team-b", "key-" + __import__(
         "hashlib").sha256(b"unlimited-key").hexdigest()[:8]}
     assert "key-for-team" not in gateway.logs()
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    if not RedisServer.available():
-        pytest.skip("redis-server not installed")
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 def test_limits_hold_across_replicas_sharing_redis(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -12,15 +12,7 @@ from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, status
 
-pytestmark = pytest.mark.skipif(not RedisServer.available(), reason="redis-server not installed")
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 def shared_config(redis_url: str, flaky: FakeUpstream, backup: FakeUpstream) -> dict:
