@@ -137,35 +137,52 @@ class Exchange:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request that passed every check: its parsed head, the body to send, its candidates."""
+
+    head: Any
+    raw: bytes
+    routes: tuple[Route, ...]
+    providers: Mapping[str, Provider]
+
+
+async def _admit(request: Request[Any, Any, Any], endpoint: str, gateway: Gateway,
+                 exchange: Exchange) -> Admitted:
+    """Limits, key, body, routing: everything decided before an upstream is called."""
+    runtime = gateway.runtime
+    server = runtime.snapshot.server
+    if sum(len(k) + len(v) for k, v in request.scope["headers"]) > server.max_header_bytes:
+        raise HeadersTooLarge("Request headers are larger than the gateway accepts")
+    key = auth.check(request.headers, runtime.snapshot.keys)
+    if key is not None:
+        exchange.key_id = key.limits.key_id
+        if (wait := gateway.limiter.admit(key.limits)) is not None:
+            raise KeyRateLimited(f"Rate limit reached for key {key.limits.key_id}; "
+                                 f"retry in {wait:.0f}s", retry_after=wait)
+    if gateway.inflight >= server.max_concurrency:
+        raise Overloaded("The gateway is at its concurrency limit; retry shortly")
+    head, raw = schemas.parse(await _body(request), HEADS[endpoint])
+    exchange.model, exchange.stream = head.model, bool(head.stream)
+    routes = router.candidates(runtime.snapshot, head.model)
+    providers = runtime.providers
+    if endpoint == "responses":
+        providers = gateway.responses_providers()
+        _check_previous_response(gateway, head, routes, providers)
+    return Admitted(head, raw, routes, providers)
+
+
 async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any]:
     """Serve one relay request end to end; every failure leaves as the error envelope."""
     gateway: Gateway = request.app.state.gateway
-    runtime = gateway.runtime
-    server = runtime.snapshot.server
     exchange = Exchange(gateway, request_id(request.headers), endpoint)
     try:
-        if sum(len(k) + len(v) for k, v in request.scope["headers"]) > server.max_header_bytes:
-            raise HeadersTooLarge("Request headers are larger than the gateway accepts")
-        key = auth.check(request.headers, runtime.snapshot.keys)
-        if key is not None:
-            exchange.key_id = key.limits.key_id
-            if (wait := gateway.limiter.admit(key.limits)) is not None:
-                raise KeyRateLimited(f"Rate limit reached for key {key.limits.key_id}; "
-                                     f"retry in {wait:.0f}s", retry_after=wait)
-        if gateway.inflight >= server.max_concurrency:
-            raise Overloaded("The gateway is at its concurrency limit; retry shortly")
-        raw = await _body(request)
-        head, raw = schemas.parse(raw, HEADS[endpoint])
-        exchange.model, exchange.stream = head.model, bool(head.stream)
-        routes = router.candidates(runtime.snapshot, head.model)
-        providers = runtime.providers
-        if endpoint == "responses":
-            providers = gateway.responses_providers()
-            _check_previous_response(gateway, head, routes, providers)
+        admitted = await _admit(request, endpoint, gateway, exchange)
     except GatewayError as exc:
         return _error(exc, exchange)
+    head, routes, providers = admitted.head, admitted.routes, admitted.providers
     options = getattr(head, "stream_options", None)
-    outgoing = Outgoing(endpoint, raw, head.model, exchange.stream, exchange.request_id,
+    outgoing = Outgoing(endpoint, admitted.raw, head.model, exchange.stream, exchange.request_id,
                         client_wants_usage=bool(options and options.include_usage))
     gateway.enter()
     streaming = False
