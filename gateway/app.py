@@ -33,6 +33,7 @@ from gateway.errors import (
 )
 from gateway.logs import get_logger
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.responses.store import RedisResponseStore
 from gateway.runtime import Gateway, model_card
 from gateway.shared_state import RedisSync
 
@@ -174,6 +175,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         if snapshot.state.backend == "redis":
             shared = RedisSync(snapshot.state, gateway.health, gateway.limiter)
             tasks.append(asyncio.create_task(shared.run()))
+            gateway.responses = RedisResponseStore(snapshot.state.url, snapshot.state.prefix)
         # Startup objects never become garbage: park them outside the collector, and collect
         # less often, since a relay allocates many short-lived objects per request.
         gc.freeze()
@@ -190,6 +192,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                     await task
             if shared is not None:
                 await shared.close()
+            await gateway.responses.close()
             await gateway.close()
 
 

@@ -168,7 +168,7 @@ async def _admit(request: Request[Any, Any, Any], endpoint: str, gateway: Gatewa
     providers = runtime.providers
     if endpoint == "responses":
         providers = gateway.responses_providers()
-        _check_previous_response(gateway, head, routes, providers)
+        await _check_previous_response(gateway, head, routes, providers)
     return Admitted(head, raw, routes, providers)
 
 
@@ -237,11 +237,11 @@ def _stream(gateway: Gateway, exchange: Exchange, opened: router.Served[OpenedSt
                   headers={**exchange.headers(), **STREAM_HEADERS})
 
 
-def _check_previous_response(gateway: Gateway, head: Any, routes: tuple[Route, ...],
-                             providers: Mapping[str, Provider]) -> None:
-    """An id the gateway issued must still be stored; others may belong to a native upstream."""
+async def _check_previous_response(gateway: Gateway, head: Any, routes: tuple[Route, ...],
+                                   providers: Mapping[str, Provider]) -> None:
+    """An id the gateway holds continues there; others may belong to a native upstream."""
     previous = getattr(head, "previous_response_id", None)
-    if previous is None or previous in gateway.responses:
+    if previous is None or await gateway.responses.get(previous) is not None:
         return
     native = [p for r in routes if (p := providers.get(r.provider)) is not None
               and not isinstance(p, ResponsesBridge)]

@@ -241,3 +241,21 @@ def test_streamed_responses_are_counted_in_the_request_log(
     bridged, native = gateway.log_events("request")[-2:]
     assert bridged["tokens"] == 7 and bridged["outcome"] == "completed"
     assert native["tokens"] is not None and native["tokens"] > 0
+
+
+def test_with_redis_a_follow_up_can_reach_another_gateway(
+        tmp_path_factory: pytest.TempPathFactory, redis_server: Any,
+        fakes: dict[str, FakeUpstream]) -> None:
+    doc = config({"chat": provider(fakes["chat"].base_url, {"kimi": "k"})},
+                 state={"backend": "redis", "url": redis_server.url})
+    first = GatewayProcess(tmp_path_factory.mktemp("r1"), doc).start()
+    second = GatewayProcess(tmp_path_factory.mktemp("r2"), doc).start()
+    try:
+        opened = raw_response(first, model="kimi", input="My name is Ada.")
+        raw_response(second, model="kimi", input="And mine?",
+                     previous_response_id=opened["id"])
+        assert fakes["chat"].last_json["messages"][0] == {"role": "user",
+                                                          "content": "My name is Ada."}
+    finally:
+        first.stop()
+        second.stop()

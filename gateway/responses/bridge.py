@@ -26,31 +26,32 @@ class ResponsesBridge(Provider):
         self.inner = inner
         self.store = store
 
-    def _chat(self, request: Outgoing) -> tuple[dict[str, Any], Outgoing]:
+    async def _chat(self, request: Outgoing) -> tuple[dict[str, Any], Outgoing]:
         body = request.json()
-        history = self.store.get(body["previous_response_id"]) \
+        history = await self.store.get(body["previous_response_id"]) \
             if body.get("previous_response_id") else None
         chat = to_chat(body, history)
         outgoing = Outgoing("chat/completions", msgspec.json.encode(chat), request.model,
                             request.stream, request.request_id, client_wants_usage=True)
         return body, outgoing
 
-    def _remember(self, body: dict[str, Any], chat: Outgoing,
-                  response: dict[str, Any]) -> None:
+    async def _remember(self, body: dict[str, Any], chat: Outgoing,
+                        response: dict[str, Any]) -> None:
         if body.get("store", True):
             sent = chat.json()["messages"]
-            self.store.put(response["id"], sent + reply.output_as_messages(response["output"]))
+            await self.store.put(response["id"],
+                                 sent + reply.output_as_messages(response["output"]))
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
-        body, chat = self._chat(request)
+        body, chat = await self._chat(request)
         answer = await self.inner.send(chat, upstream_model)
         response = reply.to_response(msgspec.json.decode(answer.body), body,
                                      reply.new_id("resp"))
-        self._remember(body, chat, response)
+        await self._remember(body, chat, response)
         return Reply(msgspec.json.encode(response), usage=answer.usage)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
-        body, chat = self._chat(request)
+        body, chat = await self._chat(request)
         chunks = self.inner.stream(chat, upstream_model)
         events = ResponseEvents(body, reply.new_id("resp"))
         buffer = b""
@@ -78,7 +79,7 @@ class ResponsesBridge(Provider):
             if aclose is not None:
                 await aclose()
         if events.response["status"] != "failed":
-            self._remember(body, chat, events.response)
+            await self._remember(body, chat, events.response)
 
 
 def _translate(events: ResponseEvents, event: bytes) -> bytes:
