@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -45,6 +46,8 @@ def _encode(event: Any, **_: Any) -> bytes:
     return msgspec.json.encode(event, enc_hook=str)
 
 
+@functools.cache
 def get_logger(name: str = "llms-gateway") -> structlog.typing.FilteringBoundLogger:
-    """The gateway's logger."""
+    """The gateway's logger, one per name: structlog caches its bound form on first use only
+    when the same proxy is reused, and a fresh one per request cost a logger per log line."""
     return structlog.get_logger(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -64,6 +65,10 @@ class Metrics:
         self.inflight = Gauge("llms_inflight_requests", "Requests holding an upstream",
                               registry=r, multiprocess_mode="livesum")
         self._health = health
+        # Label lookups cost a lock and a dict walk each; the label sets are bounded, so the
+        # children are kept (the hot path does one dict lookup per family).
+        self._requests: dict[tuple[str, str, str, int], Any] = {}
+        self._served: dict[tuple[str, str], _Served] = {}
         if multiprocess_dir() is None:
             r.register(_CircuitCollector(health))
 
@@ -72,25 +77,29 @@ class Metrics:
                failed: Iterable[Attempt], attempts: int, usage: Usage | None,
                cost: float | None) -> None:
         """Count one finished request."""
-        served_by = provider or "none"
-        self.requests.labels(endpoint, model, served_by, str(status)).inc()
+        counted = (endpoint, model, provider or "none", status)
+        if (requests := self._requests.get(counted)) is None:
+            requests = self._requests[counted] = self.requests.labels(*counted[:3], str(status))
+        requests.inc()
         for attempt in failed:
             self.failovers.labels(model, attempt.provider, attempt.reason).inc()
         if provider is None:
             return
-        self.latency.labels(model, provider).observe(duration)
+        if (served := self._served.get((model, provider))) is None:
+            served = self._served[(model, provider)] = _Served(self, model, provider)
+        served.latency.observe(duration)
         self.attempts.observe(attempts)
         if ttft is not None:
-            self.ttft.labels(model, provider).observe(ttft)
+            served.ttft.observe(ttft)
         if upstream is not None:
             self.overhead.observe(max(0.0, duration - upstream))
         if usage is not None:
-            self.tokens.labels(model, provider, "prompt").inc(usage.prompt_tokens)
-            self.tokens.labels(model, provider, "completion").inc(usage.completion_tokens)
+            served.prompt_tokens.inc(usage.prompt_tokens)
+            served.completion_tokens.inc(usage.completion_tokens)
             if usage.reasoning_tokens:
-                self.tokens.labels(model, provider, "reasoning").inc(usage.reasoning_tokens)
+                served.reasoning_tokens.inc(usage.reasoning_tokens)
         if cost:
-            self.cost.labels(model, provider).inc(cost)
+            served.cost.inc(cost)
 
     def exposition(self) -> bytes:
         """The text `/metrics` serves: this process, or every worker's when there are several."""
@@ -100,6 +109,21 @@ class Metrics:
         multiprocess.MultiProcessCollector(combined)
         combined.register(_CircuitCollector(self._health))
         return generate_latest(combined)
+
+
+class _Served:
+    """The metric children of one (model, provider)."""
+
+    __slots__ = ("completion_tokens", "cost", "latency", "prompt_tokens", "reasoning_tokens",
+                 "ttft")
+
+    def __init__(self, metrics: Metrics, model: str, provider: str) -> None:
+        self.latency = metrics.latency.labels(model, provider)
+        self.ttft = metrics.ttft.labels(model, provider)
+        self.prompt_tokens = metrics.tokens.labels(model, provider, "prompt")
+        self.completion_tokens = metrics.tokens.labels(model, provider, "completion")
+        self.reasoning_tokens = metrics.tokens.labels(model, provider, "reasoning")
+        self.cost = metrics.cost.labels(model, provider)
 
 
 class _CircuitCollector(Collector):
