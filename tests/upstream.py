@@ -14,12 +14,15 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 
-REASONS = {400: "invalid_request_error", 404: "invalid_request_error",
-           401: "authentication_error", 403: "authentication_error", 429: "rate_limit_error"}
+ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+               401: "authentication_error", 403: "authentication_error", 429: "rate_limit_error"}
+NOT_JSON = b'{"id": "x", "choices": ['
+DONE = b"data: [DONE]\n\n"
+MAX_CHOICES = 128  # a fuzzed `n` must not make the fake build millions of choices
 
 
 @dataclass(frozen=True)
@@ -73,12 +76,12 @@ def hang() -> Mode:
 
 
 def slow_first_token(seconds: float, then: Mode | None = None) -> Mode:
-    """Send nothing for `seconds`, then behave like `then` (default: ok)."""
+    """Send nothing (not even headers) for `seconds`, then behave like `then` (default: ok)."""
     return Mode("slow", seconds=seconds, then=then or ok())
 
 
 def stream_cut(after_chunks: int = 2) -> Mode:
-    """Start answering, then drop the connection without finishing."""
+    """Send the opening event and `after_chunks` more, then drop the connection."""
     return Mode("cut", after_chunks=after_chunks)
 
 
@@ -88,7 +91,7 @@ def chaos(*options: Mode, seed: int = 0) -> Mode:
 
 
 def invalid_json() -> Mode:
-    """200 with a body that is not JSON."""
+    """200 application/json with a body that is not JSON."""
     return Mode("invalid_json")
 
 
@@ -120,107 +123,130 @@ def refusing_url() -> str:
     return f"http://127.0.0.1:{free_port()}/v1"
 
 
-def _words(text: str) -> list[str]:
-    pieces = text.split(" ")
-    return [pieces[0]] + [f" {p}" for p in pieces[1:]]
-
-
 @dataclass
 class FakeUpstream:
     """The fake server; `start()` it, point a provider at `base_url`, `stop()` it."""
 
     name: str = "upstream"
     models: tuple[str, ...] = ()
-    requests: list[Recorded] = field(default_factory=list)
-    port: int = 0
+    port: int = 0  # 0: any free port; give the old one to restart in place
+    requests: list[Recorded] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
+        self._lock = threading.Lock()
         self._modes: list[Mode] = [ok()]
         self._rng: random.Random | None = None
-        self._lock = threading.Lock()
         self._cancelled = 0
         self._cancel_event = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._stopping = False
 
     # -- control, from the test's thread ------------------------------------------------------
 
     @property
     def base_url(self) -> str:
+        """The OpenAI-style base URL, ending in /v1."""
         return f"http://127.0.0.1:{self.port}/v1"
 
     @property
     def last_json(self) -> Any:
+        """The parsed body of the last request, or None."""
         return self.requests[-1].json if self.requests else None
 
     @property
     def cancelled(self) -> int:
+        """How many requests the client left before the fake finished answering."""
         return self._cancelled
 
     def set_mode(self, *modes: Mode) -> None:
+        """Queue modes for the next POSTs; the last one repeats."""
         with self._lock:
             self._modes = list(modes) or [ok()]
+            self._rng = None
 
     def reset(self) -> None:
+        """Forget requests and cancels; answer ok() again."""
         with self._lock:
             self._modes = [ok()]
+            self._rng = None
             self.requests.clear()
             self._cancelled = 0
             self._cancel_event.clear()
 
     def wait_for_cancel(self, timeout: float = 5.0) -> bool:
+        """Block until a client has left mid-answer; False on timeout."""
         return self._cancel_event.wait(timeout)
 
     def start(self) -> FakeUpstream:
+        """Bind 127.0.0.1 and serve from a daemon thread with its own event loop."""
+        if self._thread is not None:
+            return self
+        sock = socket.create_server(("127.0.0.1", self.port))
+        self.port = int(sock.getsockname()[1])
+        self._stopping = False
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(sock, ready), daemon=True,
                                         name=f"fake-{self.name}")
         self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake upstream did not start")
+        if not ready.wait(10) or not self._thread.is_alive():
+            raise RuntimeError(f"fake upstream {self.name} did not start")
         return self
 
     def stop(self) -> None:
-        if self._loop is None or self._thread is None:
+        """Cancel what is in flight, close the server and join its thread."""
+        thread, loop, stop_requested = self._thread, self._loop, self._stop_requested
+        if thread is None:
             return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop = None
+        if loop is not None and stop_requested is not None and thread.is_alive():
+            loop.call_soon_threadsafe(stop_requested.set)
+        thread.join(10)
+        self._thread = self._loop = self._stop_requested = None
+        if thread.is_alive():
+            raise RuntimeError(f"fake upstream {self.name} did not stop")
 
     def __enter__(self) -> FakeUpstream:
-        return self if self._loop else self.start()
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- the server, in its own thread ----------------------------------------------------------
 
-    def _serve(self, ready: threading.Event) -> None:
-        self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self._loop)
+    def _run(self, sock: socket.socket, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._serve(sock, ready))
+        finally:
+            ready.set()  # start() must not wait out its timeout on a server that failed
+
+    async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        # Cancel handlers when the client leaves, so the fake can count abandoned requests.
+        runner = web.AppRunner(self._app(), handle_signals=False, access_log=None,
+                               handler_cancellation=True, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+            ready.set()
+            await self._stop_requested.wait()
+            self._stopping = True
+            for task in list(self._inflight):
+                task.cancel()
+        finally:
+            await runner.cleanup()
+            sock.close()
+
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._list_models)
-        # Cancel handlers when the client leaves, so the fake can count abandoned requests.
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                     handler_cancellation=True)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port or 0)
-        self._loop.run_until_complete(site.start())
-        server = site._server
-        assert server is not None and server.sockets
-        self.port = server.sockets[0].getsockname()[1]
-        ready.set()
-        self._loop.run_forever()
-        self._loop.close()
-
-    async def _shutdown(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        return app
 
     def _next_mode(self) -> Mode:
         with self._lock:
@@ -231,15 +257,18 @@ class FakeUpstream:
                 mode = self._rng.choice(mode.options)
             return mode
 
-    def _mark_cancelled(self) -> None:
-        self._cancelled += 1
+    def _count_cancel(self) -> None:
+        if self._stopping:  # stop() cancelled it, not the client
+            return
+        with self._lock:
+            self._cancelled += 1
         self._cancel_event.set()
 
     async def _record(self, request: web.Request) -> Any:
         body = await request.read()
         try:
             parsed = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):
             parsed = None
         self.requests.append(Recorded(request.method, request.path,
                                       {k.lower(): v for k, v in request.headers.items()},
@@ -251,6 +280,10 @@ class FakeUpstream:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": self.name}
                 for m in self.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return _error(404, f"fake {self.name} has no {request.method} {request.path}")
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, _ChatShape())
@@ -264,60 +297,58 @@ class FakeUpstream:
     async def _answer(self, request: web.Request, shape: _Shape) -> web.StreamResponse:
         body = await self._record(request)
         if not isinstance(body, dict):
-            return _error(400, "request body is not JSON")
-        mode = self._next_mode()
+            return _error(400, "request body is not a JSON object")
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
         try:
-            return await self._play(request, mode, body, shape)
-        except (asyncio.CancelledError, ConnectionResetError):
-            self._mark_cancelled()
+            return await self._play(request, self._next_mode(), body, shape)
+        except asyncio.CancelledError:
+            self._count_cancel()
             raise
+        except ConnectionResetError:
+            self._count_cancel()
+            # The client is gone; aiohttp fails quietly writing this, rather than logging.
+            return web.Response(status=499)
+        finally:
+            self._inflight.discard(task)
 
     async def _play(self, request: web.Request, mode: Mode, body: dict[str, Any],
                     shape: _Shape) -> web.StreamResponse:
+        streaming = bool(body.get("stream"))
         if mode.kind == "slow":
             await asyncio.sleep(mode.seconds)
-            assert mode.then is not None
-            return await self._play(request, mode.then, body, shape)
+            return await self._play(request, mode.then or ok(), body, shape)
         if mode.kind == "hang":
-            await asyncio.sleep(3600)
+            await _forever()
         if mode.kind == "status":
             return _error(mode.code, mode.message, mode.retry_after, mode.body)
-        if mode.kind == "invalid_json" or (mode.kind == "sse_garbage" and not body.get("stream")):
-            return web.Response(body=b'{"id": "x", "choices": [', content_type="application/json")
+        if mode.kind == "invalid_json" or (mode.kind == "sse_garbage" and not streaming):
+            return web.Response(body=NOT_JSON, content_type="application/json")
         if mode.kind == "sse_garbage":
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            await response.write(b"<html>oops</html>\n\n")
-            await response.write_eof()
-            return response
-        content = mode.content or f"Hello from {self.name}"
+            return await _garbage_stream(request)
+        content = f"Hello from {self.name}" if mode.content is None else mode.content
         pieces = list(mode.chunks) if mode.chunks else _words(content)
-        if body.get("stream"):
-            return await self._stream(request, mode, body, shape, pieces)
+        if streaming:
+            events = [_sse(event) for event in shape.events(body, pieces, mode)]
+            return await _stream(request, events + [DONE] * shape.ends_with_done, mode)
         if mode.kind == "cut":
             return await _cut_json(request)
-        return web.json_response(shape.whole(body, "".join(pieces), mode, len(pieces)))
+        return web.json_response(shape.whole(body, pieces, mode))
 
-    async def _stream(self, request: web.Request, mode: Mode, body: dict[str, Any],
-                      shape: _Shape, pieces: list[str]) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        events = shape.events(body, pieces, mode)
-        limit = 1 + mode.after_chunks if mode.kind == "cut" else len(events)
-        for number, event in enumerate(events[:limit]):
-            if number and mode.delay_between_chunks:
-                await asyncio.sleep(mode.delay_between_chunks)
-            # Responses API streams name each event; chat streams do not.
-            named = f"event: {event['type']}\n".encode() if "type" in event else b""
-            await response.write(named + b"data: " + json.dumps(event).encode() + b"\n\n")
-        if mode.kind == "cut":
-            assert request.transport is not None
-            request.transport.abort()
-            return response
-        if not isinstance(shape, _ResponsesShape):  # a Responses stream ends without [DONE]
-            await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+
+# -- writing answers -------------------------------------------------------------------------
+
+
+async def _forever() -> NoReturn:
+    """Wait until cancelled: by the client leaving, or by stop()."""
+    await asyncio.get_running_loop().create_future()
+    raise AssertionError("unreachable")
+
+
+def _abort(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
 
 
 def _error(code: int, message: str | None = None, retry_after: float | str | None = None,
@@ -325,109 +356,99 @@ def _error(code: int, message: str | None = None, retry_after: float | str | Non
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
     if body is None:
         envelope = {"error": {"message": message or f"fake {code}",
-                              "type": REASONS.get(code, "server_error"), "code": None,
+                              "type": ERROR_TYPES.get(code, "server_error"), "code": None,
                               "param": None}}
         body = json.dumps(envelope).encode()
     return web.Response(status=code, body=body, headers=headers, content_type="application/json")
 
 
-async def _cut_json(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "application/json",
-                                           "Content-Length": "1000"})
+def _sse(event: dict[str, Any]) -> bytes:
+    # Responses API streams name each event; chat and completions streams do not.
+    named = f"event: {event['type']}\n".encode() if "type" in event else b""
+    return named + b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+async def _stream(request: web.Request, events: list[bytes], mode: Mode) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
     await response.prepare(request)
-    await response.write(b'{"id": "chatcmpl-cut", "choices": [')
-    assert request.transport is not None
-    request.transport.abort()
+    if mode.kind == "cut":
+        events = events[:1 + mode.after_chunks]
+    for number, event in enumerate(events):
+        if number and mode.delay_between_chunks:
+            await asyncio.sleep(mode.delay_between_chunks)
+        await response.write(event)
+    if mode.kind == "cut":
+        _abort(request)  # the chunked body never gets its terminating chunk
+        return response
+    await response.write_eof()
     return response
 
 
+async def _garbage_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b"<html>oops</html>\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _cut_json(request: web.Request) -> web.StreamResponse:
+    partial = b'{"id": "chatcmpl-cut", "choices": ['
+    response = web.StreamResponse(headers={"Content-Type": "application/json",
+                                           "Content-Length": str(len(partial) + 1000)})
+    await response.prepare(request)
+    await response.write(partial)
+    _abort(request)
+    return response
+
+
+# -- what answers contain --------------------------------------------------------------------
+
+
+def _words(text: str) -> list[str]:
+    """Split on spaces keeping them: "Hello from x" -> ["Hello", " from", " x"]."""
+    pieces = text.split(" ")
+    return [pieces[0]] + [f" {p}" for p in pieces[1:]]
+
+
+def _count_words(value: Any) -> int:
+    """Roughly how many words of text a messages, prompt or input value holds."""
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        return sum(_count_words(item) for item in value)
+    if isinstance(value, dict):
+        return _count_words(value.get("content")) + _count_words(value.get("text"))
+    return 0
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    text = body.get("messages") or body.get("prompt") or body.get("input")
+    return max(1, _count_words(text) + _count_words(body.get("instructions")))
+
+
 def _usage(body: dict[str, Any], completion_tokens: int) -> dict[str, int]:
-    text = json.dumps(body.get("messages") or body.get("prompt") or body.get("input") or "")
-    prompt_tokens = max(1, len(text.split()))
+    prompt_tokens = _prompt_tokens(body)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-class _Shape:
-    """How one endpoint's answers look; subclasses per endpoint."""
-
-    def whole(self, body: dict[str, Any], text: str, mode: Mode, pieces: int) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
-        raise NotImplementedError
+def _n(body: dict[str, Any]) -> int:
+    n = body.get("n")
+    return min(n, MAX_CHOICES) if isinstance(n, int) and n > 0 else 1
 
 
-class _ChatShape(_Shape):
-    def whole(self, body: dict[str, Any], text: str, mode: Mode, pieces: int) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": text or None,
-                                   "refusal": None}
-        if mode.reasoning:
-            message["reasoning_content"] = mode.reasoning
-        if mode.tool:
-            message["tool_calls"] = [{"id": "call_1", "type": "function",
-                                      "function": {"name": mode.tool[0],
-                                                   "arguments": mode.tool[1]}}]
-        choices = [{"index": i, "message": message, "logprobs": None,
-                    "finish_reason": mode.finish_reason} for i in range(body.get("n") or 1)]
-        answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-                  "model": body.get("model"), "choices": choices}
-        if mode.usage:
-            answer["usage"] = _usage(body, pieces)
-        return answer
-
-    def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
-                    "model": body.get("model"),
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                 "finish_reason": finish}]}
-
-        events = [chunk({"role": "assistant", "content": ""})]
-        if mode.reasoning:
-            events.append(chunk({"reasoning_content": mode.reasoning}))
-        events += [chunk({"content": piece}) for piece in pieces if piece]
-        if mode.tool:
-            name, arguments = mode.tool
-            third = max(1, len(arguments) // 3)
-            events.append(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                                 "function": {"name": name, "arguments": ""}}]}))
-            events += [chunk({"tool_calls": [{"index": 0, "function": {
-                "arguments": arguments[i:i + third]}}]})
-                for i in range(0, len(arguments), third)]
-        events.append(chunk({}, mode.finish_reason))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            events.append({**chunk({}), "choices": [], "usage": _usage(body, len(pieces))})
-        return events
-
-
-class _CompletionShape(_Shape):
-    def whole(self, body: dict[str, Any], text: str, mode: Mode, pieces: int) -> dict[str, Any]:
-        prompts = body.get("prompt")
-        prompts = prompts if isinstance(prompts, list) and prompts and isinstance(prompts[0], str) \
-            else [prompts if isinstance(prompts, str) else ""]
-        choices = []
-        for prompt in prompts:
-            for _ in range(body.get("n") or 1):
-                full = (prompt + text) if body.get("echo") else text
-                choices.append({"text": full, "index": len(choices),
-                                "logprobs": _logprobs(_words(text)) if body.get("logprobs")
-                                else None,
-                                "finish_reason": mode.finish_reason})
-        answer = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()),
-                  "model": body.get("model"), "choices": choices}
-        if mode.usage:
-            answer["usage"] = _usage(body, pieces)
-        return answer
-
-    def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
-        def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
-            return {"id": "cmpl-fake", "object": "text_completion", "created": 1,
-                    "model": body.get("model"),
-                    "choices": [{"text": text, "index": 0, "logprobs": None,
-                                 "finish_reason": finish}]}
-
-        return [chunk(""), *(chunk(piece) for piece in pieces), chunk("", mode.finish_reason)]
+def _prompts(body: dict[str, Any]) -> list[str]:
+    """One entry per prompt of a legacy completion (token-id prompts count, with no text)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return prompt[:MAX_CHOICES]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        return [""] * min(len(prompt), MAX_CHOICES)
+    return [""]
 
 
 def _logprobs(pieces: list[str]) -> dict[str, Any]:
@@ -439,33 +460,134 @@ def _logprobs(pieces: list[str]) -> dict[str, Any]:
             "top_logprobs": [{piece: -0.1} for piece in pieces], "text_offset": offsets}
 
 
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+class _Shape:
+    """How one endpoint's answers look; subclasses per endpoint."""
+
+    ends_with_done = True
+
+    def whole(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+
+class _ChatShape(_Shape):
+    def whole(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces) or None,
+                                   "refusal": None}
+        if mode.reasoning:
+            message["reasoning_content"] = mode.reasoning
+        if mode.tool:
+            message["tool_calls"] = [{"id": "call_1", "type": "function",
+                                      "function": {"name": mode.tool[0],
+                                                   "arguments": mode.tool[1]}}]
+        choices = [{"index": i, "message": message, "logprobs": None,
+                    "finish_reason": mode.finish_reason} for i in range(_n(body))]
+        answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+                  "model": body.get("model"), "choices": choices}
+        if mode.usage:
+            answer["usage"] = _usage(body, len(pieces))
+        return answer
+
+    def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
+        def chunk(delta: dict[str, Any], finish: str | None, index: int) -> dict[str, Any]:
+            return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                    "model": body.get("model"),
+                    "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                 "finish_reason": finish}]}
+
+        deltas: list[tuple[dict[str, Any], str | None]] = [
+            ({"role": "assistant", "content": ""}, None)]
+        if mode.reasoning:
+            deltas.append(({"reasoning_content": mode.reasoning}, None))
+        deltas += [({"content": piece}, None) for piece in pieces if piece]
+        deltas += [(delta, None) for delta in _tool_deltas(mode.tool)]
+        deltas.append(({}, mode.finish_reason))
+        events = [chunk(delta, finish, index)
+                  for delta, finish in deltas for index in range(_n(body))]
+        if _include_usage(body) and mode.usage:
+            events.append({**chunk({}, None, 0), "choices": [],
+                           "usage": _usage(body, len(pieces))})
+        return events
+
+
+def _tool_deltas(tool: tuple[str, str] | None) -> list[dict[str, Any]]:
+    """A tool call streamed as vLLM does: name first, then the arguments in thirds."""
+    if tool is None:
+        return []
+    name, arguments = tool
+    third = max(1, len(arguments) // 3)
+    deltas = [{"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                               "function": {"name": name, "arguments": ""}}]}]
+    deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": arguments[i:i + third]}}]}
+               for i in range(0, len(arguments), third)]
+    return deltas
+
+
+class _CompletionShape(_Shape):
+    def whole(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> dict[str, Any]:
+        choices: list[dict[str, Any]] = []
+        for prompt in _prompts(body):
+            shown = [p for p in _words(prompt) if p] + pieces if body.get("echo") else pieces
+            logprobs = _logprobs(shown) if body.get("logprobs") is not None else None
+            choices += [{"text": "".join(shown), "index": len(choices) + i, "logprobs": logprobs,
+                         "finish_reason": mode.finish_reason} for i in range(_n(body))]
+        answer = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()),
+                  "model": body.get("model"), "choices": choices}
+        if mode.usage:
+            answer["usage"] = _usage(body, len(pieces))
+        return answer
+
+    def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
+        def chunk(text: str, finish: str | None, index: int) -> dict[str, Any]:
+            return {"id": "cmpl-fake", "object": "text_completion", "created": 1,
+                    "model": body.get("model"),
+                    "choices": [{"text": text, "index": index, "logprobs": None,
+                                 "finish_reason": finish}]}
+
+        steps = [("", None), *((piece, None) for piece in pieces), ("", mode.finish_reason)]
+        choices = len(_prompts(body)) * _n(body)
+        events = [chunk(text, finish, index) for text, finish in steps for index in range(choices)]
+        if _include_usage(body) and mode.usage:
+            events.append({**chunk("", None, 0), "choices": [],
+                           "usage": _usage(body, len(pieces))})
+        return events
+
+
 class _ResponsesShape(_Shape):
-    def whole(self, body: dict[str, Any], text: str, mode: Mode, pieces: int) -> dict[str, Any]:
+    ends_with_done = False  # a Responses stream ends with response.completed, not [DONE]
+
+    def whole(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> dict[str, Any]:
+        input_tokens = _prompt_tokens(body)
         return {"id": "resp_fake", "object": "response", "created_at": int(time.time()),
                 "status": "completed", "model": body.get("model"), "tools": [],
                 "tool_choice": "auto", "parallel_tool_calls": True,
                 "output": [{"type": "message", "id": "msg_fake", "status": "completed",
                             "role": "assistant",
-                            "content": [{"type": "output_text", "text": text,
+                            "content": [{"type": "output_text", "text": "".join(pieces),
                                          "annotations": []}]}],
-                "usage": {"input_tokens": 3, "output_tokens": pieces,
-                          "total_tokens": 3 + pieces}}
+                "usage": {"input_tokens": input_tokens, "output_tokens": len(pieces),
+                          "total_tokens": input_tokens + len(pieces)}}
 
     def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
-        final = self.whole(body, "".join(pieces), mode, len(pieces))
+        final = self.whole(body, pieces, mode)
         opening = {**final, "status": "in_progress", "output": [], "usage": None}
         item = {**final["output"][0], "status": "in_progress", "content": []}
         part = {"type": "output_text", "text": "", "annotations": []}
+        where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
         events: list[dict[str, Any]] = [
             {"type": "response.created", "response": opening},
             {"type": "response.output_item.added", "output_index": 0, "item": item},
-            {"type": "response.content_part.added", "item_id": item["id"], "output_index": 0,
-             "content_index": 0, "part": part}]
-        events += [{"type": "response.output_text.delta", "item_id": item["id"],
-                    "output_index": 0, "content_index": 0, "delta": piece, "logprobs": []}
+            {"type": "response.content_part.added", **where, "part": part}]
+        events += [{"type": "response.output_text.delta", **where, "delta": piece, "logprobs": []}
                    for piece in pieces]
-        events += [{"type": "response.output_text.done", "item_id": item["id"],
-                    "output_index": 0, "content_index": 0, "text": "".join(pieces),
+        events += [{"type": "response.output_text.done", **where, "text": "".join(pieces),
                     "logprobs": []},
                    {"type": "response.output_item.done", "output_index": 0,
                     "item": final["output"][0]},
