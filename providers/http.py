@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -204,3 +204,64 @@ async def read_stream(response: aiohttp.ClientResponse, deadline: Deadline) -> A
             raise error(f"no data within {error.reason.replace('_', ' ')} limit") from None
         yield chunk
         limit, error = deadline.next_chunk()
+
+
+class HttpUpstream:
+    """POSTs to one upstream with its headers and timeouts; failures come out as gateway errors."""
+
+    def __init__(self, name: str, session: aiohttp.ClientSession, timeouts: Timeouts,
+                 headers: Mapping[str, str], secret: str | None) -> None:
+        self.name = name
+        self.session = session
+        self.timeouts = timeouts
+        self.headers = dict(headers)
+        self.secret = secret
+        self._timeout = client_timeout(timeouts)
+
+    async def post(self, url: str, body: bytes) -> tuple[bytes, Mapping[str, str]]:
+        """A whole 2xx answer and its headers, within `total`."""
+        deadline = Deadline(self.timeouts)
+        limit, error = deadline.total()
+        try:
+            async with asyncio.timeout(limit):
+                with translate_errors(self.secret):
+                    async with self.session.post(url, data=body, headers=self.headers,
+                                                 timeout=self._timeout) as response:
+                        payload = await response.read()
+                        status, headers = response.status, response.headers
+        except TimeoutError:
+            raise error(f"no complete answer within {limit:g}s") from None
+        if not 200 <= status < 300:
+            raise error_for_status(self.name, status, payload, headers, self.secret)
+        return payload, headers
+
+    async def stream(self, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
+        """The body of a 2xx streamed answer as it arrives, within all four timeouts."""
+        deadline = Deadline(self.timeouts)
+        with translate_errors(self.secret):
+            limit, error = deadline.first_token()
+            try:
+                async with asyncio.timeout(limit):
+                    response = await self.session.post(url, data=body, headers=self.headers,
+                                                       timeout=self._timeout)
+            except TimeoutError:
+                raise error(f"no response headers within {limit:g}s") from None
+            try:
+                if response.status != 200:
+                    await self._raise_for_status(response, deadline)
+                if response.headers.get("Content-Type", "").startswith("application/json"):
+                    raise BadUpstreamResponse("answered JSON to a streaming request")
+                async for chunk in read_stream(response, deadline):
+                    yield chunk
+            finally:
+                response.close()
+
+    async def _raise_for_status(self, response: aiohttp.ClientResponse,
+                                deadline: Deadline) -> None:
+        limit, _ = deadline.next_chunk()
+        try:
+            async with asyncio.timeout(limit):
+                body = await response.content.read(MAX_ERROR_BODY)
+        except (TimeoutError, aiohttp.ClientError):
+            body = b""
+        raise error_for_status(self.name, response.status, body, response.headers, self.secret)

@@ -7,7 +7,6 @@ spellings it understands (`providers.compat`). Answers come back normalised the 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -27,14 +26,7 @@ from providers.compat import (
     translate_request,
     used_legacy_functions,
 )
-from providers.http import (
-    MAX_ERROR_BODY,
-    Deadline,
-    client_timeout,
-    error_for_status,
-    read_stream,
-    translate_errors,
-)
+from providers.http import HttpUpstream
 
 
 def asks_stream_usage(request: Outgoing, options: OpenAIOptions) -> bool:
@@ -104,34 +96,16 @@ class OpenAIProvider(Provider):
         if not spec.base_url:
             raise ValueError(f"provider {spec.name!r} of type openai needs a base_url")
         self._base_url = spec.base_url
-        self._headers = build_headers(spec)
-        self._timeout = client_timeout(spec.timeouts)
-        self._secret = spec.api_key.reveal() if spec.api_key else None
+        self.http = HttpUpstream(spec.name, session, spec.timeouts, build_headers(spec),
+                                 spec.api_key.reveal() if spec.api_key else None)
         self.options = read_options(spec.raw)
         if self.options.responses:
             self.endpoints = self.endpoints | {"responses"}
 
-    def _post(self, request: Outgoing, upstream_model: str) -> Any:
-        return self.session.post(
-            f"{self._base_url}/{request.endpoint}",
-            data=build_body(request, upstream_model, self.spec, self.options),
-            headers=self._headers,
-            timeout=self._timeout,
-        )
-
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
-        deadline = Deadline(self.spec.timeouts)
-        limit, error = deadline.total()
-        try:
-            async with asyncio.timeout(limit):
-                with translate_errors(self._secret):
-                    async with self._post(request, upstream_model) as response:
-                        body = await response.read()
-                        status, headers = response.status, response.headers
-        except TimeoutError:
-            raise error(f"no complete answer within {limit:g}s") from None
-        if not 200 <= status < 300:
-            raise error_for_status(self.name, status, body, headers, self._secret)
+        body, headers = await self.http.post(
+            f"{self._base_url}/{request.endpoint}",
+            build_body(request, upstream_model, self.spec, self.options))
         usage = check_json(body)
         if request.endpoint == "chat/completions":
             body = normalize_reply(body, self._legacy(request))
@@ -143,41 +117,18 @@ class OpenAIProvider(Provider):
                 and used_legacy_functions(request.json()))
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
-        deadline = Deadline(self.spec.timeouts)
-        with translate_errors(self._secret):
-            limit, error = deadline.first_token()
-            try:
-                async with asyncio.timeout(limit):
-                    response = await self._post(request, upstream_model)
-            except TimeoutError:
-                raise error(f"no response headers within {limit:g}s") from None
-            try:
-                if response.status != 200:
-                    await self._raise_for_status(response, deadline)
-                if response.headers.get("Content-Type", "").startswith("application/json"):
-                    raise BadUpstreamResponse("answered JSON to a streaming request")
-                chunks = read_stream(response, deadline)
-                if request.endpoint != "chat/completions":
-                    async for chunk in chunks:
-                        yield chunk
-                    return
-                normalizer = StreamNormalizer(self._legacy(request))
-                async for chunk in chunks:
-                    if normalized := normalizer.feed(chunk):
-                        yield normalized
-                if rest := normalizer.flush():
-                    yield rest
-            finally:
-                response.close()
-
-    async def _raise_for_status(self, response: aiohttp.ClientResponse, deadline: Deadline) -> None:
-        limit, _ = deadline.next_chunk()
+        chunks = self.http.stream(f"{self._base_url}/{request.endpoint}",
+                                  build_body(request, upstream_model, self.spec, self.options))
+        if request.endpoint != "chat/completions":
+            async for chunk in chunks:
+                yield chunk
+            return
+        normalizer = StreamNormalizer(self._legacy(request))
         try:
-            async with asyncio.timeout(limit):
-                body = await response.content.read(MAX_ERROR_BODY)
-        except TimeoutError:
-            body = b""
-        except aiohttp.ClientError:
-            body = b""
-        raise error_for_status(self.name, response.status, body, response.headers, self._secret)
-
+            async for chunk in chunks:
+                if normalized := normalizer.feed(chunk):
+                    yield normalized
+            if rest := normalizer.flush():
+                yield rest
+        finally:
+            await chunks.aclose()

@@ -239,12 +239,16 @@ class FakeUpstream:
             await runner.cleanup()
             sock.close()
 
-    def _app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def _routes(self, app: web.Application) -> None:
+        """The endpoints served; a fake of another API (see fake_anthropic.py) overrides it."""
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._list_models)
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        self._routes(app)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         return app
 
@@ -331,7 +335,7 @@ class FakeUpstream:
         pieces = list(mode.chunks) if mode.chunks else _words(content)
         if streaming:
             events = [_sse(event) for event in shape.events(body, pieces, mode)]
-            return await _stream(request, events + [DONE] * shape.ends_with_done, mode)
+            return await _stream(request, events + ([DONE] if shape.ends_with_done else []), mode)
         if mode.kind == "cut":
             return await _cut_json(request)
         return web.json_response(shape.whole(body, pieces, mode))
@@ -412,20 +416,11 @@ def _words(text: str) -> list[str]:
     return [pieces[0]] + [f" {p}" for p in pieces[1:]]
 
 
-def _count_words(value: Any) -> int:
-    """Roughly how many words of text a messages, prompt or input value holds."""
-    if isinstance(value, str):
-        return len(value.split())
-    if isinstance(value, list):
-        return sum(_count_words(item) for item in value)
-    if isinstance(value, dict):
-        return _count_words(value.get("content")) + _count_words(value.get("text"))
-    return 0
-
-
 def _prompt_tokens(body: dict[str, Any]) -> int:
-    text = body.get("messages") or body.get("prompt") or body.get("input")
-    return max(1, _count_words(text) + _count_words(body.get("instructions")))
+    """A rough count: words of the JSON-encoded messages (or prompt, or input)."""
+    # Encoded, not just the text: the suite's expected totals (e.g. 7 for "Hello") rely on it.
+    text = json.dumps(body.get("messages") or body.get("prompt") or body.get("input") or "")
+    return max(1, len(text.split()))
 
 
 def _usage(body: dict[str, Any], completion_tokens: int) -> dict[str, int]:

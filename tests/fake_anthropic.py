@@ -1,0 +1,105 @@
+"""A fake Anthropic Messages API: the same modes as `FakeUpstream`, in Anthropic's wire format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from tests.upstream import FakeUpstream, Mode, _error, _words
+
+OVERLOADED = json.dumps({"type": "error", "error": {"type": "overloaded_error",
+                                                    "message": "Overloaded"}})
+
+
+class FakeAnthropic(FakeUpstream):
+    """POST /v1/messages, whole or streamed (`event:` + `data:` SSE), with tool use and thinking."""
+
+    def _routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/messages", self._messages)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        mode = self._next_mode()
+        try:
+            if mode.kind == "status":
+                return _error(mode.code, mode.message, mode.retry_after, mode.body)
+            if mode.kind == "hang":
+                await asyncio.sleep(3600)
+            if body.get("stream"):
+                return await self._stream(request, mode, body)
+            return web.json_response(self._message(mode, body))
+        except (asyncio.CancelledError, ConnectionResetError):
+            self._mark_cancelled()
+            raise
+
+    def _blocks(self, mode: Mode) -> list[dict[str, Any]]:
+        blocks: list[dict[str, Any]] = []
+        if mode.reasoning:
+            blocks.append({"type": "thinking", "thinking": mode.reasoning, "signature": "sig"})
+        text = mode.content if mode.content is not None else f"Hello from {self.name}"
+        if text:
+            blocks.append({"type": "text", "text": text})
+        if mode.tool:
+            blocks.append({"type": "tool_use", "id": "toolu_1", "name": mode.tool[0],
+                           "input": json.loads(mode.tool[1])})
+        return blocks
+
+    def _stop_reason(self, mode: Mode) -> str:
+        if mode.tool:
+            return "tool_use"
+        return "max_tokens" if mode.finish_reason == "length" else "end_turn"
+
+    def _message(self, mode: Mode, body: dict[str, Any]) -> dict[str, Any]:
+        return {"id": "msg_fake", "type": "message", "role": "assistant",
+                "model": body.get("model"), "content": self._blocks(mode),
+                "stop_reason": self._stop_reason(mode), "stop_sequence": None,
+                "usage": {"input_tokens": 10, "output_tokens": 5}}
+
+    def _events(self, mode: Mode, body: dict[str, Any]) -> list[dict[str, Any]]:
+        start = {**self._message(mode, body), "content": [], "stop_reason": None,
+                 "usage": {"input_tokens": 10, "output_tokens": 1}}
+        events: list[dict[str, Any]] = [{"type": "message_start", "message": start},
+                                        {"type": "ping"}]
+        for index, block in enumerate(self._blocks(mode)):
+            kind = block["type"]
+            opening = {**block, "text": ""} if kind == "text" else (
+                {**block, "thinking": ""} if kind == "thinking" else {**block, "input": {}})
+            events.append({"type": "content_block_start", "index": index,
+                           "content_block": opening})
+            if kind == "text":
+                deltas = [{"type": "text_delta", "text": w} for w in _words(block["text"])]
+            elif kind == "thinking":
+                deltas = [{"type": "thinking_delta", "thinking": block["thinking"]}]
+            else:
+                raw = json.dumps(block["input"])
+                third = max(1, len(raw) // 3)
+                deltas = [{"type": "input_json_delta", "partial_json": raw[i:i + third]}
+                          for i in range(0, len(raw), third)]
+            events += [{"type": "content_block_delta", "index": index, "delta": d}
+                       for d in deltas]
+            events.append({"type": "content_block_stop", "index": index})
+        events += [{"type": "message_delta", "delta": {"stop_reason": self._stop_reason(mode),
+                                                       "stop_sequence": None},
+                    "usage": {"output_tokens": 5}},
+                   {"type": "message_stop"}]
+        return events
+
+    async def _stream(self, request: web.Request, mode: Mode,
+                      body: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        events = self._events(mode, body)
+        if mode.kind == "cut":  # Anthropic reports trouble mid-stream with an error event
+            kept = events[:mode.after_chunks + 2] if mode.after_chunks else []
+            events = [*kept, {"type": "error", "error": {"type": "overloaded_error",
+                                                         "message": "Overloaded"}}]
+        for event in events:
+            if event["type"] == "error" and mode.after_chunks:
+                await asyncio.sleep(0.1)  # let what came before reach the client first
+            await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+                                 .encode())
+        await response.write_eof()
+        return response
