@@ -20,7 +20,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 import providers
-from gateway import admin, config, logs, relay, reload, status
+from gateway import admin, config, discovery, logs, relay, reload, status
 from gateway.config import Snapshot
 from gateway.errors import (
     GatewayError,
@@ -171,6 +171,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         if snapshot.source is not None:
             tasks.append(asyncio.create_task(reload.watch(
                 snapshot.source, snapshot.server.reload_interval, gateway.apply)))
+        tasks.append(asyncio.create_task(discovery.watch(gateway)))
         shared = None
         if snapshot.state.backend == "redis":
             shared = RedisSync(snapshot.state, gateway.health, gateway.limiter)

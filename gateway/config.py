@@ -8,6 +8,7 @@ hot path is a dict lookup. Every error names the file, the field and the problem
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -96,7 +97,10 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     base_url: str | None = None
     api_key: str | None = None
     enabled: bool = True
-    models: dict[str, str | ModelEntry] = {}
+    models: dict[str, str | ModelEntry] | Literal["*"] = {}
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    discover_interval: float = 300.0
     timeouts: dict[str, Any] = {}
     retries: dict[str, Any] = {}
     circuit: dict[str, Any] = {}
@@ -156,6 +160,22 @@ class ProviderSpec:
     params: Mapping[str, Any]
     drop_params: frozenset[str]
     raw: Mapping[str, Any] = field(repr=False)
+    discovery: Discovery | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """`"models": "*"`: list the provider's models, keep those the patterns allow."""
+
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    interval: float
+
+    def keeps(self, model: str) -> bool:
+        """Whether a listed model is served: matches an include (if any) and no exclude."""
+        if self.include and not any(fnmatch.fnmatchcase(model, p) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(model, p) for p in self.exclude)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,8 +324,13 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         entry = msgspec.convert(raw, ProviderEntry)
     except msgspec.ValidationError as exc:
         raise _invalid(file, where, exc) from exc
-    models = {alias: m if isinstance(m, ModelEntry) else ModelEntry(id=m)
-              for alias, m in entry.models.items()}
+    discovery = None
+    if entry.models == "*":
+        models: dict[str, ModelEntry] = {}
+        discovery = Discovery(entry.include, entry.exclude, entry.discover_interval)
+    else:
+        models = {alias: m if isinstance(m, ModelEntry) else ModelEntry(id=m)
+                  for alias, m in entry.models.items()}
     disabled_reason = None if entry.enabled else "disabled in config"
     api_key = _expand(entry.api_key, environ) if entry.api_key else None
     if entry.api_key and not api_key and disabled_reason is None:
@@ -328,6 +353,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         params=dict(entry.params),
         drop_params=frozenset(entry.drop_params),
         raw=raw,
+        discovery=discovery,
     )
 
 
@@ -348,6 +374,16 @@ def _routes(providers: tuple[ProviderSpec, ...]) -> dict[str, tuple[Route, ...]]
         for alias, model in spec.models.items():
             routes.setdefault(alias, []).append(Route(spec.name, model.id))
     return {alias: tuple(candidates) for alias, candidates in routes.items()}
+
+
+def with_discovered(snapshot: Snapshot, found: Mapping[str, tuple[str, ...]]) -> Snapshot:
+    """A copy whose discovering providers serve the models found (alias = upstream id)."""
+    providers = tuple(
+        replace(p, models={m: ModelEntry(id=m) for m in found.get(p.name, ())})
+        if p.discovery is not None else p
+        for p in snapshot.providers
+    )
+    return replace(snapshot, providers=providers, routes=_routes(providers))
 
 
 def with_provider_disabled(snapshot: Snapshot, name: str, reason: str) -> Snapshot:

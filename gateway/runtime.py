@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
-from gateway.config import ConfigError, Snapshot, with_provider_disabled
+from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
 from gateway.limits import RateLimiter
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
@@ -88,6 +88,7 @@ class Gateway:
         self.stats = RecentStats()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
+        self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         self.responses = ResponseStore()
         self._bridged: tuple[Runtime, Mapping[str, Provider]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
@@ -119,7 +120,7 @@ class Gateway:
 
     async def apply(self, snapshot: Snapshot) -> None:
         """Make `snapshot` live; on any error the previous runtime keeps serving."""
-        effective = snapshot
+        effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
         runtime = build(effective, self.session, self.kinds)

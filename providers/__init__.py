@@ -18,7 +18,8 @@ ENTRY_POINT_GROUP = "llms_gateway.providers"
 # The same pairs pyproject.toml declares; used when the package runs from a source tree that was
 # never installed, so a checkout still works.
 _BUILTIN = {"openai": "providers.openai:OpenAIProvider",
-            "anthropic": "providers.anthropic:AnthropicProvider"}
+            "anthropic": "providers.anthropic:AnthropicProvider",
+            "ollama": "providers.ollama:OllamaProvider"}
 
 
 def load_kinds() -> Mapping[str, type[Provider]]:

@@ -67,6 +67,10 @@ class Provider(ABC):
     def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         """Stream OpenAI-format SSE bytes; failures before the first chunk allow failover."""
 
+    async def list_models(self) -> list[str]:
+        """The upstream's model ids, for `"models": "*"`; kinds that can list them override."""
+        raise NotImplementedError(f"provider type {self.kind!r} cannot list its models")
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Called once when a snapshot using this provider goes live."""
 

@@ -235,6 +235,25 @@ class HttpUpstream:
             raise error_for_status(self.name, status, payload, headers, self.secret)
         return payload, headers
 
+    async def get_json(self, url: str) -> Any:
+        """A GET answered with JSON (model listings), within `total`."""
+        limit, error = Deadline(self.timeouts).total()
+        try:
+            async with asyncio.timeout(limit):
+                with translate_errors(self.secret):
+                    async with self.session.get(url, headers=self.headers,
+                                                timeout=self._timeout) as response:
+                        payload = await response.read()
+                        status, headers = response.status, response.headers
+        except TimeoutError:
+            raise error(f"no answer within {limit:g}s") from None
+        if not 200 <= status < 300:
+            raise error_for_status(self.name, status, payload, headers, self.secret)
+        try:
+            return msgspec.json.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise BadUpstreamResponse(f"listing is not JSON: {exc}") from None
+
     async def stream(self, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
         """The body of a 2xx streamed answer as it arrives, within all four timeouts."""
         deadline = Deadline(self.timeouts)

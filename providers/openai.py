@@ -111,6 +111,11 @@ class OpenAIProvider(Provider):
             body = normalize_reply(body, self._legacy(request))
         return Reply(body, headers.get("Content-Type", "application/json"), usage)
 
+    async def list_models(self) -> list[str]:
+        listing = await self.http.get_json(f"{self._base_url}/models")
+        return [str(m["id"]) for m in listing.get("data") or () if isinstance(m, dict)
+                and "id" in m]
+
     def _legacy(self, request: Outgoing) -> bool:
         """Did the client use the deprecated functions API that this upstream no longer has?"""
         return (not self.options.legacy_functions and b'"function' in request.raw

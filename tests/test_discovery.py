@@ -1,0 +1,69 @@
+"""`"models": "*"`: new upstream models appear in /v1/models without editing the file."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+from aiohttp import web
+
+from tests.gateway_process import GatewayProcess, config, provider
+from tests.upstream import FakeUpstream, refusing_url
+
+
+class FakeOllama(FakeUpstream):
+    """Ollama: OpenAI's API at /v1, and its own model list at /api/tags."""
+
+    def _routes(self, app: web.Application) -> None:
+        super()._routes(app)
+        app.router.add_get("/api/tags", self._tags)
+
+    async def _tags(self, request: web.Request) -> web.Response:
+        return web.json_response({"models": [{"name": m, "model": m} for m in self.models]})
+
+
+def model_ids(gateway: GatewayProcess) -> list[str]:
+    return [m["id"] for m in httpx.get(f"{gateway.base_url}/models").json()["data"]]
+
+
+def wait_for_models(gateway: GatewayProcess, expected: list[str], within: float = 5) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if model_ids(gateway) == expected:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"models are {model_ids(gateway)}, expected {expected}")
+
+
+def test_listed_models_are_served_and_new_ones_appear(
+        start_gateway: Callable[..., GatewayProcess]) -> None:
+    with FakeUpstream(name="vllm", models=("alpha", "beta", "text-embed-3")) as up:
+        gateway = start_gateway(config({
+            "vllm": provider(up.base_url, "*", exclude=["*embed*"], discover_interval=0.3),
+            "broken": provider(refusing_url(), "*", discover_interval=0.3),
+        }))
+        wait_for_models(gateway, ["alpha", "beta"])
+
+        answer = httpx.post(f"{gateway.base_url}/chat/completions",
+                            json={"model": "beta", "messages": [{"role": "user", "content": "x"}]})
+        assert answer.headers["x-llms-provider"] == "vllm"
+        assert up.last_json["model"] == "beta"
+
+        up.models = ("alpha", "beta", "gamma")
+        wait_for_models(gateway, ["alpha", "beta", "gamma"])
+        assert len(gateway.log_events("model_discovery_failed")) == 1, "logged once, not per try"
+
+
+def test_ollama_models_come_from_api_tags(start_gateway: Callable[..., GatewayProcess]) -> None:
+    with FakeOllama(name="ollama", models=("llama3.2:3b", "qwen3:8b")) as ollama:
+        gateway = start_gateway(config({
+            "ollama": {"type": "ollama", "base_url": ollama.base_url, "models": "*",
+                       "include": ["qwen*"], "discover_interval": 0.3},
+        }))
+        wait_for_models(gateway, ["qwen3:8b"])
+
+        answer = httpx.post(f"{gateway.base_url}/chat/completions",
+                            json={"model": "qwen3:8b",
+                                  "messages": [{"role": "user", "content": "x"}]})
+        assert answer.json()["choices"][0]["message"]["content"] == "Hello from ollama"
