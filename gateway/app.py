@@ -107,8 +107,12 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Readiness: a config is loaded and at least one provider is enabled."""
     gateway = _gateway(request)
     snapshot = gateway.runtime.snapshot
+    live = gateway.runtime.providers
     listing = [{"name": p.name, "type": p.kind, "enabled": p.enabled,
-                "reason": p.disabled_reason} for p in snapshot.providers]
+                "reason": p.disabled_reason,
+                **({"state": state} if p.name in live and (state := live[p.name].live_state())
+                   else {})}
+               for p in snapshot.providers]
     is_ready = any(p.enabled for p in snapshot.providers)
     body: dict[str, Any] = {"status": "ready" if is_ready else "not_ready",
                             "providers": listing, "inflight": gateway.inflight,

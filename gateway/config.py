@@ -97,7 +97,7 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     base_url: str | None = None
     api_key: str | None = None
     enabled: bool = True
-    models: dict[str, str | ModelEntry] | Literal["*"] = {}
+    models: dict[str, str | dict[str, Any]] | Literal["*"] = {}
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     discover_interval: float = 300.0
@@ -329,7 +329,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         models: dict[str, ModelEntry] = {}
         discovery = Discovery(entry.include, entry.exclude, entry.discover_interval)
     else:
-        models = {alias: m if isinstance(m, ModelEntry) else ModelEntry(id=m)
+        models = {alias: _model(alias, m, file, f"{where}.models.{alias}")
                   for alias, m in entry.models.items()}
     disabled_reason = None if entry.enabled else "disabled in config"
     api_key = _expand(entry.api_key, environ) if entry.api_key else None
@@ -355,6 +355,26 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         raw=raw,
         discovery=discovery,
     )
+
+
+def _model(alias: str, raw: str | dict[str, Any], file: str, where: str) -> ModelEntry:
+    """A model entry: an upstream id, or an object of facts about it.
+
+    An object with a `source` is a model the provider runs itself (a pool's weights): its engine
+    options are the kind's to check, and its id defaults to the alias.
+    """
+    if isinstance(raw, str):
+        return ModelEntry(id=raw)
+    known = {k: v for k, v in raw.items() if k in ModelEntry.__struct_fields__}
+    if "source" in raw:
+        known.setdefault("id", raw.get("served_model_name") or alias)
+    elif set(raw) - set(known):
+        unknown = ", ".join(sorted(set(raw) - set(known)))
+        raise ConfigError(f"{file}: {where}: unknown field(s) {unknown}")
+    try:
+        return msgspec.convert(known, ModelEntry)
+    except msgspec.ValidationError as exc:
+        raise _invalid(file, where, exc) from exc
 
 
 def _expand(value: str, environ: Mapping[str, str]) -> str | None:

@@ -15,6 +15,7 @@
      ├── ProviderError                one attempt at one provider failed; `retryable` says
      │    │                           whether the same provider may be tried again
      │    ├── ProviderUnavailable     refused / reset connection, 5xx
+     │    │    └── PoolNotReady       a worker pool has no ready worker yet (loading)
      │    ├── ProviderTimeout
      │    │    ├── ConnectTimeout
      │    │    ├── FirstTokenTimeout
@@ -175,6 +176,7 @@ class ProviderError(GatewayError):
     http_status = 502
     code = "provider_error"
     retryable: ClassVar[bool] = True
+    trips_circuit: ClassVar[bool] = True  # counts as a failure of the provider's health
     reason: ClassVar[str] = "error"
 
     def __init__(self, message: str, *, upstream_status: int | None = None) -> None:
@@ -187,6 +189,18 @@ class ProviderUnavailable(ProviderError):
     """The provider refused or dropped the connection, or answered 5xx."""
 
     reason = "unavailable"
+
+
+class PoolNotReady(ProviderUnavailable):
+    """A worker pool is still loading (or restarting) every worker: fail over now, no retry.
+
+    Not a sign of ill health, so it does not count against the circuit: the pool is tried again
+    by the very next request, and serves as soon as a worker is ready.
+    """
+
+    retryable = False
+    trips_circuit = False
+    reason = "not_ready"
 
 
 class ProviderTimeout(ProviderError):

@@ -104,10 +104,10 @@ async def _with_retries(provider: Provider, plan: Planned, call: Call[T],
         try:
             result = await call(provider, route.upstream_model)
         except ProviderError as exc:
-            verdict = True
+            verdict = exc.trips_circuit  # otherwise the claim is only released (finally)
             failed.append(Attempt(provider.name, exc.upstream_status, exc.reason, exc.message,
                                   exc.retry_after))
-            if health is not None and not isinstance(exc, CircuitOpen):
+            if health is not None and verdict and not isinstance(exc, CircuitOpen):
                 health.failed(route, policy, exc)
             raise
         except UpstreamClientError:

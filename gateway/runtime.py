@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 
 from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
+from gateway.lasting import Lasting
 from gateway.limits import RateLimiter
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
@@ -22,7 +23,7 @@ from gateway.responses.store import ResponseStore
 from gateway.state import ProviderHealth
 from gateway.stats import RecentStats
 from gateway.usage import Price
-from providers.base import Provider
+from providers.base import Provider, ProviderDisabled
 
 ADMIN_DISABLED = "disabled by an admin"
 
@@ -92,6 +93,7 @@ class Gateway:
         self.responses = ResponseStore()
         self._bridged: tuple[Runtime, Mapping[str, Provider]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
+        self.lasting = Lasting()  # what outlives snapshots: worker pools
         self._runtime: Runtime | None = None
 
     @property
@@ -125,8 +127,13 @@ class Gateway:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
         runtime = build(effective, self.session, self.kinds)
         self.configured = snapshot
-        for provider in runtime.providers.values():
-            await provider.start()
+        disabled = await _start_all(runtime, self.lasting)
+        if disabled:
+            for name, reason in disabled.items():
+                effective = with_provider_disabled(effective, name, reason)
+            runtime = Runtime(effective, {n: p for n, p in runtime.providers.items()
+                                          if n not in disabled}, models_list(effective),
+                              runtime.prices)
         previous, self._runtime = self._runtime, runtime
         log = get_logger()
         for spec in effective.providers:
@@ -147,6 +154,19 @@ class Gateway:
     async def close(self) -> None:
         if self._runtime is not None:
             await _close_all(self._runtime)
+        await self.lasting.close()
+
+
+async def _start_all(runtime: Runtime, lasting: Lasting) -> dict[str, str]:
+    """Start every provider; those that cannot serve here are closed and returned with why."""
+    disabled = {}
+    for name, provider in runtime.providers.items():
+        try:
+            await provider.start(lasting)
+        except ProviderDisabled as exc:
+            disabled[name] = str(exc)
+            await provider.close()
+    return disabled
 
 
 async def _close_all(runtime: Runtime) -> None:

@@ -25,6 +25,8 @@ def providers_view(gateway: Gateway) -> list[dict[str, Any]]:
             "circuits": [c for c in mine if c["state"] != "cooling_down"],
             "cooling_down_for": cooling,
             "health": _health(spec.enabled, mine),
+            "state": provider.live_state() if (provider := runtime.providers.get(spec.name))
+            else None,
         })
     return rows
 

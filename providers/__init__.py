@@ -19,7 +19,9 @@ ENTRY_POINT_GROUP = "llms_gateway.providers"
 # never installed, so a checkout still works.
 _BUILTIN = {"openai": "providers.openai:OpenAIProvider",
             "anthropic": "providers.anthropic:AnthropicProvider",
-            "ollama": "providers.ollama:OllamaProvider"}
+            "google": "providers.google:GoogleProvider",
+            "ollama": "providers.ollama:OllamaProvider",
+            "pool": "providers.pool.provider:PoolProvider"}
 
 
 def load_kinds() -> Mapping[str, type[Provider]]:

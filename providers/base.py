@@ -16,6 +16,7 @@ import aiohttp
 import msgspec
 
 from gateway.config import ProviderSpec
+from gateway.lasting import Lasting
 from gateway.usage import Usage
 
 
@@ -47,6 +48,10 @@ class Reply:
     usage: Usage | None = None  # from the answer, when it reports one
 
 
+class ProviderDisabled(Exception):
+    """Raised by `Provider.start()`: this provider cannot serve here (the reason is logged)."""
+
+
 class Provider(ABC):
     """One configured provider of some kind. Built per config snapshot; the session is shared."""
 
@@ -71,11 +76,19 @@ class Provider(ABC):
         """The upstream's model ids, for `"models": "*"`; kinds that can list them override."""
         raise NotImplementedError(f"provider type {self.kind!r} cannot list its models")
 
-    async def start(self) -> None:  # noqa: B027 - optional hook
-        """Called once when a snapshot using this provider goes live."""
+    async def start(self, lasting: Lasting) -> None:  # noqa: B027 - optional hook
+        """Called once before a snapshot using this provider goes live.
+
+        Kinds that own processes keep them in `lasting`, so a reload does not restart them;
+        raising `ProviderDisabled` takes the provider out of this snapshot with its reason.
+        """
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Called when the snapshot is replaced or the gateway stops."""
+
+    def live_state(self) -> dict[str, Any] | None:
+        """What this provider is doing now, for /ready and the status page (pools: workers)."""
+        return None
 
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints

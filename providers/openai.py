@@ -7,7 +7,7 @@ spellings it understands (`providers.compat`). Answers come back normalised the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
@@ -121,7 +121,8 @@ class OpenAIProvider(Provider):
         return (not self.options.legacy_functions and b'"function' in request.raw
                 and used_legacy_functions(request.json()))
 
-    async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+    async def stream(self, request: Outgoing, upstream_model: str
+                     ) -> AsyncGenerator[bytes, None]:
         chunks = self.http.stream(f"{self._base_url}/{request.endpoint}",
                                   build_body(request, upstream_model, self.spec, self.options))
         if request.endpoint != "chat/completions":

@@ -1,0 +1,95 @@
+"""A spawned worker process: started under the reaper in its own process group, its output
+forwarded to the gateway's log with the worker's name, stopped with SIGTERM then SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gateway.logs import get_logger
+
+REAPER = Path(__file__).with_name("reaper.py")
+KEPT_LINES = 30  # the tail quoted when a worker dies
+
+
+_PROBES = ('"GET /health ', '"GET /metrics ', '"GET /v1/models ')
+
+
+def is_probe_noise(line: str) -> bool:
+    """An access-log line for the pool's own once-a-second checks: not worth a log line."""
+    return any(probe in line for probe in _PROBES) and " 200" in line
+
+
+class WorkerProcess:
+    """One running worker command and the task that forwards its output."""
+
+    def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
+        self.name = name
+        self.process = process
+        self.tail: deque[str] = deque(maxlen=KEPT_LINES)
+        self._forwarding = asyncio.create_task(self._forward())
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    async def spawn(cls, name: str, argv: Sequence[str], env: Mapping[str, str],
+                    grace: float) -> WorkerProcess:
+        """Start `argv` under the reaper, with `env` added to the gateway's environment."""
+        full_env = {**os.environ, **env, "LLMS_REAPER_PARENT": str(os.getpid()),
+                    "PYTHONUNBUFFERED": "1"}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(REAPER), f"{grace:g}", "--", *argv, env=full_env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        return cls(name, process)
+
+    async def _forward(self) -> None:
+        log = get_logger()
+        stream = self.process.stdout
+        assert stream is not None
+        while line := await stream.readline():
+            text = line.decode("utf-8", "replace").rstrip()
+            if text and not is_probe_noise(text):
+                self.tail.append(text)
+                log.info("worker_output", worker=self.name, line=text)
+
+    def last_words(self) -> str:
+        """The worker's last output lines, for the log line saying why it died."""
+        return " | ".join(list(self.tail)[-5:])
+
+    async def wait(self) -> int:
+        """Wait for exit (and the last of its output); its exit code."""
+        code = await self.process.wait()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._forwarding), 2)
+        return code
+
+    @property
+    def exited(self) -> bool:
+        return self.process.returncode is not None
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM (the reaper passes it on), up to `grace` s to exit, then SIGKILL the group."""
+        if self.exited:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.process.wait(), grace + 2)
+        except TimeoutError:
+            self.kill()
+            await self.process.wait()
+        self._forwarding.cancel()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)

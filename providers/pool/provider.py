@@ -1,0 +1,120 @@
+"""`"type": "pool"`: the bundled workers as one provider. Each try goes to one worker chosen by
+the pool; a worker that fails before answering is skipped and the request tried on another,
+and only when none is left does the router move on to the next provider."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+
+from gateway.config import ProviderSpec
+from gateway.errors import PoolNotReady, ProviderError
+from gateway.lasting import Lasting
+from gateway.logs import get_logger
+from providers.base import Outgoing, Provider, ProviderDisabled, Reply
+from providers.openai import OpenAIProvider
+from providers.pool.picking import prefix_hashes, prompt_text
+from providers.pool.pool import Pool
+from providers.pool.settings import fingerprint, read_settings
+from providers.pool.setup import PoolUnavailable, build_pool
+from providers.pool.worker import Worker
+
+
+class PoolProvider(Provider):
+    """Routes to the pool's workers; the pool itself lasts across config snapshots."""
+
+    kind = "pool"
+
+    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
+        super().__init__(spec, session)
+        self.settings = read_settings(spec.raw)
+        self.pool: Pool | None = None
+        self._lasting: Lasting | None = None
+        self._clients: dict[str, OpenAIProvider] = {}
+
+    async def start(self, lasting: Lasting) -> None:
+        async def build() -> Pool:
+            return await build_pool(self.name, self.settings, self.session)
+
+        try:
+            self.pool = await lasting.acquire(f"pool:{self.name}", fingerprint(self.settings),
+                                              build)
+        except PoolUnavailable as exc:
+            raise ProviderDisabled(str(exc)) from exc
+        self._lasting = lasting
+
+    async def close(self) -> None:
+        if self._lasting is not None and self.pool is not None:
+            await self._lasting.release(f"pool:{self.name}", self.pool)
+        self.pool = None
+
+    def live_state(self) -> dict[str, Any] | None:
+        return self.pool.view() if self.pool is not None else None
+
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        pool, hashes = self._pool(), self._hashes(request, upstream_model)
+        tried: set[str] = set()
+        failure: ProviderError | None = None
+        while (worker := pool.pick(upstream_model, hashes, tried)) is not None:
+            tried.add(worker.name)
+            worker.load.inflight += 1
+            try:
+                return await self._client(worker).send(request, upstream_model)
+            except ProviderError as exc:
+                failure = self._worker_failed(pool, worker, exc)
+            finally:
+                worker.load.inflight -= 1
+        raise failure or PoolNotReady(pool.not_ready_reason(upstream_model))
+
+    async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        pool, hashes = self._pool(), self._hashes(request, upstream_model)
+        tried: set[str] = set()
+        failure: ProviderError | None = None
+        while (worker := pool.pick(upstream_model, hashes, tried)) is not None:
+            tried.add(worker.name)
+            worker.load.inflight += 1
+            chunks = self._client(worker).stream(request, upstream_model)
+            try:
+                try:
+                    first = await anext(chunks)
+                except ProviderError as exc:  # nothing sent yet: another worker may answer
+                    failure = self._worker_failed(pool, worker, exc)
+                    continue
+                except StopAsyncIteration:
+                    return
+                yield first
+                async for chunk in chunks:
+                    yield chunk
+                return
+            finally:
+                worker.load.inflight -= 1
+                await chunks.aclose()
+        raise failure or PoolNotReady(pool.not_ready_reason(upstream_model))
+
+    def _pool(self) -> Pool:
+        if self.pool is None:
+            raise PoolNotReady(f"pool {self.name} is not running")
+        return self.pool
+
+    def _hashes(self, request: Outgoing, model: str) -> tuple[int, ...]:
+        """Prefix hashes for affinity; not worth computing when one worker could take it."""
+        if self.pool is None or len(self.pool.ready_for(model)) < 2:
+            return ()
+        return prefix_hashes(prompt_text(request.json()))
+
+    def _worker_failed(self, pool: Pool, worker: Worker, error: ProviderError) -> ProviderError:
+        get_logger().warning("worker_request_failed", pool=self.name, worker=worker.name,
+                             reason=error.reason, error=error.message)
+        pool.suspect(worker)
+        return error
+
+    def _client(self, worker: Worker) -> OpenAIProvider:
+        """An OpenAI-kind client for one worker, with this provider's options and timeouts."""
+        client = self._clients.get(worker.base_url)
+        if client is None:
+            spec = replace(self.spec, kind="openai", base_url=worker.base_url, api_key=None)
+            client = self._clients[worker.base_url] = OpenAIProvider(spec, self.session)
+        return client
