@@ -32,7 +32,7 @@ class FakeAnthropic(FakeUpstream):
                 return await self._stream(request, mode, body)
             return web.json_response(self._message(mode, body))
         except (asyncio.CancelledError, ConnectionResetError):
-            self._mark_cancelled()
+            self._count_cancel()
             raise
 
     def _blocks(self, mode: Mode) -> list[dict[str, Any]]:

