@@ -292,14 +292,15 @@ def _response_format(response_format: Any) -> dict[str, Any]:
 def thinking_config(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """A thinking budget, with thoughts returned, when the client asked for reasoning."""
     kwargs = body.get("chat_template_kwargs") or {}
+    switches = (kwargs.get("thinking"), kwargs.get("enable_thinking"), body.get("enable_thinking"))
     effort = body.get("reasoning_effort")
     if effort == "none":  # 2.5 models think by default; OpenAI's "none" turns that off
         return {"thinkingBudget": 0}
-    if kwargs.get("thinking") is False or body.get("enable_thinking") is False:
+    if False in switches:
         return None
     if isinstance(effort, str) and effort in THINKING_BUDGETS:
         return {"thinkingBudget": THINKING_BUDGETS[effort], "includeThoughts": True}
-    if kwargs.get("thinking") is True or body.get("enable_thinking") is True:
+    if True in switches:
         return {"thinkingBudget": THINKING_BUDGETS["medium"], "includeThoughts": True}
     return None
 

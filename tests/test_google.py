@@ -329,6 +329,9 @@ USER_A = {"role": "user", "parts": [{"text": "a"}]}
      {"generationConfig": {"thinkingConfig": {"thinkingBudget": 8192, "includeThoughts": True}}}),
     ({"messages": [{"role": "user", "content": "a"}], "reasoning_effort": "high",
       "enable_thinking": False}, {}),
+    ({"messages": [{"role": "user", "content": "a"}],
+      "chat_template_kwargs": {"enable_thinking": True}},
+     {"generationConfig": {"thinkingConfig": {"thinkingBudget": 8192, "includeThoughts": True}}}),
     ({"messages": [{"role": "user", "content": "a"}], "reasoning_effort": "none"},
      {"generationConfig": {"thinkingConfig": {"thinkingBudget": 0}}}),
 ])
