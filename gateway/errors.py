@@ -143,6 +143,24 @@ class AuthenticationFailed(ClientError):
     code = "invalid_api_key"
 
 
+# The `type`s OpenAI's clients know; servers built on FastAPI (vLLM) send exception class names.
+OPENAI_ERROR_TYPES = frozenset({"invalid_request_error", "authentication_error",
+                                "permission_error", "not_found_error", "rate_limit_error",
+                                "conflict_error", "unprocessable_entity_error"})
+_CLASS_NAME_TYPES = {"BadRequestError": "invalid_request_error",
+                     "AuthenticationError": "authentication_error",
+                     "PermissionDeniedError": "permission_error",
+                     "NotFoundError": "not_found_error",
+                     "UnprocessableEntityError": "invalid_request_error"}
+
+
+def client_error_type(upstream_type: str | None) -> str:
+    """An upstream's error type as OpenAI spells it; unknown ones are the client's bad request."""
+    if upstream_type in OPENAI_ERROR_TYPES:
+        return upstream_type
+    return _CLASS_NAME_TYPES.get(upstream_type or "", "invalid_request_error")
+
+
 class UpstreamClientError(ClientError):
     """A provider rejected the request as the client's fault; relayed with its status."""
 
@@ -151,7 +169,7 @@ class UpstreamClientError(ClientError):
         super().__init__(message, param=param)
         self.provider = provider
         self._status = status
-        self._type = error_type or "invalid_request_error"
+        self._type = client_error_type(error_type)
         self._code = code or "invalid_request"
 
     @property

@@ -72,7 +72,8 @@ def test_gemma_streams_token_by_token(gateway: GatewayProcess) -> None:
         model=MODEL, messages=ASK, max_tokens=16, temperature=0, stream=True)
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [c.choices[0].finish_reason for c in chunks
+              if c.choices and c.choices[0].finish_reason]
     assert text and len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
     assert finish == ["length"] or finish == ["stop"], "a finished stream says how it ended"
 
