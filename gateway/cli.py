@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -116,6 +117,7 @@ def is_loopback(host: str) -> bool:
 
 def _ls(args: argparse.Namespace) -> int:
     path, snapshot = _load(args.config)
+    live = _live_providers(snapshot)
     print(f"{path} ({len(snapshot.providers)} providers, tried in this order)")
     for number, spec in enumerate(snapshot.providers, 1):
         state = "enabled" if spec.enabled else f"disabled: {spec.disabled_reason}"
@@ -123,7 +125,46 @@ def _ls(args: argparse.Namespace) -> int:
         for alias, model in spec.models.items():
             target = f" -> {model.id}" if model.id != alias else ""
             print(f"       {alias}{target}")
+        for worker in (((live or {}).get(spec.name) or {}).get("state") or {}).get("workers") or ():
+            print("       " + worker_line(worker))
+    if live is None:
+        print("(no gateway answering at server.host:server.port: worker states not shown)")
     return 0
+
+
+def worker_line(worker: dict[str, Any]) -> str:
+    """One pool worker as `ls` prints it: name, state and for how long, where, load."""
+    line = (f"worker {worker['name']:<12} {worker['state']:<9} {worker['for_s']:>7}s  "
+            f"{worker['url']}  inflight {worker['inflight']}  restarts {worker['restarts']}")
+    return line + (f"  ({worker['last_error']})" if worker.get("last_error") else "")
+
+
+def _live_providers(snapshot: Snapshot) -> dict[str, dict[str, Any]] | None:
+    """The running gateway's /ready view of each provider, if one answers on the config's port."""
+    import urllib.request
+
+    host = "127.0.0.1" if snapshot.server.host in ("0.0.0.0", "::") else snapshot.server.host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{snapshot.server.port}/ready",
+                                    timeout=1) as response:
+            body = msgspec.json.decode(response.read())
+    except OSError as exc:  # 503 (no provider enabled) still carries the listing
+        body = _http_error_body(exc)
+        if body is None:
+            return None
+    return {p["name"]: p for p in body.get("providers") or ()}
+
+
+def _http_error_body(exc: OSError) -> dict[str, Any] | None:
+    import urllib.error
+
+    if isinstance(exc, urllib.error.HTTPError):
+        try:
+            decoded: dict[str, Any] = msgspec.json.decode(exc.read())
+            return decoded
+        except msgspec.DecodeError:
+            return None
+    return None
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ what dies and drains before stopping. Every answer names the worker that produce
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -324,3 +325,17 @@ def test_without_an_engine_the_pool_steps_aside_with_one_log_line(
         assert len(lines) == 1
     finally:
         gateway.stop()
+
+
+def test_ls_shows_every_worker_of_the_running_gateway(
+        gpu_pool: tuple[GatewayProcess, Env, int]) -> None:
+    gateway, env, port = gpu_pool
+    doc = json.loads(gateway.config_path.read_text())
+    doc["server"]["port"] = gateway.port  # `ls` finds the gateway where the config says
+    mine = gateway.workdir / "ls.json"
+    mine.write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-m", "gateway", "ls", "--config", str(mine)],
+                         capture_output=True, text=True, env={**os.environ, **env.vars},
+                         check=True).stdout
+    assert re.search(rf"worker local-0 +ready .*127.0.0.1:{port}/v1", out), out
+    assert re.search(rf"worker local-1 +ready .*127.0.0.1:{port + 1}/v1", out), out
