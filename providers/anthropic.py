@@ -16,7 +16,7 @@ import aiohttp
 import msgspec
 
 from gateway.config import ProviderSpec
-from gateway.errors import ProviderUnavailable
+from gateway.errors import BadUpstreamResponse, ProviderUnavailable
 from gateway.usage import Usage
 from providers.base import Outgoing, Provider, Reply
 from providers.http import HttpUpstream
@@ -240,7 +240,12 @@ class StreamTranslator:
                      if line.startswith(b"data:")), None)
         if not data:
             return b""
-        payload = msgspec.json.decode(data)
+        try:
+            payload = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            raise BadUpstreamResponse(f"stream event is not JSON: {data[:80]!r}") from None
+        if not isinstance(payload, dict):
+            raise BadUpstreamResponse("stream event is not a JSON object")
         kind = payload.get("type")
         if kind == "message_start":
             message = payload.get("message") or {}

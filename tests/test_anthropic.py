@@ -221,3 +221,12 @@ def test_answer_translation_maps_stop_reasons_and_usage() -> None:
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
                                "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+def test_a_stream_event_that_is_not_json_is_a_bad_response_not_a_crash() -> None:
+    from gateway.errors import BadUpstreamResponse
+    from providers.anthropic import StreamTranslator
+
+    translator = StreamTranslator("claude")
+    with pytest.raises(BadUpstreamResponse):
+        translator.feed(b"event: message_start\ndata: {not json\n\n")
