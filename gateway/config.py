@@ -360,14 +360,14 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
 def _model(alias: str, raw: str | dict[str, Any], file: str, where: str) -> ModelEntry:
     """A model entry: an upstream id, or an object of facts about it.
 
-    An object with a `source` is a model the provider runs itself (a pool's weights): its engine
-    options are the kind's to check, and its id defaults to the alias.
+    An object with a `source` (or a `served_model_name`) is a model the provider runs itself (a
+    pool's): its engine options are the kind's to check, and its id is the name workers serve.
     """
     if isinstance(raw, str):
         return ModelEntry(id=raw)
     known = {k: v for k, v in raw.items() if k in ModelEntry.__struct_fields__}
-    if "source" in raw:
-        known.setdefault("id", raw.get("served_model_name") or alias)
+    if "source" in raw or "served_model_name" in raw:
+        known["id"] = raw.get("served_model_name") or raw.get("id") or alias
     elif set(raw) - set(known):
         unknown = ", ".join(sorted(set(raw) - set(known)))
         raise ConfigError(f"{file}: {where}: unknown field(s) {unknown}")

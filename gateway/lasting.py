@@ -9,6 +9,7 @@ The last release closes it. The Gateway owns one `Lasting` and closes what is le
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
@@ -33,10 +34,17 @@ class Lasting:
 
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}
+        # Overlapping applies (a reload, discovery, an admin switch) must not both build a pool.
+        self._lock = asyncio.Lock()
 
     async def acquire(self, key: str, fingerprint: str,
                       build: Callable[[], Awaitable[R]]) -> R:
         """The resource under `key` built for `fingerprint`, building it if needed."""
+        async with self._lock:
+            return await self._acquire(key, fingerprint, build)
+
+    async def _acquire(self, key: str, fingerprint: str,
+                       build: Callable[[], Awaitable[R]]) -> R:
         held = self._held.get(key)
         if held is not None and held.fingerprint == fingerprint:
             held.users += 1
@@ -51,6 +59,10 @@ class Lasting:
 
     async def release(self, key: str, resource: object) -> None:
         """One user is done with it; the last one closes it."""
+        async with self._lock:
+            await self._release(key, resource)
+
+    async def _release(self, key: str, resource: object) -> None:
         held = self._held.get(key)
         if held is None or held.resource is not resource:
             return  # already replaced by a newer config, and closed then

@@ -149,8 +149,6 @@ def test_a_bad_pool_entry_is_refused_naming_the_field(raw: dict[str, Any], messa
         read_settings(raw)
 
 
-@pytest.mark.xfail(strict=True, reason="msgspec reports dict keys as `models[...]`, so an error "
-                   "in a model's fields does not say which model (the alias is lost)")
 @pytest.mark.parametrize("field", [{"max_model_length": 4096}, {"tensor_parallel_size": "2"}])
 def test_an_error_in_a_models_fields_names_that_model(field: dict[str, Any]) -> None:
     raw = pool_entry(models={"small": {"source": "/s"}, "big": {"source": "/b", **field}})
@@ -204,8 +202,6 @@ def test_the_core_routes_a_pool_model_to_its_served_name_or_alias() -> None:
     assert snapshot.providers[0].models["gemma"].context_window == 8192
 
 
-@pytest.mark.xfail(strict=True, reason="with a `source`, the core routes to an explicit `id` "
-                   "while the engines serve served_model_name or the alias: no worker matches")
 def test_a_pool_model_with_an_explicit_id_is_routed_to_the_name_its_workers_serve() -> None:
     entry = {"type": "pool", "models": {"qwen": {"source": "/models/qwen", "id": "qwen-local"}}}
     snapshot = parse_config({"local": entry})
@@ -348,8 +344,6 @@ def test_two_models_on_their_own_gpus_count_ports_on_and_remote_only_models_spaw
         ("local-2", "b", 8103, (3,), "org/b")]
 
 
-@pytest.mark.xfail(strict=True, reason="a model's `env` is read from llms.json but plan() never "
-                   "puts it in WorkerPlan.env, so workers start without it")
 @pytest.mark.parametrize(("engine", "host"), [(VLLM, Host((0,), "vllm", False)),
                                               (LLAMACPP, Host((), None, True))])
 def test_a_models_env_reaches_its_workers(engine: str, host: Host) -> None:
@@ -709,8 +703,6 @@ def test_metrics_lines_read_as_load(text: str, load: EngineLoad) -> None:
     assert parse_metrics(text) == load
 
 
-@pytest.mark.xfail(strict=True, reason="a NaN or +Inf sample (valid Prometheus) passes float() "
-                   "then int() raises, which kills the worker's supervision task in Pool._check")
 @pytest.mark.parametrize("value", ["NaN", "+Inf"])
 def test_a_non_finite_request_count_is_ignored(value: str) -> None:
     text = f"vllm:num_requests_running{{{LABELS_0}}} {value}\nvllm:num_requests_waiting 2\n"
@@ -884,9 +876,6 @@ def test_shutdown_closes_every_pool_still_held() -> None:
     asyncio.run(story())
 
 
-@pytest.mark.xfail(strict=True, reason="two acquires of the same key while the first is still "
-                   "building both build; the first pool is overwritten, never closed (reload, "
-                   "discovery and admin enable/disable each call Gateway.apply without a lock)")
 def test_two_snapshots_starting_at_once_share_one_pool_and_leak_none() -> None:
     async def story() -> None:
         log: list[str] = []

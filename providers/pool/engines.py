@@ -105,15 +105,15 @@ def plan(pool: str, settings: PoolSettings, engine: str, host: Host,
                 port = settings.port + len(plans)
                 argv = vllm_argv(host.vllm or VLLM, weights[alias], alias, model, settings,
                                  port)
-                plans.append(WorkerPlan(
-                    f"{pool}-{len(plans)}", alias, served_name(alias, model), VLLM, argv, port,
-                    settings.host, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, group))}, group))
+                env = {**model.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, group))}
+                plans.append(WorkerPlan(f"{pool}-{len(plans)}", alias, served_name(alias, model),
+                                        VLLM, argv, port, settings.host, env, group))
         else:
             for _ in range(model.replicas):
                 port = settings.port + len(plans)
                 argv = llamacpp_argv(weights[alias], alias, model, settings, port)
                 plans.append(WorkerPlan(f"{pool}-{len(plans)}", alias, served_name(alias, model),
-                                        LLAMACPP, argv, port, settings.host))
+                                        LLAMACPP, argv, port, settings.host, dict(model.env)))
     return plans
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 RUNNING = "vllm:num_requests_running"
@@ -27,7 +28,7 @@ def parse_metrics(text: str) -> EngineLoad:
         name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else \
             line.partition(" ")
         value = _value(rest)
-        if value is None:
+        if value is None or not math.isfinite(value):
             continue
         if name == RUNNING:
             running += value

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -23,6 +23,7 @@ from gateway.config import ModelEntry, ProviderEntry
 from providers.compat import OPTION_FIELDS
 
 Engine = Literal["auto", "vllm", "llamacpp"]
+S = TypeVar("S", bound=msgspec.Struct)
 
 DEFAULT_PORT = 8101
 
@@ -82,11 +83,10 @@ def read_settings(raw: Mapping[str, Any]) -> PoolSettings:
     if isinstance(own.get("models"), dict):  # "alias": "id" is a model remote workers serve
         own["models"] = {alias: {"served_model_name": m} if isinstance(m, str) else m
                          for alias, m in own["models"].items()}
-    try:
-        settings = msgspec.convert(own, PoolSettings)
-    except msgspec.ValidationError as exc:
-        problem, _, at = str(exc).partition(" - at `$")
-        raise ValueError(f"{at.rstrip('`').lstrip('.')}: {problem}" if at else problem) from exc
+    for alias, model in (own.get("models") or {}).items() if isinstance(own.get("models"),
+                                                                         dict) else ():
+        _convert(model, ModelSettings, f"models.{alias}")
+    settings = _convert(own, PoolSettings, "")
     if not settings.models:
         raise ValueError("models: a pool needs at least one model")
     for alias, model in settings.models.items():
@@ -95,13 +95,24 @@ def read_settings(raw: Mapping[str, Any]) -> PoolSettings:
     return settings
 
 
+def _convert(raw: object, kind: type[S], where: str) -> S:
+    """msgspec.convert with a ValueError that names the field, `where` first."""
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        problem, _, at = str(exc).partition(" - at `$")
+        field = ".".join(p for p in (where, at.rstrip("`").lstrip(".")) if p)
+        raise ValueError(f"{field}: {problem}" if field else problem) from exc
+
+
 def served_name(alias: str, model: ModelSettings) -> str:
     """The model id workers serve and requests name upstream."""
-    return model.served_model_name or alias
+    return model.served_model_name or model.id or alias
 
 
 def fingerprint(settings: PoolSettings) -> str:
-    """Changes exactly when a field that shapes the workers changes (not timeouts, not order)."""
+    """Changes when any pool field changes (the running pool keeps the settings it started with),
+    not when only the core's fields (timeouts, circuit) or the order of providers change."""
     return hashlib.sha256(msgspec.json.encode(settings, order="sorted")).hexdigest()[:16]
 
 
