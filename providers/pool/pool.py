@@ -148,7 +148,7 @@ class Pool:
             self.log.info("worker_starting", worker=plan.name, worker_pid=process.pid,
                           argv=list(plan.argv), env=dict(plan.env))
             ready_for = 0.0
-            if await self._until_ready(worker, process):
+            if await self._until_ready(worker, process) and not self._stopping:
                 loaded = time.monotonic() - worker.since
                 worker.move(WorkerState.READY)
                 self.log.info("worker_ready", worker=plan.name, load_s=round(loaded, 2))
@@ -158,7 +158,7 @@ class Pool:
                 reason = f"exited while loading (code {process.process.returncode}): " \
                          f"{process.last_words() or 'no output'}"
             if self._stopping:
-                return
+                return  # close() stops the process
             await self._failed(worker, process, reason)
             if ready_for > STABLE_AFTER:
                 backoff = self.settings.restart_backoff
@@ -206,20 +206,20 @@ class Pool:
         while not self._stopping:
             if until_leader and self._lock.try_acquire():
                 self.log.info("pool_leading", worker=worker.name)
-                if worker.state is not WorkerState.FAILED:
-                    worker.move(WorkerState.FAILED, "taking over from another gateway process")
+                worker.move(WorkerState.FAILED, "taking over from another gateway process")
                 return
             if worker.state is WorkerState.READY:
-                if not await self._check(worker):
+                healthy = await self._check(worker)
+                if not healthy and not self._stopping:
                     worker.move(WorkerState.FAILED, "stopped answering its health check")
                     self.log.warning("worker_failed", worker=worker.name, reason="health check")
             else:
                 listed = await self._probe(worker)
+                # A worker we planned must list its model; a remote one serves what it lists.
                 wanted = worker.models if worker.spawned else frozenset()
-                if listed and wanted <= listed:
-                    if worker.state is WorkerState.FAILED:
-                        worker.move(WorkerState.STARTING)
-                    worker.models = listed if not worker.spawned else worker.models
+                if listed and wanted <= listed and not self._stopping:
+                    worker.move(WorkerState.STARTING)  # from failed, when it comes back
+                    worker.models = worker.models if worker.spawned else listed
                     worker.move(WorkerState.READY)
                     self.log.info("worker_ready", worker=worker.name, models=sorted(listed))
             await self._sleep(worker)
