@@ -339,3 +339,19 @@ def test_ls_shows_every_worker_of_the_running_gateway(
                          check=True).stdout
     assert re.search(rf"worker local-0 +ready .*127.0.0.1:{port}/v1", out), out
     assert re.search(rf"worker local-1 +ready .*127.0.0.1:{port + 1}/v1", out), out
+
+
+def test_a_worker_that_dies_while_loading_says_why_and_is_retried(tmp_path: Path,
+                                                                  backup: FakeUpstream) -> None:
+    env = Env(tmp_path, FAKE_VLLM_EXIT_AT_START="1")
+    doc = config({"local": pool_entry(free_ports(2)),
+                  "backup": provider(backup.base_url, {MODEL: "backup-qwen"})})
+    gateway = GatewayProcess(tmp_path, doc, env=env.vars).start()
+    try:
+        failed = gateway.wait_for_log("worker_failed", count=2, timeout=10)
+        assert "exited while loading (code 1)" in failed[0]["reason"]
+        assert "Hugging Face id" in failed[0]["reason"], "offline users learn what to change"
+        assert ask(gateway).headers["x-llms-provider"] == "backup"
+        gateway.wait_for_log("worker_restarting", count=2, timeout=10)
+    finally:
+        gateway.stop()

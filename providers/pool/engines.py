@@ -64,6 +64,14 @@ class WorkerPlan:
     host: str = "127.0.0.1"
     env: Mapping[str, str] = field(default_factory=dict)
     devices: tuple[int, ...] = ()
+    downloads: bool = False  # its weights are a hub id the engine fetches at start
+
+    def failure_hint(self) -> str:
+        """What to tell a user whose worker died while loading."""
+        if self.downloads:
+            return (" (the source is a Hugging Face id, which vLLM downloads at start: that "
+                    "needs network access; give a local path to run offline)")
+        return ""
 
     @property
     def base_url(self) -> str:
@@ -107,7 +115,8 @@ def plan(pool: str, settings: PoolSettings, engine: str, host: Host,
                                  port)
                 env = {**model.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, group))}
                 plans.append(WorkerPlan(f"{pool}-{len(plans)}", alias, served_name(alias, model),
-                                        VLLM, argv, port, settings.host, env, group))
+                                        VLLM, argv, port, settings.host, env, group,
+                                        downloads=not weights[alias].is_local))
         else:
             for _ in range(model.replicas):
                 port = settings.port + len(plans)

@@ -156,7 +156,7 @@ class Pool:
                 ready_for = time.monotonic() - worker.since
             else:
                 reason = f"exited while loading (code {process.process.returncode}): " \
-                         f"{process.last_words() or 'no output'}"
+                         f"{process.last_words() or 'no output'}{plan.failure_hint()}"
             if self._stopping:
                 return  # close() stops the process
             await self._failed(worker, process, reason)
