@@ -220,13 +220,24 @@ class HttpUpstream:
 
     async def post(self, url: str, body: bytes) -> tuple[bytes, Mapping[str, str]]:
         """A whole 2xx answer and its headers, within `total`."""
-        deadline = Deadline(self.timeouts)
-        limit, error = deadline.total()
+        return await self._whole("POST", url, body)
+
+    async def get_json(self, url: str) -> Any:
+        """A GET answered with JSON (model listings), within `total`."""
+        payload, _ = await self._whole("GET", url, None)
+        try:
+            return msgspec.json.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise BadUpstreamResponse(f"listing is not JSON: {exc}") from None
+
+    async def _whole(self, method: str, url: str, body: bytes | None
+                     ) -> tuple[bytes, Mapping[str, str]]:
+        limit, error = Deadline(self.timeouts).total()
         try:
             async with asyncio.timeout(limit):
                 with translate_errors(self.secret):
-                    async with self.session.post(url, data=body, headers=self.headers,
-                                                 timeout=self._timeout) as response:
+                    async with self.session.request(method, url, data=body, headers=self.headers,
+                                                    timeout=self._timeout) as response:
                         payload = await response.read()
                         status, headers = response.status, response.headers
         except TimeoutError:
@@ -234,25 +245,6 @@ class HttpUpstream:
         if not 200 <= status < 300:
             raise error_for_status(self.name, status, payload, headers, self.secret)
         return payload, headers
-
-    async def get_json(self, url: str) -> Any:
-        """A GET answered with JSON (model listings), within `total`."""
-        limit, error = Deadline(self.timeouts).total()
-        try:
-            async with asyncio.timeout(limit):
-                with translate_errors(self.secret):
-                    async with self.session.get(url, headers=self.headers,
-                                                timeout=self._timeout) as response:
-                        payload = await response.read()
-                        status, headers = response.status, response.headers
-        except TimeoutError:
-            raise error(f"no answer within {limit:g}s") from None
-        if not 200 <= status < 300:
-            raise error_for_status(self.name, status, payload, headers, self.secret)
-        try:
-            return msgspec.json.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise BadUpstreamResponse(f"listing is not JSON: {exc}") from None
 
     async def stream(self, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
         """The body of a 2xx streamed answer as it arrives, within all four timeouts."""
