@@ -1,8 +1,10 @@
 """The fastest upstream we can write in Python: a raw asyncio HTTP/1.1 server on uvloop.
 
 POST /v1/chat/completions answers a fixed chat completion, or with `"stream": true` in the body
-an SSE stream of `--chunks` events spaced by `--chunk-delay` seconds. Its own cost must be far
-below the proxies measured against it.
+an SSE stream of `--chunks` events spaced by `--chunk-delay` seconds. With `--stamp` each
+chunk's content carries `tok@<time.monotonic() when written>` so a client on this machine can
+measure each chunk's one-way latency. Its own cost must be far below the proxies measured
+against it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from typing import cast
 
 import uvloop
@@ -30,6 +33,7 @@ CHUNK = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","create
 LAST = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,'
         b'"model":"bench-upstream-model","choices":[{"index":0,"delta":{},"logprobs":null,'
         b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+STAMPED = CHUNK.replace(b'"tok "', b'"tok@%.6f "')
 STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                b"Transfer-Encoding: chunked\r\n\r\n")
 
@@ -41,8 +45,9 @@ def chunked(data: bytes) -> bytes:
 class Upstream(asyncio.Protocol):
     """One keep-alive connection: parse requests just enough to answer them."""
 
-    def __init__(self, chunks: int, delay: float) -> None:
+    def __init__(self, chunks: int, delay: float, stamp: bool = False) -> None:
         self.buffer = b""
+        self.stamp = stamp
         self.chunks = chunks
         self.delay = delay
         self.transport: asyncio.Transport | None = None
@@ -76,15 +81,15 @@ class Upstream(asyncio.Protocol):
         for _ in range(self.chunks):
             if transport.is_closing():
                 return
-            transport.write(chunked(CHUNK))
+            transport.write(chunked(STAMPED % time.monotonic() if self.stamp else CHUNK))
             if self.delay:
                 await asyncio.sleep(self.delay)
         transport.write(chunked(LAST) + b"0\r\n\r\n")
 
 
-async def serve(port: int, chunks: int, delay: float) -> None:
+async def serve(port: int, chunks: int, delay: float, stamp: bool = False) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Upstream(chunks, delay), "127.0.0.1", port,
+    server = await loop.create_server(lambda: Upstream(chunks, delay, stamp), "127.0.0.1", port,
                                       backlog=4096)
     async with server:
         await server.serve_forever()
@@ -95,8 +100,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=200)
     parser.add_argument("--chunk-delay", type=float, default=0.0)
+    parser.add_argument("--stamp", action="store_true")
     args = parser.parse_args()
-    uvloop.run(serve(args.port, args.chunks, args.chunk_delay))
+    uvloop.run(serve(args.port, args.chunks, args.chunk_delay, args.stamp))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,19 @@
 """`make bench`: the gateway against a direct call and a minimal aiohttp proxy, in one run.
 
 The target under test runs pinned to core 0; the fake upstream and the load generator share
-core 1. Each target is measured at 1, 10 and 50 concurrent connections with wrk (installed from
-Debian if missing) or, failing that, a Python load generator. Results print as a table of
-ratios and are saved as JSON under bench/results/.
+core 1. Parts (`--only NAME`, repeatable; all by default):
+
+- throughput: closed-loop req/s at 1, 10 and 50 clients, direct / minimal proxy / gateway, with
+  wrk (installed from Debian if missing) or, failing that, a Python load generator;
+- latency: open-loop load at a fixed 500 req/s, direct vs gateway (openloop.py);
+- streaming: 100 concurrent 200-chunk streams, per-chunk timings direct vs gateway;
+- capacity: 5,000 concurrent slow streams through the gateway, its peak RSS;
+- failover: primary refuses connections, vs the secondary alone, at 1 client;
+- startup: spawn to /health 200, and idle RSS, with no pool provider.
+
+Results print as tables and are saved as JSON under bench/results/; a full run (not --only,
+not --quick) then renders docs/benchmarks.md's tables from that JSON. `render [FILE]` re-renders
+from a saved result (the newest full run by default).
 """
 
 from __future__ import annotations
@@ -12,19 +22,28 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-PY = sys.executable
+import scenarios
+from harness import (
+    BENCH,
+    PY,
+    ROOT,
+    free_port,
+    gateway_command,
+    gateway_config,
+    raise_nofile,
+    spawn,
+    stop,
+    wait_for_port,
+)
+
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 LUA = """
 wrk.method = "POST"
@@ -37,6 +56,8 @@ done = function(summary, latency, requests)
     latency:percentile(99)))
 end
 """
+PARTS = ("throughput", "latency", "streaming", "capacity", "failover", "startup")
+DOC = ROOT / "docs" / "benchmarks.md"
 
 
 @dataclass
@@ -49,42 +70,6 @@ class Measurement:
     p50_ms: float
     p99_ms: float
     errors: int
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"process exited with {process.returncode}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
-
-
-def spawn(command: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
-    """Start a process pinned to one core, in its own process group."""
-    pinned = ["taskset", "-c", str(core), *command] if shutil.which("taskset") else command
-    with log.open("ab") as out:
-        return subprocess.Popen(pinned, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def ensure_wrk() -> str | None:
@@ -133,15 +118,6 @@ def measure(name: str, url: str, levels: list[int], duration: float, wrk: str | 
     return results
 
 
-def gateway_config(upstream_port: int, path: Path) -> None:
-    path.write_text(json.dumps({
-        "server": {"host": "127.0.0.1"},
-        "providers": {"fake": {
-            "type": "openai", "base_url": f"http://127.0.0.1:{upstream_port}/v1",
-            "api_key": "bench-key", "models": {"bench-model": "bench-upstream-model"}}},
-    }))
-
-
 def table(results: list[Measurement], levels: list[int]) -> str:
     by = {(m.target, m.concurrency): m for m in results}
     rows = ["| clients | direct req/s | minimal req/s | gateway req/s | gateway/minimal "
@@ -156,15 +132,9 @@ def table(results: list[Measurement], levels: list[int]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--duration", type=float, default=5.0)
-    parser.add_argument("--levels", default="1,10,50")
-    args = parser.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
-    wrk = ensure_wrk()
-    print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
-    work = Path(tempfile.mkdtemp(prefix="llms-bench-"))
+def throughput(work: Path, levels: list[int], duration: float,
+               wrk: str | None) -> list[Measurement]:
+    """Closed-loop req/s of direct, minimal proxy and gateway at each concurrency."""
     script = work / "post.lua"
     script.write_text(LUA % json.dumps(BODY))
     upstream_port, minimal_port, gateway_port = free_port(), free_port(), free_port()
@@ -178,7 +148,7 @@ def main() -> None:
         processes.append(upstream)
         wait_for_port(upstream_port, upstream)
         results += measure("direct", f"http://127.0.0.1:{upstream_port}/v1/chat/completions",
-                           levels, args.duration, wrk, script)
+                           levels, duration, wrk, script)
 
         minimal = spawn([PY, str(BENCH / "minimal_proxy.py"), "--port", str(minimal_port),
                          "--upstream", f"http://127.0.0.1:{upstream_port}/v1"], 0,
@@ -186,26 +156,190 @@ def main() -> None:
         processes.append(minimal)
         wait_for_port(minimal_port, minimal)
         results += measure("minimal", f"http://127.0.0.1:{minimal_port}/v1/chat/completions",
-                           levels, args.duration, wrk, script)
+                           levels, duration, wrk, script)
         stop(minimal)
 
-        gateway = spawn([PY, "-m", "gateway", "serve", "--config", str(config), "--port",
-                         str(gateway_port)], 0, work / "gateway.log")
+        gateway = spawn(gateway_command(config, gateway_port), 0, work / "gateway.log")
         processes.append(gateway)
         wait_for_port(gateway_port, gateway)
         results += measure("gateway", f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
-                           levels, args.duration, wrk, script)
+                           levels, duration, wrk, script)
     finally:
         for process in processes:
             stop(process)
-    print()
-    print(table(results, levels))
+    return results
+
+
+def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
+              wrk: str | None) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="llms-bench-"))
+    repeats = 1 if quick else 3
+    data: dict[str, Any] = {}
+    if "throughput" in parts:
+        data["results"] = [asdict(m) for m in throughput(work, levels, duration, wrk)]
+        print("\n" + table([Measurement(**m) for m in data["results"]], levels) + "\n",
+              flush=True)
+    steps: dict[str, Callable[[], dict[str, Any]]] = {
+        "latency": lambda: scenarios.latency_at_rate(work, 500, 3 if quick else 10, repeats),
+        "streaming": lambda: scenarios.streaming(work, 100, 200, 0.01, 3 if quick else 8,
+                                                 repeats),
+        "capacity": lambda: (scenarios.capacity(work, 1000, 10, 1.0, 5) if quick
+                             else scenarios.capacity(work, 5000, 20, 1.0, 10)),
+        "failover": lambda: scenarios.failover(work, 2 if quick else 5, repeats),
+        "startup": lambda: scenarios.startup(work, repeats),
+    }
+    for name, step in steps.items():
+        if name in parts:
+            print(f"{name} ...", flush=True)
+            data[name] = step()
+            print("  " + json.dumps({k: v for k, v in data[name].items()
+                                     if not isinstance(v, list | dict)}), flush=True)
+    return data
+
+
+# Each figure of issue 9: (label, target, measured text, pass) from a result file's data.
+def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    rows: list[tuple[str, str, str, bool | None]] = []
+    by = {(m["target"], m["concurrency"]): m for m in data.get("results", [])}
+    label = "non-streaming req/s, 50 clients, all features on"
+    if ("gateway", 50) in by and ("minimal", 50) in by:
+        g, mn = by["gateway", 50], by["minimal", 50]
+        ratio = g["rps"] / mn["rps"]
+        rows.append((label, "≥ 75% of the minimal proxy",
+                     f"{ratio:.0%} ({g['rps']:,.0f} vs {mn['rps']:,.0f} req/s)", ratio >= 0.75))
+    else:
+        rows.append((label, "≥ 75% of the minimal proxy", "not measured", None))
+    if lat := data.get("latency"):
+        rows.append((f"added latency vs direct at a steady {lat['rate']:g} req/s (open loop)",
+                     "p50 ≤ 0.4 ms, p99 ≤ 1.5 ms",
+                     f"p50 {lat['added_p50_ms']:.2f} ms, p99 {lat['added_p99_ms']:.2f} ms",
+                     lat["added_p50_ms"] <= 0.4 and lat["added_p99_ms"] <= 1.5))
+    else:
+        rows.append(("added latency vs direct at a steady 500 req/s (open loop)",
+                     "p50 ≤ 0.4 ms, p99 ≤ 1.5 ms", "not measured", None))
+    if st := data.get("streaming"):
+        what = f"streaming, {st['chunks']}-chunk answers, {st['streams']} concurrent"
+        rows.append((f"{what}: added TTFT p99", "≤ 1 ms",
+                     f"{st['added_ttft_p99_ms']:.2f} ms (p50 {st['added_ttft_p50_ms']:.2f} ms)",
+                     st["added_ttft_p99_ms"] <= 1))
+        rows.append((f"{what}: per-chunk added latency p99", "≤ 0.2 ms",
+                     f"{st['added_chunk_p99_ms']:.2f} ms (p50 {st['added_chunk_p50_ms']:.2f} ms)",
+                     st["added_chunk_p99_ms"] <= 0.2))
+        frac = st["gateway_coalesced_fraction"]
+        rows.append((f"{what}: coalescing", "none (reads carrying > 1 chunk ≤ 1%)",
+                     f"{frac:.2%} of reads (direct {st['direct_coalesced_fraction']:.2%}); "
+                     f"gap p50 {st['gap_p50_ms']['gateway']:.2f} vs "
+                     f"{st['gap_p50_ms']['direct']:.2f} ms", frac <= 0.01))
+    else:
+        rows.append(("streaming: TTFT, per-chunk latency, coalescing", "see issue 9",
+                     "not measured", None))
+    if cap := data.get("capacity"):
+        ok = (cap["completed"] == cap["streams"] and cap["failed"] == 0
+              and cap["rss_peak_mib"] < 600)
+        rows.append((f"concurrent open streams (1 chunk/{cap['chunk_delay_s']:g} s for "
+                     f"{cap['chunks']} s)", "5,000 with gateway RSS < 600 MiB, none dropped",
+                     f"{cap['streams']:,} opened, {cap['max_open']:,} open at once, "
+                     f"{cap['completed']:,} completed, {cap['failed']:,} dropped; peak RSS "
+                     f"{cap['rss_peak_mib']:.0f} MiB", ok and cap["streams"] >= 5000))
+    else:
+        rows.append(("concurrent open streams (slow upstream)",
+                     "5,000 with gateway RSS < 600 MiB, none dropped", "not measured", None))
+    if fo := data.get("failover"):
+        rows.append(("failover: primary refuses connections (1 client)",
+                     "≤ 2 ms added over the secondary alone",
+                     f"p50 {fo['added_p50_ms']:.2f} ms, p99 {fo['added_p99_ms']:.2f} ms, "
+                     f"{fo['errors']} errors", fo["added_p50_ms"] <= 2 and fo["errors"] == 0))
+    else:
+        rows.append(("failover: primary refuses connections", "≤ 2 ms added",
+                     "not measured", None))
+    if su := data.get("startup"):
+        rows.append(("gateway start to ready (no pool)", "< 1 s",
+                     f"{su['start_to_health_s']:.2f} s", su["start_to_health_s"] < 1))
+        rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
+                     f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))
+    else:
+        rows.append(("gateway start to ready / idle RSS (no pool)", "< 1 s / < 120 MiB",
+                     "not measured", None))
+    return rows
+
+
+def targets_table(data: dict[str, Any]) -> str:
+    day = datetime.strptime(data["when"], "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%d")
+    rows = ["| figure | target | measured | pass | date |", "|---|---|---|---|---|"]
+    for label, target, measured, passed in figures(data):
+        verdict = "—" if passed is None else ("pass" if passed else "**fail**")
+        rows.append(f"| {label} | {target} | {measured} | {verdict} | {day} |")
+    return "\n".join(rows)
+
+
+def replace_between(text: str, name: str, body: str) -> str:
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"{DOC} lacks the {start} / {end} markers")
+    before, rest = text.split(start, 1)
+    return before + start + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+
+
+def render(path: Path | None) -> None:
+    """Rewrite docs/benchmarks.md's generated tables from one result file."""
+    if path is None:
+        files = sorted((BENCH / "results").glob("*.json"), reverse=True)
+        full = [f for f in files if json.loads(f.read_text()).get("full")]
+        if not (full or files):
+            raise SystemExit("no result in bench/results/; run the bench first")
+        path = (full or files)[0]
+    data = json.loads(path.read_text())
+    text = DOC.read_text()
+    text = replace_between(text, "targets", targets_table(data))
+    if data.get("results"):
+        levels = sorted({m["concurrency"] for m in data["results"]})
+        text = replace_between(text, "throughput",
+                               table([Measurement(**m) for m in data["results"]], levels))
+    note = (f"Generated by `bench/run.py render` from `bench/results/{path.name}` "
+            f"(load: {data.get('load_generator', '?')}"
+            f"{', quick run' if data.get('quick') else ''}).")
+    text = replace_between(text, "source", note)
+    DOC.write_text(text)
+    print(f"rendered {DOC.relative_to(ROOT)} from {path.relative_to(ROOT)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", choices=("run", "render"), default="run")
+    parser.add_argument("file", nargs="?", type=Path, help="result file for render")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="seconds per throughput point (5, or 2 with --quick)")
+    parser.add_argument("--levels", default="1,10,50")
+    parser.add_argument("--only", action="append", choices=PARTS)
+    parser.add_argument("--quick", action="store_true",
+                        help="short runs, no repeats, 1,000 streams for capacity")
+    parser.add_argument("--no-render", action="store_true")
+    args = parser.parse_args()
+    if args.command == "render":
+        render(args.file)
+        return
+    raise_nofile()
+    levels = [int(x) for x in args.levels.split(",")]
+    duration = args.duration or (2.0 if args.quick else 5.0)
+    parts = args.only or list(PARTS)
+    wrk = ensure_wrk() if "throughput" in parts else None
+    if "throughput" in parts:
+        print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
+    data = run_parts(parts, args.quick, levels, duration, wrk)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    full = not args.quick and parts == list(PARTS)
+    data = {"when": stamp, "load_generator": "wrk" if wrk else "python", "quick": args.quick,
+            "full": full, "parts": parts, "duration_s": duration, "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(), **data}
     out = BENCH / "results" / f"{stamp}.json"
-    out.write_text(json.dumps({"when": stamp, "load_generator": "wrk" if wrk else "python",
-                               "duration_s": args.duration,
-                               "results": [asdict(m) for m in results]}, indent=1))
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    print()
+    print(targets_table(data))
     print(f"\nraw results: {out.relative_to(ROOT)}")
+    if full and not args.no_render:
+        render(out)
 
 
 if __name__ == "__main__":

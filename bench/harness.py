@@ -1,0 +1,120 @@
+"""Process and port helpers shared by the benchmark parts (run.py, scenarios.py, the guard)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+PY = sys.executable
+
+
+def raise_nofile(wanted: int = 20_000) -> int:
+    """Raise this process's open-file limit as far as the hard limit allows; the new soft one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
+
+
+def http_get_status(port: int, path: str, timeout: float = 1.0) -> int:
+    """The status code of one GET on loopback, 0 when nothing answers."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                         .encode())
+            head = sock.recv(64)
+    except OSError:
+        return 0
+    parts = head.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def spawn(command: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
+    """Start a process pinned to one core, in its own process group, with a high fd limit."""
+    pinned = ["taskset", "-c", str(core), *command] if shutil.which("taskset") else command
+    with log.open("ab") as out:
+        return subprocess.Popen(pinned, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=raise_nofile)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def rss_mib(pid: int) -> float:
+    """VmRSS of a process from /proc, in MiB (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def target_pid(process: subprocess.Popen[bytes]) -> int:
+    """The pid of the real program: taskset execs it, so the Popen pid is the program's."""
+    return process.pid
+
+
+def gateway_command(config: Path, port: int) -> list[str]:
+    return [PY, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+
+
+def provider(upstream_port: int, **extra: object) -> dict[str, object]:
+    """An `openai` provider serving alias bench-model, rewritten to the upstream's id."""
+    return {"type": "openai", "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+            "api_key": "bench-key", "models": {"bench-model": "bench-upstream-model"}, **extra}
+
+
+def gateway_config(upstream_port: int, path: Path,
+                   providers: dict[str, dict[str, object]] | None = None) -> None:
+    """Write an llms.json: one provider `fake` at the upstream, or the providers given."""
+    path.write_text(json.dumps({
+        "server": {"host": "127.0.0.1"},
+        "providers": providers or {"fake": provider(upstream_port)},
+    }))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far, from /proc (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,228 @@
+"""The parts of `make bench` beyond closed-loop throughput (issue 9).
+
+Each function starts the processes it needs (the target pinned to core 0, upstream and load on
+core 1), measures, stops them and returns a JSON-able dict. Points that are cheap are repeated
+and the median kept, because this 2-core machine is shared with other work.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    BENCH,
+    PY,
+    cpu_seconds,
+    free_port,
+    gateway_command,
+    gateway_config,
+    http_get_status,
+    provider,
+    rss_mib,
+    spawn,
+    stop,
+    wait_for_port,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+def on_core1(script: str, *args: object, timeout: float = 600) -> dict[str, Any]:
+    """Run one of the bench's load scripts on core 1 and parse the JSON it prints."""
+    output = subprocess.run(["taskset", "-c", "1", PY, str(BENCH / script),
+                             *(str(a) for a in args)],
+                            capture_output=True, text=True, check=True, timeout=timeout).stdout
+    return dict(json.loads(output))
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in runs))
+
+
+class Started:
+    """Processes started for one part; all stopped on exit."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Started:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            stop(process)
+
+    def upstream(self, *args: object) -> int:
+        port = free_port()
+        process = spawn([PY, str(BENCH / "fake_upstream.py"), "--port", str(port),
+                         *(str(a) for a in args)], 1, self.work / "upstream.log")
+        self.processes.append(process)
+        wait_for_port(port, process)
+        return port
+
+    def gateway(self, upstream_port: int, providers: dict[str, dict[str, object]] | None = None,
+                name: str = "gateway") -> tuple[int, subprocess.Popen[bytes]]:
+        port = free_port()
+        config = self.work / f"{name}.json"
+        gateway_config(upstream_port, config, providers)
+        process = spawn(gateway_command(config, port), 0, self.work / f"{name}.log")
+        self.processes.append(process)
+        wait_for_port(port, process)
+        return port, process
+
+
+def latency_at_rate(work: Path, rate: float, duration: float, repeats: int) -> dict[str, Any]:
+    """Open-loop load at a fixed rate, direct vs gateway, alternating; medians of the repeats."""
+    with Started(work) as started:
+        upstream = started.upstream()
+        gateway, process = started.gateway(upstream)
+        direct_runs, gateway_runs = [], []
+        for _ in range(repeats):
+            for runs, port in ((direct_runs, upstream), (gateway_runs, gateway)):
+                cpu, wall = cpu_seconds(process.pid), time.perf_counter()
+                runs.append(on_core1("openloop.py", "--url", f"http://127.0.0.1:{port}{CHAT}",
+                                     "--rate", rate, "--duration", duration, "--warmup", 2))
+                runs[-1]["gateway_cpu_fraction"] = ((cpu_seconds(process.pid) - cpu)
+                                                    / (time.perf_counter() - wall))
+    out: dict[str, Any] = {"rate": rate, "duration_s": duration, "repeats": repeats,
+                           "direct": direct_runs, "gateway": gateway_runs}
+    for p in ("p50", "p99"):
+        out[f"added_{p}_ms"] = (median_of(gateway_runs, f"{p}_ms")
+                                - median_of(direct_runs, f"{p}_ms"))
+    out["added_runs_ms"] = [{p: g[f"{p}_ms"] - d[f"{p}_ms"] for p in ("p50", "p99")}
+                            for d, g in zip(direct_runs, gateway_runs, strict=True)]
+    return out
+
+
+def streaming(work: Path, streams: int, chunks: int, delay: float, duration: float,
+              repeats: int) -> dict[str, Any]:
+    """Per-chunk timings of `streams` concurrent streams, direct vs gateway."""
+    with Started(work) as started:
+        upstream = started.upstream("--chunks", chunks, "--chunk-delay", delay, "--stamp")
+        gateway, process = started.gateway(upstream)
+        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
+        for _ in range(repeats):
+            for name, port in (("direct", upstream), ("gateway", gateway)):
+                cpu, wall = cpu_seconds(process.pid), time.perf_counter()
+                runs[name].append(on_core1(
+                    "streamclient.py", "--url", f"http://127.0.0.1:{port}{CHAT}", "--mode",
+                    "chunks", "--streams", streams, "--duration", duration, "--warmup", 2,
+                    "--stagger", chunks * delay))
+                runs[name][-1]["gateway_cpu_fraction"] = ((cpu_seconds(process.pid) - cpu)
+                                                          / (time.perf_counter() - wall))
+
+    def med(name: str, field: str, point: str) -> float:
+        return float(statistics.median(r[field][point] for r in runs[name]))
+
+    out: dict[str, Any] = {"streams": streams, "chunks": chunks, "chunk_delay_s": delay,
+                           "duration_s": duration, "repeats": repeats, **runs}
+    out["added_ttft_p99_ms"] = med("gateway", "ttft_ms", "p99") - med("direct", "ttft_ms", "p99")
+    out["added_ttft_p50_ms"] = med("gateway", "ttft_ms", "p50") - med("direct", "ttft_ms", "p50")
+    out["added_chunk_p99_ms"] = (med("gateway", "chunk_latency_ms", "p99")
+                                 - med("direct", "chunk_latency_ms", "p99"))
+    out["added_chunk_p50_ms"] = (med("gateway", "chunk_latency_ms", "p50")
+                                 - med("direct", "chunk_latency_ms", "p50"))
+    for name in runs:
+        reads = sum(r["reads"] for r in runs[name])
+        out[f"{name}_coalesced_fraction"] = (sum(r["coalesced_reads"] for r in runs[name])
+                                             / reads if reads else 1.0)
+        out[f"{name}_failed"] = sum(r["failed"] for r in runs[name])
+    out["gap_p50_ms"] = {name: med(name, "gap_ms", "p50") for name in runs}
+    return out
+
+
+def sample_rss(pid: int, stop_event: threading.Event, samples: list[float]) -> None:
+    while not stop_event.wait(0.25):
+        samples.append(rss_mib(pid))
+
+
+def capacity(work: Path, streams: int, chunks: int, delay: float, ramp: float) -> dict[str, Any]:
+    """Hold `streams` slow streams open through the gateway; its peak RSS and how many ended."""
+    with Started(work) as started:
+        upstream = started.upstream("--chunks", chunks, "--chunk-delay", delay)
+        gateway, process = started.gateway(upstream)
+        idle = rss_mib(process.pid)
+        samples: list[float] = []
+        done = threading.Event()
+        sampler = threading.Thread(target=sample_rss, args=(process.pid, done, samples))
+        sampler.start()
+        try:
+            result = on_core1("streamclient.py", "--url", f"http://127.0.0.1:{gateway}{CHAT}",
+                              "--mode", "hold", "--streams", streams, "--ramp", ramp)
+        finally:
+            done.set()
+            sampler.join()
+        alive = process.poll() is None
+    return {**result, "chunks": chunks, "chunk_delay_s": delay, "ramp_s": ramp,
+            "rss_before_mib": idle, "rss_peak_mib": max(samples, default=0.0),
+            "gateway_alive_after": alive}
+
+
+def failover(work: Path, duration: float, repeats: int) -> dict[str, Any]:
+    """1 client: primary refuses connections then secondary, vs the secondary alone."""
+    closed = free_port()  # nothing listens here
+    with Started(work) as started:
+        upstream = started.upstream()
+        # The breaker is off on the dead primary so every request pays the refused connect;
+        # with it on, the primary is skipped after 5 failures and failover costs nothing.
+        two, _ = started.gateway(upstream, {
+            "down": provider(closed, circuit={"enabled": False}),
+            "fake": provider(upstream)}, name="failover")
+        one, _ = started.gateway(upstream, None, name="single")
+        runs: dict[str, list[dict[str, Any]]] = {"failover": [], "single": []}
+        for _ in range(repeats):
+            for name, port in (("single", one), ("failover", two)):
+                url = f"http://127.0.0.1:{port}{CHAT}"
+                on_core1("loadgen.py", "--url", url, "--concurrency", 1, "--duration", 1)
+                runs[name].append(on_core1("loadgen.py", "--url", url, "--concurrency", 1,
+                                           "--duration", duration))
+    out: dict[str, Any] = {"duration_s": duration, "repeats": repeats, **runs}
+    for p in ("p50", "p99"):
+        out[f"added_{p}_ms"] = (median_of(runs["failover"], f"{p}_ms")
+                                - median_of(runs["single"], f"{p}_ms"))
+    out["errors"] = sum(r["errors"] for r in runs["failover"])
+    # The gateway logs each request's failed attempts: proof the primary was tried each time.
+    log = (work / "failover.log").read_text(errors="replace")
+    out["requests_logged"] = log.count('"event":"request"')
+    out["requests_failed_over"] = log.count('"failed":["down:')
+    return out
+
+
+def startup(work: Path, repeats: int, idle_wait: float = 2.0) -> dict[str, Any]:
+    """Spawn to first /health 200, and VmRSS after idling, of a gateway with no pool."""
+    runs = []
+    for i in range(repeats):
+        with Started(work) as started:
+            port = free_port()
+            config = work / "startup.json"
+            gateway_config(free_port(), config)  # an openai provider; nothing is called
+            began = time.perf_counter()
+            process = spawn(gateway_command(config, port), 0, work / "startup.log")
+            started.processes.append(process)
+            ready = wait_until(port, process, 20)
+            seconds = time.perf_counter() - began if ready else float("inf")
+            time.sleep(idle_wait)
+            runs.append({"run": i, "start_to_health_s": seconds,
+                         "idle_rss_mib": rss_mib(process.pid)})
+    return {"repeats": repeats, "idle_wait_s": idle_wait, "runs": runs,
+            "start_to_health_s": median_of(runs, "start_to_health_s"),
+            "idle_rss_mib": median_of(runs, "idle_rss_mib")}
+
+
+def wait_until(port: int, process: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Poll /health every 5 ms until it answers 200."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if process.poll() is not None:
+            return False
+        if http_get_status(port, "/health") == 200:
+            return True
+        time.sleep(0.005)
+    return False
