@@ -118,3 +118,13 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def core_busy_seconds(core: int) -> float:
+    """CPU time one core has spent busy (all processes), from /proc/stat."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{core} "):
+            ticks = [int(x) for x in line.split()[1:]]
+            idle = ticks[3] + ticks[4]  # idle + iowait
+            return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    return 0.0

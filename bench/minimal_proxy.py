@@ -1,4 +1,7 @@
-"""The floor a Python gateway can reach: aiohttp in, one aiohttp session out, bytes through."""
+"""The floor a Python gateway can reach: aiohttp in, one aiohttp session out, bytes through.
+
+A streamed answer (`text/event-stream` upstream) is relayed read by read as it arrives.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +21,19 @@ def make_app(upstream: str) -> web.Application:
             app["session"] = session
             yield
 
-    async def relay(request: web.Request) -> web.Response:
+    async def relay(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         async with request.app["session"].post(
                 f"{upstream}/chat/completions", data=body,
                 headers={"Content-Type": "application/json"}) as response:
+            if response.content_type == "text/event-stream":
+                out = web.StreamResponse(status=response.status,
+                                         headers={"Content-Type": "text/event-stream"})
+                await out.prepare(request)
+                async for data in response.content.iter_any():
+                    await out.write(data)
+                await out.write_eof()
+                return out
             payload = await response.read()
             return web.Response(body=payload, status=response.status,
                                 content_type="application/json")

@@ -18,6 +18,7 @@ from typing import Any
 from harness import (
     BENCH,
     PY,
+    core_busy_seconds,
     cpu_seconds,
     free_port,
     gateway_command,
@@ -43,6 +44,27 @@ def on_core1(script: str, *args: object, timeout: float = 600) -> dict[str, Any]
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in runs))
+
+
+class CpuShare:
+    """Over a block: the gateway's share of core 0, and everything else's (other bench targets
+    are idle then, so that is mostly other people's work on this shared machine)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.result: dict[str, float] = {}
+
+    def __enter__(self) -> CpuShare:
+        self.start = (cpu_seconds(self.pid), core_busy_seconds(0), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        cpu, busy, wall = self.start
+        elapsed = time.perf_counter() - wall
+        mine = cpu_seconds(self.pid) - cpu
+        self.result = {"gateway_cpu_fraction": mine / elapsed,
+                       "core0_others_fraction": max(0.0, core_busy_seconds(0) - busy - mine)
+                       / elapsed}
 
 
 class Started:
@@ -78,45 +100,62 @@ class Started:
         return port, process
 
 
+def start_minimal(started: Started, upstream: int) -> int:
+    """The minimal proxy on core 0: context for what any Python hop on that core costs."""
+    port = free_port()
+    started.processes.append(spawn(
+        [PY, str(BENCH / "minimal_proxy.py"), "--port", str(port), "--upstream",
+         f"http://127.0.0.1:{upstream}/v1"], 0, started.work / "minimal.log"))
+    wait_for_port(port, started.processes[-1])
+    return port
+
+
 def latency_at_rate(work: Path, rate: float, duration: float, repeats: int) -> dict[str, Any]:
-    """Open-loop load at a fixed rate, direct vs gateway, alternating; medians of the repeats."""
+    """Open-loop load at a fixed rate: direct, minimal proxy, gateway, alternating; medians."""
     with Started(work) as started:
         upstream = started.upstream()
         gateway, process = started.gateway(upstream)
-        direct_runs, gateway_runs = [], []
+        minimal = start_minimal(started, upstream)
+        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "minimal": [], "gateway": []}
         for _ in range(repeats):
-            for runs, port in ((direct_runs, upstream), (gateway_runs, gateway)):
-                cpu, wall = cpu_seconds(process.pid), time.perf_counter()
-                runs.append(on_core1("openloop.py", "--url", f"http://127.0.0.1:{port}{CHAT}",
-                                     "--rate", rate, "--duration", duration, "--warmup", 2))
-                runs[-1]["gateway_cpu_fraction"] = ((cpu_seconds(process.pid) - cpu)
-                                                    / (time.perf_counter() - wall))
-    out: dict[str, Any] = {"rate": rate, "duration_s": duration, "repeats": repeats,
-                           "direct": direct_runs, "gateway": gateway_runs}
+            for name, port in (("direct", upstream), ("minimal", minimal),
+                               ("gateway", gateway)):
+                with CpuShare(process.pid) as share:
+                    runs[name].append(on_core1("openloop.py", "--url",
+                                               f"http://127.0.0.1:{port}{CHAT}", "--rate", rate,
+                                               "--duration", duration, "--warmup", 2))
+                runs[name][-1].update(share.result)
+    out: dict[str, Any] = {"rate": rate, "duration_s": duration, "repeats": repeats, **runs}
     for p in ("p50", "p99"):
-        out[f"added_{p}_ms"] = (median_of(gateway_runs, f"{p}_ms")
-                                - median_of(direct_runs, f"{p}_ms"))
+        out[f"added_{p}_ms"] = (median_of(runs["gateway"], f"{p}_ms")
+                                - median_of(runs["direct"], f"{p}_ms"))
+        out[f"minimal_added_{p}_ms"] = (median_of(runs["minimal"], f"{p}_ms")
+                                        - median_of(runs["direct"], f"{p}_ms"))
     out["added_runs_ms"] = [{p: g[f"{p}_ms"] - d[f"{p}_ms"] for p in ("p50", "p99")}
-                            for d, g in zip(direct_runs, gateway_runs, strict=True)]
+                            for d, g in zip(runs["direct"], runs["gateway"], strict=True)]
     return out
 
 
 def streaming(work: Path, streams: int, chunks: int, delay: float, duration: float,
               repeats: int) -> dict[str, Any]:
-    """Per-chunk timings of `streams` concurrent streams, direct vs gateway."""
+    """Per-chunk timings of `streams` concurrent streams: direct, minimal proxy, gateway.
+
+    The minimal proxy (on core 0 too) is context: what any Python hop on that core costs.
+    """
     with Started(work) as started:
         upstream = started.upstream("--chunks", chunks, "--chunk-delay", delay, "--stamp")
         gateway, process = started.gateway(upstream)
-        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
+        minimal = start_minimal(started, upstream)
+        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "minimal": [], "gateway": []}
         for _ in range(repeats):
-            for name, port in (("direct", upstream), ("gateway", gateway)):
-                cpu, wall = cpu_seconds(process.pid), time.perf_counter()
-                runs[name].append(on_core1(
-                    "streamclient.py", "--url", f"http://127.0.0.1:{port}{CHAT}", "--mode",
-                    "chunks", "--streams", streams, "--duration", duration, "--warmup", 2,
-                    "--stagger", chunks * delay))
-                runs[name][-1]["gateway_cpu_fraction"] = ((cpu_seconds(process.pid) - cpu)
-                                                          / (time.perf_counter() - wall))
+            for name, port in (("direct", upstream), ("minimal", minimal),
+                               ("gateway", gateway)):
+                with CpuShare(process.pid) as share:
+                    runs[name].append(on_core1(
+                        "streamclient.py", "--url", f"http://127.0.0.1:{port}{CHAT}", "--mode",
+                        "chunks", "--streams", streams, "--duration", duration, "--warmup", 2,
+                        "--stagger", chunks * delay))
+                runs[name][-1].update(share.result)
 
     def med(name: str, field: str, point: str) -> float:
         return float(statistics.median(r[field][point] for r in runs[name]))
@@ -129,6 +168,10 @@ def streaming(work: Path, streams: int, chunks: int, delay: float, duration: flo
                                  - med("direct", "chunk_latency_ms", "p99"))
     out["added_chunk_p50_ms"] = (med("gateway", "chunk_latency_ms", "p50")
                                  - med("direct", "chunk_latency_ms", "p50"))
+    out["minimal_added_ms"] = {
+        f"{what}_{point}": med("minimal", field, point) - med("direct", field, point)
+        for what, field in (("ttft", "ttft_ms"), ("chunk", "chunk_latency_ms"))
+        for point in ("p50", "p99")}
     for name in runs:
         reads = sum(r["reads"] for r in runs[name])
         out[f"{name}_coalesced_fraction"] = (sum(r["coalesced_reads"] for r in runs[name])
