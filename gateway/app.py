@@ -1,7 +1,10 @@
 """The HTTP surface: Litestar routes, the lifespan that owns the upstream session, one envelope.
 
 `create_app()` is the uvicorn factory (one per worker process): it reads the config named by
-`$LLMS_CONFIG` (the CLI sets it) or found by discovery.
+`$LLMS_CONFIG` (the CLI sets it) or found by discovery. POSTs to the relay routes are served by
+`gateway.fastpath` in front of Litestar (the data plane skips the framework); the route handlers
+below stay for every other method on those paths (405 with `Allow`) and for embedding the bare
+Litestar app.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from gateway.errors import (
     RequestTooLarge,
     envelope,
 )
+from gateway.fastpath import FastRelay
 from gateway.logs import get_logger
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.responses.store import RedisResponseStore
@@ -45,19 +49,19 @@ GC_THRESHOLD = 50_000
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     """OpenAI chat completions, streaming or not."""
-    return await relay.handle(request, "chat/completions")
+    return await relay.handle(request, "chat/completions", _gateway(request))
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     """The legacy completions endpoint."""
-    return await relay.handle(request, "completions")
+    return await relay.handle(request, "completions", _gateway(request))
 
 
 @post("/v1/responses", status_code=200)
 async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
     """The Responses API: native where a provider speaks it, bridged to chat elsewhere."""
-    return await relay.handle(request, "responses")
+    return await relay.handle(request, "responses", _gateway(request))
 
 
 @get("/v1/models")
@@ -201,12 +205,13 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             await gateway.close()
 
 
-def create_app(snapshot: Snapshot | None = None) -> Litestar:
-    """Build the app for `snapshot`, or for the config discovery finds."""
+def create_app(snapshot: Snapshot | None = None) -> FastRelay:
+    """Build the app for `snapshot`, or for the config discovery finds: the relay routes served
+    directly (`fastpath`), the rest by Litestar."""
     logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
-    return Litestar(
+    return FastRelay(Litestar(
         route_handlers=[chat_completions, completions, responses, list_models, retrieve_model,
                         health, ready, metrics, status_page, status_json,
                         admin.list_providers, admin.toggle_provider],
@@ -221,4 +226,4 @@ def create_app(snapshot: Snapshot | None = None) -> Litestar:
         debug=False,
         openapi_config=None,
         logging_config=None,
-    )
+    ))

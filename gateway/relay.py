@@ -11,12 +11,13 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from litestar import Request, Response
+from litestar import Response
 from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
+from litestar.types import Receive
 
 from gateway import auth, router, schemas
 from gateway.config import Route
@@ -147,7 +148,7 @@ class Admitted:
     providers: Mapping[str, Provider]
 
 
-async def _admit(request: Request[Any, Any, Any], endpoint: str, gateway: Gateway,
+async def _admit(request: Incoming, endpoint: str, gateway: Gateway,
                  exchange: Exchange) -> Admitted:
     """Limits, key, body, routing: everything decided before an upstream is called."""
     runtime = gateway.runtime
@@ -172,9 +173,20 @@ async def _admit(request: Request[Any, Any, Any], endpoint: str, gateway: Gatewa
     return Admitted(head, raw, routes, providers)
 
 
-async def handle(request: Request[Any, Any, Any], endpoint: str) -> Response[Any]:
+class Incoming(Protocol):
+    """What the relay reads of a request: Litestar's `Request`, or `fastpath.RawRequest`."""
+
+    scope: Any
+    receive: Receive
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def body(self) -> bytes: ...
+
+
+async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Response[Any]:
     """Serve one relay request end to end; every failure leaves as the error envelope."""
-    gateway: Gateway = request.app.state.gateway
     exchange = Exchange(gateway, request_id(request.headers), endpoint)
     try:
         admitted = await _admit(request, endpoint, gateway, exchange)
@@ -262,7 +274,7 @@ async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
         exchange.upstream_time = time.perf_counter() - started
 
 
-async def _body(request: Request[Any, Any, Any]) -> bytes:
+async def _body(request: Incoming) -> bytes:
     try:
         return await request.body()
     except HTTPException as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
@@ -88,6 +88,15 @@ def test_body_over_the_limit_is_413(start_gateway: Callable[..., GatewayProcess]
     response = httpx.post(f"{gateway.base_url}/chat/completions", json=huge)
 
     assert_envelope(response, 413, "request_too_large", "invalid_request_error")
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the gateway counts as it reads
+        yield b'{"model": "m", "messages": [{"role": "user", "content": "'
+        yield from (b"x" * 512 for _ in range(8))
+        yield b'"}]}'
+
+    streamed = httpx.post(f"{gateway.base_url}/chat/completions", content=chunked(),
+                          headers={"Content-Type": "application/json"})
+    assert_envelope(streamed, 413, "request_too_large", "invalid_request_error")
     assert upstream.requests == []
     small = httpx.post(f"{gateway.base_url}/chat/completions",
                        json={"model": "m", "messages": MESSAGES})
