@@ -73,6 +73,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_concurrency: int = 10_000
     allow_unauthenticated: bool = False
     reload_interval: float = 1.0
+    # Longer than clients keep idle connections (httpx and the OpenAI SDK: 5 s, aiohttp: 15 s):
+    # were it equal, a client could reuse a connection just as the server closes it (a reset).
+    keep_alive: float = 75.0
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +18,22 @@ from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, slow_first_token
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+BODY = json.dumps({"model": "chat-model", "messages": MESSAGES}).encode()
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response with a Content-Length body, from a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        received = sock.recv(65536)
+        assert received, "the gateway closed the connection"
+        data += received
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
 
 
 def test_past_the_concurrency_cap_clients_get_503_with_retry_after_not_a_pile_up(
@@ -103,3 +121,15 @@ def test_sigterm_lets_open_streams_finish_then_exits(
     assert not accepted_new, "no new connections once shutting down"
     # uvicorn re-raises SIGTERM after its graceful shutdown, as init systems expect.
     assert gateway.process.wait(timeout=10) in (0, -signal.SIGTERM)
+
+
+def test_an_idle_connection_outlives_the_clients_own_keep_alive(pair: Pair) -> None:
+    """httpx and the OpenAI SDK keep idle connections 5 s; had the gateway closed them at 5 s too,
+    a client could send on one just as it closed and see a reset (ReadError)."""
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+               f"\r\nContent-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+    with socket.create_connection(("127.0.0.1", pair.gateway.port), timeout=10) as sock:
+        for _ in range(2):
+            sock.sendall(request)
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
+            time.sleep(5.5)  # past the clients' 5 s: the same socket must still serve
