@@ -19,18 +19,23 @@ BODY = json.dumps({"model": "bench-model", "messages": [{"role": "user", "conten
                    "max_tokens": 16}).encode()
 
 
+async def post_chat(session: aiohttp.ClientSession, url: str, errors: list[int]) -> None:
+    """One chat completion, read whole; a non-200 status (or 0 for a transport error) noted."""
+    try:
+        async with session.post(url, data=BODY,
+                                headers={"Content-Type": "application/json"}) as response:
+            await response.read()
+            if response.status != 200:
+                errors.append(response.status)
+    except aiohttp.ClientError:
+        errors.append(0)
+
+
 async def worker(session: aiohttp.ClientSession, url: str, until: float,
                  latencies: list[float], errors: list[int]) -> None:
     while time.perf_counter() < until:
         started = time.perf_counter()
-        try:
-            async with session.post(url, data=BODY,
-                                    headers={"Content-Type": "application/json"}) as response:
-                await response.read()
-                if response.status != 200:
-                    errors.append(response.status)
-        except aiohttp.ClientError:
-            errors.append(0)
+        await post_chat(session, url, errors)
         latencies.append(time.perf_counter() - started)
 
 

@@ -15,9 +15,7 @@ import time
 
 import aiohttp
 import uvloop
-
-BODY = json.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "hi"}],
-                   "max_tokens": 16}).encode()
+from loadgen import post_chat  # run by path, bench/ is on sys.path
 
 
 async def one(session: aiohttp.ClientSession, url: str, scheduled: float,
@@ -25,14 +23,7 @@ async def one(session: aiohttp.ClientSession, url: str, scheduled: float,
     delay = scheduled - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
-    try:
-        async with session.post(url, data=BODY,
-                                headers={"Content-Type": "application/json"}) as response:
-            await response.read()
-            if response.status != 200:
-                errors.append(response.status)
-    except aiohttp.ClientError:
-        errors.append(0)
+    await post_chat(session, url, errors)
     latencies.append(time.perf_counter() - scheduled)
 
 

@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,21 +111,29 @@ def start_minimal(started: Started, upstream: int) -> int:
     return port
 
 
+def alternate(repeats: int, gateway_pid: int, targets: dict[str, int],
+              command: Callable[[str], tuple[object, ...]]) -> dict[str, list[dict[str, Any]]]:
+    """Run a load script (on core 1) against each target in turn, `repeats` rounds, so drift on
+    the machine touches all alike; each run's JSON gains the gateway's CPU share meanwhile."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    for _ in range(repeats):
+        for name, port in targets.items():
+            with CpuShare(gateway_pid) as share:
+                runs[name].append(on_core1(*command(f"http://127.0.0.1:{port}{CHAT}")))
+            runs[name][-1].update(share.result)
+    return runs
+
+
 def latency_at_rate(work: Path, rate: float, duration: float, repeats: int) -> dict[str, Any]:
     """Open-loop load at a fixed rate: direct, minimal proxy, gateway, alternating; medians."""
     with Started(work) as started:
         upstream = started.upstream()
         gateway, process = started.gateway(upstream)
         minimal = start_minimal(started, upstream)
-        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "minimal": [], "gateway": []}
-        for _ in range(repeats):
-            for name, port in (("direct", upstream), ("minimal", minimal),
-                               ("gateway", gateway)):
-                with CpuShare(process.pid) as share:
-                    runs[name].append(on_core1("openloop.py", "--url",
-                                               f"http://127.0.0.1:{port}{CHAT}", "--rate", rate,
-                                               "--duration", duration, "--warmup", 2))
-                runs[name][-1].update(share.result)
+        runs = alternate(repeats, process.pid, {"direct": upstream, "minimal": minimal,
+                                                "gateway": gateway},
+                         lambda url: ("openloop.py", "--url", url, "--rate", rate,
+                                      "--duration", duration, "--warmup", 2))
     out: dict[str, Any] = {"rate": rate, "duration_s": duration, "repeats": repeats, **runs}
     for p in ("p50", "p99"):
         out[f"added_{p}_ms"] = (median_of(runs["gateway"], f"{p}_ms")
@@ -146,16 +155,11 @@ def streaming(work: Path, streams: int, chunks: int, delay: float, duration: flo
         upstream = started.upstream("--chunks", chunks, "--chunk-delay", delay, "--stamp")
         gateway, process = started.gateway(upstream)
         minimal = start_minimal(started, upstream)
-        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "minimal": [], "gateway": []}
-        for _ in range(repeats):
-            for name, port in (("direct", upstream), ("minimal", minimal),
-                               ("gateway", gateway)):
-                with CpuShare(process.pid) as share:
-                    runs[name].append(on_core1(
-                        "streamclient.py", "--url", f"http://127.0.0.1:{port}{CHAT}", "--mode",
-                        "chunks", "--streams", streams, "--duration", duration, "--warmup", 2,
-                        "--stagger", chunks * delay))
-                runs[name][-1].update(share.result)
+        runs = alternate(repeats, process.pid, {"direct": upstream, "minimal": minimal,
+                                                "gateway": gateway},
+                         lambda url: ("streamclient.py", "--url", url, "--mode", "chunks",
+                                      "--streams", streams, "--duration", duration,
+                                      "--warmup", 2, "--stagger", chunks * delay))
 
     def med(name: str, field: str, point: str) -> float:
         return float(statistics.median(r[field][point] for r in runs[name]))
