@@ -897,3 +897,13 @@ def test_two_snapshots_starting_at_once_share_one_pool_and_leak_none() -> None:
         assert log == ["build v1", "close v1"]
 
     asyncio.run(story())
+
+
+def test_a_workers_log_line_never_shows_its_keys_or_tokens() -> None:
+    worker = WorkerPlan("local-0", "m", "m", VLLM,
+                        ("vllm", "serve", "x", "--api-key", "sk-worker-secret", "--hf-token=t",
+                         "--port", "8101"), 8101,
+                        env={"CUDA_VISIBLE_DEVICES": "0,1", "HF_TOKEN": "hf_secret"})
+    assert worker.loggable_argv() == ["vllm", "serve", "x", "--api-key", "***", "--hf-token=***",
+                                      "--port", "8101"]
+    assert worker.loggable_env() == {"CUDA_VISIBLE_DEVICES": "0,1", "HF_TOKEN": "***"}

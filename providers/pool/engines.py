@@ -8,6 +8,7 @@ builds are asserted in tests without starting anything.
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from providers.pool.settings import ModelSettings, PoolSettings, served_name
 from providers.pool.sources import Weights
 
 VLLM = "vllm"
+_SECRET_FLAG = re.compile(r"(?i)^--?[\w-]*(key|token|secret|password)")
 LLAMACPP = "llamacpp"
 
 
@@ -65,6 +67,23 @@ class WorkerPlan:
     env: Mapping[str, str] = field(default_factory=dict)
     devices: tuple[int, ...] = ()
     downloads: bool = False  # its weights are a hub id the engine fetches at start
+
+    def loggable_argv(self) -> list[str]:
+        """The command line for the log, with the value after any key or token flag masked."""
+        masked = list(self.argv)
+        for index, arg in enumerate(self.argv):
+            if not _SECRET_FLAG.search(arg):
+                continue
+            if "=" in arg:
+                masked[index] = arg.split("=", 1)[0] + "=***"
+            elif index + 1 < len(masked):
+                masked[index + 1] = "***"
+        return masked
+
+    def loggable_env(self) -> dict[str, str]:
+        """Variables the worker gets: GPU pinning shown, every other value (tokens) masked."""
+        return {name: value if name == "CUDA_VISIBLE_DEVICES" else "***"
+                for name, value in self.env.items()}
 
     def failure_hint(self) -> str:
         """What to tell a user whose worker died while loading."""
