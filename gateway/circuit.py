@@ -36,7 +36,7 @@ class CircuitState(StrEnum):
     HALF_OPEN = "half_open"
 
 
-@dataclass
+@dataclass(slots=True)
 class Breaker:
     """One breaker; every method takes `now` so tests drive the clock."""
 

@@ -1,4 +1,8 @@
-"""structlog setup: JSON lines when not on a terminal, one line per request, never a key."""
+"""structlog setup: JSON lines when not on a terminal, one line per request, never a key.
+
+The request line is written at every request's end, so the JSON path is built for speed: one
+processor stamps and encodes (`JsonLine`) where structlog's stock chain took four.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ import functools
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 import msgspec
 import structlog
+
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}  # as structlog's add_log_level
 
 
 def configure(level: str | None = None, json: bool | None = None) -> None:
@@ -17,22 +24,21 @@ def configure(level: str | None = None, json: bool | None = None) -> None:
     level = level or os.environ.get("LLMS_LOG_LEVEL", "info")
     as_json = not sys.stderr.isatty() if json is None else json
     pid = os.getpid()  # with --workers N, says which worker wrote the line
-
-    def add_pid(_: Any, __: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
-        event["pid"] = pid
-        return event
-
-    processors: list[structlog.typing.Processor] = [
-        structlog.processors.add_log_level,
-        add_pid,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
-    ]
+    logger_factory: Any
     if as_json:
-        processors.append(structlog.processors.JSONRenderer(serializer=_encode))
-        logger_factory: Any = structlog.BytesLoggerFactory(sys.stderr.buffer)
+        processors: list[structlog.typing.Processor] = [
+            structlog.processors.format_exc_info, JsonLine(pid)]
+        logger_factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
     else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        def add_pid(_: Any, __: str, event: structlog.typing.EventDict
+                    ) -> structlog.typing.EventDict:
+            event["pid"] = pid
+            return event
+
+        processors = [structlog.processors.add_log_level, add_pid,
+                      structlog.processors.TimeStamper(fmt="iso", utc=True),
+                      structlog.processors.format_exc_info,
+                      structlog.dev.ConsoleRenderer(colors=False)]
         logger_factory = structlog.PrintLoggerFactory(sys.stderr)
     structlog.configure(
         processors=processors,
@@ -42,12 +48,33 @@ def configure(level: str | None = None, json: bool | None = None) -> None:
     )
 
 
-def _encode(event: Any, **_: Any) -> bytes:
-    return msgspec.json.encode(event, enc_hook=str)
-
-
 @functools.cache
 def get_logger(name: str = "llms-gateway") -> structlog.typing.FilteringBoundLogger:
     """The gateway's logger, one per name: structlog caches its bound form on first use only
     when the same proxy is reused, and a fresh one per request cost a logger per log line."""
     return structlog.get_logger(name)
+
+
+class JsonLine:
+    """The last processor: adds level, pid and an ISO UTC timestamp, returns the JSON line."""
+
+    __slots__ = ("_pid", "_second", "_second_text")
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._second = -1
+        self._second_text = ""
+
+    def __call__(self, _: Any, method: str, event: structlog.typing.EventDict) -> bytes:
+        event["level"] = _LEVEL_NAMES.get(method, method)
+        event["pid"] = self._pid
+        event["timestamp"] = self.timestamp(time.time())
+        return msgspec.json.encode(event, enc_hook=str)
+
+    def timestamp(self, now: float) -> str:
+        """`2026-11-23T16:53:22.123456Z`; the part up to the second is formatted once a second."""
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._second_text}.{int((now - second) * 1_000_000):06d}Z"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.circuit import Breaker, CircuitPolicy, CircuitState
 from gateway.config import Route
@@ -28,8 +29,7 @@ class Change:
     trips: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Planned:
+class Planned(NamedTuple):
     """A candidate to try; `forced` when every candidate was blocked and this recovers first."""
 
     route: Route
@@ -67,12 +67,17 @@ class ProviderHealth:
              now: float | None = None) -> list[Planned]:
         """The routes to try in order: unblocked ones, else the one that recovers soonest."""
         now = self.clock() if now is None else now
-        blocked = {route: self.blocked_until(route, policies(route.provider), now)
-                   for route in routes}
-        ready = [Planned(route) for route in routes if not blocked[route]]
-        if ready or not routes:
+        ready: list[Planned] = []
+        soonest: tuple[float, Route] | None = None
+        for route in routes:  # once per request: a plain loop, no intermediate dict
+            until = self.blocked_until(route, policies(route.provider), now)
+            if not until:
+                ready.append(Planned(route))
+            elif soonest is None or until < soonest[0]:
+                soonest = (until, route)
+        if ready or soonest is None:
             return ready
-        return [Planned(min(routes, key=lambda r: blocked[r]), forced=True)]
+        return [Planned(soonest[1], forced=True)]
 
     def acquire(self, planned: Planned, policy: CircuitPolicy) -> bool:
         """Claim a try (a half-open circuit lets one probe through); forced tries always go."""

@@ -39,7 +39,7 @@ class RecentStats:
         second.seen += 1
         if len(second.latencies) < SAMPLES_PER_SECOND:
             second.latencies.append(duration)
-        elif (slot := self._rng.randrange(second.seen)) < SAMPLES_PER_SECOND:
+        elif (slot := int(self._rng.random() * second.seen)) < SAMPLES_PER_SECOND:
             second.latencies[slot] = duration  # reservoir sampling keeps it uniform
 
     def series(self, minutes: int = 5, step: int = 10) -> list[dict[str, float | int | None]]:

@@ -68,11 +68,16 @@ def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
 
 
 class _AnswerProbe(msgspec.Struct):
-    # Decoding into a Struct validates the whole document without building it.
-    choices: Any = None
-    output: Any = None
-    error: Any = None
+    # Raw fields are checked as JSON but not built: the whole document is validated for the
+    # price of a scan.
+    choices: msgspec.Raw = msgspec.Raw()  # empty when absent
+    output: msgspec.Raw = msgspec.Raw()
+    error: msgspec.Raw = msgspec.Raw()
     usage: Usage | None = None
+
+
+def _given(value: msgspec.Raw) -> bool:
+    return len(value) > 0 and bytes(value) != b"null"
 
 
 def check_json(body: bytes) -> Usage | None:
@@ -81,7 +86,7 @@ def check_json(body: bytes) -> Usage | None:
         probe = msgspec.json.decode(body, type=_AnswerProbe)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BadUpstreamResponse(f"response is not a JSON answer: {exc}") from None
-    if probe.error is not None and probe.choices is None and probe.output is None:
+    if _given(probe.error) and not _given(probe.choices) and not _given(probe.output):
         raise BadUpstreamResponse("response is an error object with status 200")
     return probe.usage
 
