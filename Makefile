@@ -31,6 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy gateway providers
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/run.py
 
 clean:

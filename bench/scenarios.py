@@ -145,6 +145,26 @@ def latency_at_rate(work: Path, rate: float, duration: float, repeats: int) -> d
     return out
 
 
+def load_curve(work: Path, rates: list[float], duration: float) -> dict[str, Any]:
+    """Latency against offered load: open-loop runs at each rate, direct, minimal proxy and
+    gateway in turn, lowest rate first (the curve `docs/latency-vs-load.png` plots)."""
+    points: list[dict[str, Any]] = []
+    with Started(work) as started:
+        upstream = started.upstream()
+        gateway, process = started.gateway(upstream)
+        minimal = start_minimal(started, upstream)
+        for rate in rates:
+            runs = alternate(1, process.pid, {"direct": upstream, "minimal": minimal,
+                                              "gateway": gateway},
+                             lambda url, rate=rate: ("openloop.py", "--url", url, "--rate", rate,
+                                                     "--duration", duration, "--warmup", 1))
+            points.append({"rate": rate, **{name: r[0] for name, r in runs.items()}})
+            print(f"  {rate:6.0f} req/s offered: " + ", ".join(
+                f"{name} p50 {r[0]['p50_ms']:.2f} p99 {r[0]['p99_ms']:.2f} ms"
+                for name, r in runs.items()), flush=True)
+    return {"duration_s": duration, "points": points}
+
+
 def streaming(work: Path, streams: int, chunks: int, delay: float, duration: float,
               repeats: int) -> dict[str, Any]:
     """Per-chunk timings of `streams` concurrent streams: direct, minimal proxy, gateway.

@@ -1,6 +1,8 @@
 """Admin endpoints: list providers, enable or disable one at runtime. Behind the gateway key.
 
-With no gateway keys configured they answer only clients on this machine.
+With no gateway keys configured they answer only clients on this machine, and not a request a
+local reverse proxy forwarded (it carries `Forwarded` or `X-Forwarded-For`): uvicorn's own
+proxy-header rewriting is off (`gateway.cli`), so this check is the one that matters.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def _authorized(request: Request[Any, Any, Any]) -> Gateway:
     keys = gateway.runtime.snapshot.keys
     if keys:
         auth.check(request.headers, keys)
-    elif not _is_local(request.client.host if request.client else ""):
+    elif (not _is_local(request.client.host if request.client else "")
+          or "forwarded" in request.headers or "x-forwarded-for" in request.headers):
         raise AuthenticationFailed("Admin endpoints need a gateway key (server.api_keys)")
     return gateway
 

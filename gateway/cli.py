@@ -101,6 +101,8 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
     uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port,
                 workers=args.workers, loop="uvloop", http="httptools", access_log=False,
+                # Per-request header rewriting nothing needs: admin checks forwarding itself.
+                proxy_headers=False, server_header=False,
                 log_level="warning", timeout_graceful_shutdown=30,
                 timeout_keep_alive=int(snapshot.server.keep_alive))
     return 0

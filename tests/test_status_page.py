@@ -39,6 +39,19 @@ def chat(gateway: GatewayProcess) -> httpx.Response:
                       headers={"Authorization": f"Bearer {KEY}"})
 
 
+def test_without_keys_admin_answers_this_machine_but_not_what_a_proxy_forwarded(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("alpha")
+    gateway = start_gateway(config({"alpha": provider(up.base_url, {"m": "m"})}))
+
+    assert admin(gateway, "providers", key=None).status_code == 200
+    for forwarded in ({"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}):
+        relayed = httpx.get(f"{gateway.url}/admin/providers", headers=forwarded)
+        assert relayed.status_code == 401, "a local reverse proxy must not open admin to all"
+        assert relayed.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_admin_disables_a_provider_and_routing_follows_at_once(three: GatewayProcess) -> None:
     assert chat(three).headers["x-llms-provider"] == "alpha"
     assert admin(three, "providers", key=None).status_code == 401
