@@ -172,7 +172,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     snapshot: Snapshot = app.state.initial
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=75)
     async with aiohttp.ClientSession(connector=connector) as session:
-        gateway = Gateway(session, providers.load_kinds())
+        gateway = Gateway(session, providers.load_kinds(), app.state.request_log)
         await gateway.apply(snapshot)
         app.state.gateway = gateway
         tasks = []
@@ -208,7 +208,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
 def create_app(snapshot: Snapshot | None = None) -> FastRelay:
     """Build the app for `snapshot`, or for the config discovery finds: the relay routes served
     directly (`fastpath`), the rest by Litestar."""
-    logs.configure()
+    request_log = logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
     return FastRelay(Litestar(
@@ -222,7 +222,7 @@ def create_app(snapshot: Snapshot | None = None) -> FastRelay:
             Exception: on_unexpected_error,
         },
         request_max_body_size=snapshot.server.max_body_bytes,
-        state=State({"initial": snapshot}),
+        state=State({"initial": snapshot, "request_log": request_log}),
         debug=False,
         openapi_config=None,
         logging_config=None,

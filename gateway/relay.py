@@ -33,7 +33,6 @@ from gateway.errors import (
     ResponseNotFound,
     envelope,
 )
-from gateway.logs import get_logger
 from gateway.responses.bridge import ResponsesBridge
 from gateway.runtime import Gateway
 from gateway.streaming import OpenedStream, close_quietly, open_stream, relay
@@ -118,24 +117,23 @@ class Exchange:
             upstream=self.upstream_time, failed=self.failed, attempts=self.attempts,
             usage=self.usage, cost=self.cost)
         self.gateway.stats.add(duration, ok=self.status < 500 and outcome != "error")
-        get_logger().info(
-            "request",
-            request_id=self.request_id,
-            endpoint=self.endpoint,
-            model=self.model,
-            provider=self.provider,
-            status=self.status,
-            outcome=outcome,
-            attempts=self.attempts,
-            failed=[f"{a.provider}:{a.reason}" for a in self.failed] or None,
-            stream=self.stream,
-            key_id=self.key_id,
-            tokens=self.usage.total_tokens if self.usage else None,
-            cost=round(self.cost, 8) if self.cost is not None else None,
-            ttft_ms=round(self.ttft * 1000, 2) if self.ttft is not None else None,
-            latency_ms=round(duration * 1000, 2),
+        self.gateway.request_log.write({
+            "request_id": self.request_id,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "provider": self.provider,
+            "status": self.status,
+            "outcome": outcome,
+            "attempts": self.attempts,
+            "failed": [f"{a.provider}:{a.reason}" for a in self.failed] or None,
+            "stream": self.stream,
+            "key_id": self.key_id,
+            "tokens": self.usage.total_tokens if self.usage else None,
+            "cost": round(self.cost, 8) if self.cost is not None else None,
+            "ttft_ms": round(self.ttft * 1000, 2) if self.ttft is not None else None,
+            "latency_ms": round(duration * 1000, 2),
             **extra,
-        )
+        })
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ request sees either the old config or the new one, never half of each.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import msgspec
 from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
 from gateway.lasting import Lasting
 from gateway.limits import RateLimiter
-from gateway.logs import get_logger
+from gateway.logs import RequestLog, get_logger
 from gateway.metrics import Metrics
 from gateway.responses.bridge import ResponsesBridge
 from gateway.responses.store import ResponseStore
@@ -78,9 +79,10 @@ def model_card(alias: str, owner: str, created: int) -> dict[str, object]:
 class Gateway:
     """Holds the current Runtime; swapped atomically on reload."""
 
-    def __init__(self, session: aiohttp.ClientSession,
-                 kinds: Mapping[str, type[Provider]]) -> None:
+    def __init__(self, session: aiohttp.ClientSession, kinds: Mapping[str, type[Provider]],
+                 request_log: RequestLog | None = None) -> None:
         self.session = session
+        self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
         self.started = time.time()
         self.health = ProviderHealth()

@@ -52,6 +52,16 @@ def test_breaker_opens_on_error_rate_over_the_window() -> None:
     assert old.state is CircuitState.CLOSED, "failures older than the window are forgotten"
 
 
+def test_the_error_rate_window_stays_small_whatever_the_request_rate() -> None:
+    breaker = Breaker(POLICY)
+    for i in range(120_000):  # 2,000 answers a second for a minute
+        breaker.success(i / 2_000)
+    assert len(breaker._window) <= 61, "the window holds counts per slot, not every outcome"
+    for i in range(3):
+        breaker.failure(60 + i / 1000)
+    assert breaker.state is CircuitState.OPEN, "3 consecutive failures still trip it"
+
+
 def test_plan_skips_open_and_cooling_routes_but_tries_the_soonest_when_all_are_blocked() -> None:
     now = [100.0]
     health = ProviderHealth(clock=lambda: now[0])
