@@ -21,6 +21,7 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.response import Stream
 
 import providers
 from gateway import admin, config, discovery, logs, relay, reload, status
@@ -49,19 +50,19 @@ GC_THRESHOLD = 50_000
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     """OpenAI chat completions, streaming or not."""
-    return await relay.handle(request, "chat/completions", _gateway(request))
+    return _litestar(await relay.handle(request, "chat/completions", _gateway(request)))
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     """The legacy completions endpoint."""
-    return await relay.handle(request, "completions", _gateway(request))
+    return _litestar(await relay.handle(request, "completions", _gateway(request)))
 
 
 @post("/v1/responses", status_code=200)
 async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
     """The Responses API: native where a provider speaks it, bridged to chat elsewhere."""
-    return await relay.handle(request, "responses", _gateway(request))
+    return _litestar(await relay.handle(request, "responses", _gateway(request)))
 
 
 @get("/v1/models")
@@ -125,6 +126,10 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
         body["reason"] = "no provider is enabled"
     return Response(msgspec.json.encode(body), media_type=JSON,
                     status_code=200 if is_ready else 503)
+
+
+def _litestar(answer: relay.Answer | Stream) -> Response[Any]:
+    return answer.to_response() if isinstance(answer, relay.Answer) else answer
 
 
 def _gateway(request: Request[Any, Any, Any]) -> Gateway:

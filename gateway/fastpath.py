@@ -12,11 +12,9 @@ to Litestar unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import Enum
-from typing import Any
 
 from litestar import Litestar, Request
-from litestar.response import Response, Stream
+from litestar.response import Stream
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
@@ -80,9 +78,9 @@ class FastRelay:
             response = await relay.handle(request, endpoint, gateway)
         except Exception:  # a bug: logged with its traceback, answered in the envelope
             get_logger().exception("unhandled_error", path=scope["path"])
-            response = Response(envelope(GatewayError("Internal gateway error")), status_code=500,
-                                media_type="application/json",
-                                headers={"x-request-id": relay.request_id(request.headers)})
+            response = relay.Answer(envelope(GatewayError("Internal gateway error")),
+                                    {"x-request-id": relay.request_id(request.headers)},
+                                    status=500)
         if isinstance(response, Stream):
             scope["app"] = self.app  # Litestar's response machinery looks the app up here
             asgi = response.to_asgi_response(self.app, Request(scope, receive))
@@ -91,20 +89,17 @@ class FastRelay:
         await send_whole(response, send)
 
 
-async def send_whole(response: Response[Any], send: Send) -> None:
+async def send_whole(answer: relay.Answer, send: Send) -> None:
     """A complete answer, its bytes as they are, nothing re-encoded: in one write to uvicorn's
     transport when it is there, else as two ASGI messages."""
-    body = response.content if isinstance(response.content, bytes) else b""
-    media = response.media_type
-    media = media.value if isinstance(media, Enum) else str(media)
-    status = response.status_code or 200
-    headers = [(b"content-type", media.encode("latin-1")),
-               (b"content-length", str(len(body)).encode("latin-1"))]
+    body = answer.body
+    headers = [(b"content-type", answer.media_type.encode("latin-1")),
+               (b"content-length", b"%d" % len(body))]
     headers += [(name.lower().encode("latin-1"), value.encode("latin-1"))
-                for name, value in response.headers.items()]
-    if write_to_uvicorn(send, status, headers, body):
+                for name, value in answer.headers.items()]
+    if write_to_uvicorn(send, answer.status, headers, body):
         return
-    start: HTTPResponseStartEvent = {"type": "http.response.start", "status": status,
+    start: HTTPResponseStartEvent = {"type": "http.response.start", "status": answer.status,
                                      "headers": headers}
     await send(start)
     whole: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body,
