@@ -357,7 +357,9 @@ def plot_curve(points: list[dict[str, Any]], when: str) -> str:
     axes.set_yscale("log")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(ncol=3, fontsize=8)
-    axes.set_title(f"Non-streaming latency vs load, one core ({when[:8]})", fontsize=10)
+    day = f"{when[:4]}-{when[4:6]}-{when[6:8]}"
+    axes.set_title(f"Non-streaming latency vs offered load, target on one core ({day})",
+                   fontsize=10)
     figure.tight_layout()
     figure.savefig(PLOT)
     plt.close(figure)
