@@ -64,12 +64,11 @@ def get_logger(name: str = "llms-gateway") -> structlog.typing.FilteringBoundLog
 class JsonLine:
     """The last processor: adds level, pid and an ISO UTC timestamp, returns the JSON line."""
 
-    __slots__ = ("_pid", "_second", "_second_text")
+    __slots__ = ("_pid", "_second")
 
     def __init__(self, pid: int) -> None:
         self._pid = pid
-        self._second = -1
-        self._second_text = ""
+        self._second: tuple[int, str] = (-1, "")  # one attribute: threads may log too
 
     def __call__(self, _: Any, method: str, event: structlog.typing.EventDict) -> bytes:
         event["level"] = _LEVEL_NAMES.get(method, method)
@@ -80,10 +79,11 @@ class JsonLine:
     def timestamp(self, now: float) -> str:
         """`2026-11-23T16:53:22.123456Z`; the part up to the second is formatted once a second."""
         second = int(now)
-        if second != self._second:
-            self._second = second
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._second_text}.{int((now - second) * 1_000_000):06d}Z"
+        cached, text = self._second
+        if second != cached:
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
+        return f"{text}.{int((now - second) * 1_000_000):06d}Z"
 
 
 class RequestLog:
