@@ -176,7 +176,10 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     """Own the one upstream session, the live config, and the reload watcher."""
     snapshot: Snapshot = app.state.initial
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=75)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    # No cookie jar: one session serves every client, so a cookie an upstream sets (OpenAI's
+    # edge sets __cf_bm on every answer) would ride along on other clients' requests.
+    async with aiohttp.ClientSession(connector=connector,
+                                     cookie_jar=aiohttp.DummyCookieJar()) as session:
         gateway = Gateway(session, providers.load_kinds(), app.state.request_log)
         await gateway.apply(snapshot)
         app.state.gateway = gateway

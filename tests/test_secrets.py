@@ -46,3 +46,22 @@ def test_upstream_key_never_leaks_and_each_request_logs_one_line(
                   "stream"):
         assert field in last
     assert (last["model"], last["provider"], last["status"]) == ("other", "good", 200)
+
+
+def test_an_upstream_cookie_is_never_replayed_on_another_clients_request(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    upstream = upstream_factory("edge")  # sets a __cf_bm cookie on every answer, as OpenAI's does
+    # By name, not IP: aiohttp's default cookie jar ignores cookies from IP addresses.
+    by_name = upstream.base_url.replace("127.0.0.1", "localhost")
+    gateway = start_gateway(config({"edge": {"type": "openai", "base_url": by_name,
+                                             "models": {"m": "m"}}}))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    first = httpx.post(f"{gateway.base_url}/chat/completions", json=body)
+    second = httpx.post(f"{gateway.base_url}/chat/completions", json=body)
+
+    assert first.status_code == second.status_code == 200
+    assert [r.headers.get("cookie") for r in upstream.requests] == [None, None], \
+        "the gateway's one upstream session must not carry one client's cookies into another's"
+    assert "set-cookie" not in first.headers, "upstream cookies are not relayed to clients"

@@ -306,7 +306,10 @@ class FakeUpstream:
         assert task is not None
         self._inflight.add(task)
         try:
-            return await self._play(request, self._next_mode(), body, shape)
+            response = await self._play(request, self._next_mode(), body, shape)
+            if not response.prepared:  # as OpenAI's edge does: a cookie on every answer
+                response.set_cookie("__cf_bm", f"edge-{len(self.requests)}")
+            return response
         except asyncio.CancelledError:
             self._count_cancel()
             raise
