@@ -92,8 +92,10 @@ def _policy(providers: Mapping[str, Provider], name: str) -> CircuitPolicy:
     return provider.spec.circuit if provider is not None else CircuitPolicy()
 
 
-async def _with_retries(provider: Provider, plan: Planned, call: Call[T],
-                        failed: list[Attempt], health: ProviderHealth | None) -> T:
+def _with_retries(provider: Provider, plan: Planned, call: Call[T], failed: list[Attempt],
+                  health: ProviderHealth | None) -> Awaitable[T]:
+    """The tries at one candidate, to await; with one try (the default) that try itself,
+    without a retry loop around it (a frame less to resume on every upstream read)."""
     retries = provider.spec.retries
     route, policy = plan.route, provider.spec.circuit
 
@@ -122,9 +124,12 @@ async def _with_retries(provider: Provider, plan: Planned, call: Call[T],
             health.succeeded(route, policy)
         return result
 
-    if retries.attempts <= 1:  # the common case needs no retry machinery
-        return await once()
+    if retries.attempts <= 1:
+        return once()
+    return _retrying(once, retries)
 
+
+async def _retrying(once: Callable[[], Awaitable[T]], retries: Retries) -> T:
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         hint = exc.retry_after if isinstance(exc, ProviderError) else None
