@@ -9,7 +9,7 @@ aggregates every worker.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -71,6 +71,14 @@ class Metrics:
         self._served: dict[tuple[str, str], _Served] = {}
         if multiprocess_dir() is None:
             r.register(_CircuitCollector(health))
+
+    def watch_inflight(self, read: Callable[[], int]) -> bool:
+        """In one process the in-flight gauge reads `read()` when scraped, so requests need not
+        move it; False with several workers, where each adds its own share (`inflight.inc`)."""
+        if multiprocess_dir() is not None:
+            return False
+        self.inflight.set_function(read)
+        return True
 
     def record(self, *, endpoint: str, model: str, provider: str | None, status: int,
                duration: float, ttft: float | None, upstream: float | None,

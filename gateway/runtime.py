@@ -90,6 +90,7 @@ class Gateway:
         self.metrics = Metrics(self.health)
         self.stats = RecentStats()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
+        self._gauge_per_request = not self.metrics.watch_inflight(lambda: self.inflight)
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         self.responses = ResponseStore()
@@ -116,11 +117,13 @@ class Gateway:
     def enter(self) -> None:
         """A request now holds an upstream."""
         self.inflight += 1
-        self.metrics.inflight.inc()
+        if self._gauge_per_request:
+            self.metrics.inflight.inc()
 
     def leave(self) -> None:
         self.inflight -= 1
-        self.metrics.inflight.dec()
+        if self._gauge_per_request:
+            self.metrics.inflight.dec()
 
     async def apply(self, snapshot: Snapshot) -> None:
         """Make `snapshot` live; on any error the previous runtime keeps serving."""

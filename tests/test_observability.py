@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream, status
+from tests.upstream import FakeUpstream, ok, slow_first_token, status
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 PRICE = {"input": 2.0, "output": 10.0}  # dollars per million tokens
@@ -95,6 +96,24 @@ def test_streams_ask_for_usage_but_clients_that_did_not_ask_never_see_it(
     assert '"usage"' not in plain.text and plain.text.rstrip().endswith("data: [DONE]")
     assert '"usage"' in asked.text
     assert gateway.log_events("request")[0]["tokens"] == 7
+
+
+def test_the_inflight_gauge_counts_requests_holding_an_upstream(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    up.set_mode(slow_first_token(1.5), ok())
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})}))
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(httpx.post, f"{gateway.base_url}/chat/completions",
+                              json={"model": "m", "messages": MESSAGES}, timeout=10)
+        time.sleep(0.7)
+        during = value(scrape(gateway), "llms_inflight_requests")
+        assert waiting.result().status_code == 200
+    after = value(scrape(gateway), "llms_inflight_requests")
+
+    assert (during, after) == (1, 0)
 
 
 def test_metrics_add_up_across_workers(start_gateway: Callable[..., GatewayProcess],
