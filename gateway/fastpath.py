@@ -3,15 +3,15 @@
 `POST /v1/chat/completions`, `/v1/completions` and `/v1/responses` are the data plane: under load,
 Litestar's own work per request (routing, its Request object, response conversion, exception
 middleware) was about a fifth of the gateway's CPU (docs/benchmarks.md), and the relay uses none
-of it. `FastRelay` reads the headers and body from the scope, runs `relay.handle`, and sends a
-whole answer itself; a stream is handed to Litestar's streaming response, whose disconnect
-handling the relay relies on. Everything else (other routes and methods, 404/405, lifespan) goes
-to Litestar unchanged.
+of it. `FastRelay` reads the headers and body from the scope, runs `relay.handle`, and sends the
+answer itself: under uvicorn straight to its transport (`write_to_uvicorn`, `stream_to_uvicorn`),
+under another ASGI server as ASGI messages (a stream through Litestar's streaming response).
+Everything else (other routes and methods, 404/405, lifespan) goes to Litestar unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 
 from litestar import Litestar, Request
 from litestar.response import Stream
@@ -19,9 +19,11 @@ from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, Receiv
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from gateway import relay
+from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.errors import GatewayError, RequestTooLarge, envelope
 from gateway.logs import get_logger
 from gateway.runtime import Gateway
+from gateway.streaming import close_quietly
 
 RELAY_PATHS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
                "/v1/responses": "responses"}
@@ -82,6 +84,8 @@ class FastRelay:
                                     {"x-request-id": relay.request_id(request.headers)},
                                     status=500)
         if isinstance(response, Stream):
+            if await stream_to_uvicorn(response, receive, send):
+                return
             scope["app"] = self.app  # Litestar's response machinery looks the app up here
             asgi = response.to_asgi_response(self.app, Request(scope, receive))
             await asgi(scope, receive, send)
@@ -107,6 +111,80 @@ async def send_whole(answer: relay.Answer, send: Send) -> None:
     await send(whole)
 
 
+def _uvicorn_cycle(send: Send) -> RequestResponseCycle | None:
+    """uvicorn's httptools cycle behind `send`, if that is what it is and it can take a write."""
+    cycle = getattr(send, "__self__", None)
+    if (type(cycle) is not RequestResponseCycle or cycle.response_started or cycle.disconnected
+            or cycle.flow.write_paused):
+        return None
+    return cycle
+
+
+def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]]
+          ) -> list[bytes]:
+    head = [STATUS_LINE[status]]
+    head += [b"%s: %s\r\n" % pair for pair in cycle.default_headers]
+    head += [b"%s: %s\r\n" % pair for pair in headers]
+    if not cycle.keep_alive:
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    return head
+
+
+def _complete(cycle: RequestResponseCycle) -> None:
+    cycle.response_complete = True
+    cycle.message_event.set()  # a receive() still waiting learns the exchange is over
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()
+
+
+async def stream_to_uvicorn(response: Stream, receive: Receive, send: Send) -> bool:
+    """Relay a stream's chunks straight to uvicorn's transport, each in one write (the head
+    with the first); False (nothing sent) when `send` is not uvicorn's httptools cycle.
+
+    In place of Litestar's streaming response, which sends every chunk as an ASGI message
+    through uvicorn's checks and keeps a task group per stream. A client that leaves is seen
+    at the next write, or while the upstream is quiet by the disconnect guard, which cancels
+    the wait; either way the relay's iterator is closed (the upstream with it) and the
+    response's background task runs.
+    """
+    cycle = _uvicorn_cycle(send)
+    if cycle is None:
+        return False
+    headers = [(b"content-type", str(response.media_type).encode("latin-1")),
+               (b"transfer-encoding", b"chunked")]
+    headers += [(name.lower().encode("latin-1"), value.encode("latin-1"))
+                for name, value in response.headers.items()]
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    pending = _head(cycle, response.status_code or 200, headers)
+    chunks = response.iterator
+    assert isinstance(chunks, AsyncGenerator)
+    try:
+        async with DisconnectGuard(receive):
+            async for chunk in chunks:
+                if cycle.disconnected:
+                    break
+                if cycle.flow.write_paused:
+                    await cycle.flow.drain()
+                if chunk:
+                    pending += (b"%x\r\n" % len(chunk), chunk, b"\r\n")
+                    cycle.transport.write(b"".join(pending))
+                    pending = []
+            else:
+                pending.append(b"0\r\n\r\n")
+                cycle.transport.write(b"".join(pending))
+                _complete(cycle)
+    except ClientDisconnected:
+        pass
+    finally:
+        await close_quietly(chunks)
+        if response.background is not None:
+            await response.background()
+    return True
+
+
 def write_to_uvicorn(send: Send, status: int, headers: list[tuple[bytes, bytes]],
                      body: bytes) -> bool:
     """Write a whole answer straight to the connection of uvicorn's httptools cycle; False
@@ -119,21 +197,11 @@ def write_to_uvicorn(send: Send, status: int, headers: list[tuple[bytes, bytes]]
     pyproject.toml and a test asserts this path is taken, so an upgrade cannot silently lose it.
     Header values are the gateway's own or checked (`relay.request_id`), never raw CR/LF.
     """
-    cycle = getattr(send, "__self__", None)
-    if (type(cycle) is not RequestResponseCycle or cycle.response_started or cycle.disconnected
-            or cycle.flow.write_paused):
+    cycle = _uvicorn_cycle(send)
+    if cycle is None:
         return False
-    cycle.response_started = cycle.response_complete = True
+    cycle.response_started = True
     cycle.waiting_for_100_continue = False
-    head = [STATUS_LINE[status]]
-    head += [b"%s: %s\r\n" % pair for pair in cycle.default_headers]
-    head += [b"%s: %s\r\n" % pair for pair in headers]
-    if not cycle.keep_alive:
-        head.append(b"connection: close\r\n")
-    head += (b"\r\n", body)
-    cycle.transport.write(b"".join(head))
-    cycle.message_event.set()  # a receive() still waiting learns the exchange is over
-    if not cycle.keep_alive:
-        cycle.transport.close()
-    cycle.on_response()
+    cycle.transport.write(b"".join([*_head(cycle, status, headers), body]))
+    _complete(cycle)
     return True

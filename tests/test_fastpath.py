@@ -7,27 +7,43 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import uvicorn
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
 
-from gateway.fastpath import write_to_uvicorn
+from gateway.fastpath import stream_to_uvicorn, write_to_uvicorn
 from tests.gateway_process import free_port
 
 
 class _App:
-    """Answers every request with one direct write, and remembers whether it was taken."""
+    """Answers every request with one direct write (`/stream`: a direct stream of three
+    chunks), and remembers whether the direct path was taken."""
 
     def __init__(self) -> None:
         self.direct: list[bool] = []
+        self.background_ran = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         while (await receive()).get("more_body"):
             pass
+        if scope["path"] == "/stream":
+            async def chunks() -> AsyncIterator[bytes]:
+                for word in (b"one", b"two", b"three"):
+                    yield b"data: %s\n\n" % word
+
+            async def after() -> None:
+                self.background_ran += 1
+
+            stream = Stream(chunks(), media_type="text/event-stream",
+                            background=BackgroundTask(after), headers={"x-request-id": "r1"})
+            self.direct.append(await stream_to_uvicorn(stream, receive, send))
+            return
         body = b'{"n":%d}' % len(self.direct)
         self.direct.append(write_to_uvicorn(
             send, 200, [(b"content-type", b"application/json"),
@@ -100,3 +116,22 @@ def test_a_client_that_closes_after_its_request_is_answered_and_closed(
 
     assert _recorded(app, 1) == [True]
     assert b"connection: close\r\n" in answer
+
+
+def test_a_stream_goes_out_chunk_by_chunk_and_ends_properly(server: tuple[int, _App]) -> None:
+    port, app = server
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            data += sock.recv(65536)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        after = _read_response(sock)  # the connection is reusable after the stream
+
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert _recorded(app, 2) == [True, True] and app.background_ran == 1
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"transfer-encoding: chunked" in head and b"x-request-id: r1" in head
+    assert body == (b"b\r\ndata: one\n\n\r\nb\r\ndata: two\n\n\r\n"
+                    b"d\r\ndata: three\n\n\r\n0\r\n\r\n")
+    assert after.endswith(b'{"n":1}')

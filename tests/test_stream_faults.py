@@ -60,6 +60,21 @@ def test_client_leaving_mid_stream_cancels_the_upstream(pair: Pair) -> None:
     assert time.monotonic() - started < 1.0
 
 
+def test_client_leaving_while_the_upstream_is_quiet_mid_stream_cancels_it(pair: Pair) -> None:
+    # Nothing to write for 5 s after the first word: only watching the connection notices.
+    pair.primary.set_mode(ok(content="one two three", delay_between_chunks=5.0))
+
+    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions", json=BODY) as resp:
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data: ")
+    started = time.monotonic()
+
+    assert pair.primary.wait_for_cancel(timeout=5)
+    assert time.monotonic() - started < 1.0
+    logged = pair.gateway.wait_for_log("request")[-1]
+    assert logged["outcome"] == "client_disconnected"
+
+
 def test_client_leaving_before_the_first_token_cancels_the_upstream(pair: Pair) -> None:
     pair.primary.set_mode(slow_first_token(10))
     request = (
