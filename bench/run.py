@@ -313,6 +313,7 @@ def render(path: Path | None) -> None:
         if not (full or files):
             raise SystemExit("no result in bench/results/; run the bench first")
         path = (full or files)[0]
+    path = path.resolve()
     data = json.loads(path.read_text())
     text = DOC.read_text()
     text = replace_between(text, "targets", targets_table(data))
