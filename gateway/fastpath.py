@@ -98,9 +98,7 @@ async def send_whole(answer: relay.Answer, send: Send) -> None:
     transport when it is there, else as two ASGI messages."""
     body = answer.body
     headers = [(b"content-type", answer.media_type.encode("latin-1")),
-               (b"content-length", b"%d" % len(body))]
-    headers += [(name.lower().encode("latin-1"), value.encode("latin-1"))
-                for name, value in answer.headers.items()]
+               (b"content-length", b"%d" % len(body)), *_encoded(answer.headers)]
     if write_to_uvicorn(send, answer.status, headers, body):
         return
     start: HTTPResponseStartEvent = {"type": "http.response.start", "status": answer.status,
@@ -109,6 +107,11 @@ async def send_whole(answer: relay.Answer, send: Send) -> None:
     whole: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body,
                                     "more_body": False}
     await send(whole)
+
+
+def _encoded(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in headers.items()]
 
 
 def _uvicorn_cycle(send: Send) -> RequestResponseCycle | None:
@@ -153,9 +156,7 @@ async def stream_to_uvicorn(response: Stream, receive: Receive, send: Send) -> b
     if cycle is None:
         return False
     headers = [(b"content-type", str(response.media_type).encode("latin-1")),
-               (b"transfer-encoding", b"chunked")]
-    headers += [(name.lower().encode("latin-1"), value.encode("latin-1"))
-                for name, value in response.headers.items()]
+               (b"transfer-encoding", b"chunked"), *_encoded(response.headers)]
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     pending = _head(cycle, response.status_code or 200, headers)

@@ -28,11 +28,11 @@ def configure(level: str | None = None, json: bool | None = None) -> RequestLog:
     pid = os.getpid()  # with --workers N, says which worker wrote the line
     logger_factory: Any
     threshold = logging.getLevelName(level.upper())
-    request_log = RequestLog(JsonLine(pid) if as_json else None, sys.stderr.buffer,
-                             enabled=threshold <= logging.INFO)
-    if as_json:
+    line = JsonLine(pid) if as_json else None
+    request_log = RequestLog(line, sys.stderr.buffer, enabled=threshold <= logging.INFO)
+    if line is not None:
         processors: list[structlog.typing.Processor] = [
-            structlog.processors.format_exc_info, JsonLine(pid)]
+            structlog.processors.format_exc_info, line]
         logger_factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
     else:
         def add_pid(_: Any, __: str, event: structlog.typing.EventDict

@@ -194,12 +194,14 @@ class Deadline:
         """Seconds allowed for the next chunk."""
         return self._until(self._loop.time() + self.idle, IdleTimeout)
 
-    def total(self) -> tuple[float, type[ProviderTimeout]]:
-        return self._until(self.total_at, TotalTimeout)
+    def capped(self, at: float, error: TimeoutKind) -> tuple[float, TimeoutKind]:
+        """A phase's end `at`, unless the total limit comes first (then that, named so)."""
+        if self.total_at <= at:
+            return self.total_at, TotalTimeout
+        return at, error
 
     def _until(self, at: float, error: TimeoutKind) -> tuple[float, TimeoutKind]:
-        if self.total_at <= at:
-            at, error = self.total_at, TotalTimeout
+        at, error = self.capped(at, error)
         return max(0.0, at - self._loop.time()), error
 
 
@@ -252,16 +254,10 @@ class Watchdog:
 
     def _due(self) -> tuple[float, TimeoutKind]:
         deadline = self._deadline
-        at: float
-        error: TimeoutKind
         if not self._started:
-            at, error = deadline.first_token_at, FirstTokenTimeout
-        else:
-            since = self._loop.time() if self._waiting_since is None else self._waiting_since
-            at, error = since + deadline.idle, IdleTimeout
-        if deadline.total_at <= at:
-            return deadline.total_at, TotalTimeout
-        return at, error
+            return deadline.capped(deadline.first_token_at, FirstTokenTimeout)
+        since = self._loop.time() if self._waiting_since is None else self._waiting_since
+        return deadline.capped(since + deadline.idle, IdleTimeout)
 
     def _check(self) -> None:
         at, error = self._due()

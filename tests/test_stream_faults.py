@@ -48,13 +48,18 @@ def test_sdk_raises_instead_of_returning_a_truncated_answer(pair: Pair) -> None:
             pass
 
 
-def test_client_leaving_mid_stream_cancels_the_upstream(pair: Pair) -> None:
-    pair.primary.set_mode(ok(content=" ".join(["word"] * 200), delay_between_chunks=0.05))
-
+def _leave_after_the_first_event(pair: Pair) -> float:
+    """Open a stream, read its first event, hang up; when the client left."""
     with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions", json=BODY) as resp:
         lines = resp.iter_lines()
         assert next(lines).startswith("data: ")
-    started = time.monotonic()
+    return time.monotonic()
+
+
+def test_client_leaving_mid_stream_cancels_the_upstream(pair: Pair) -> None:
+    pair.primary.set_mode(ok(content=" ".join(["word"] * 200), delay_between_chunks=0.05))
+
+    started = _leave_after_the_first_event(pair)
 
     assert pair.primary.wait_for_cancel(timeout=5)
     assert time.monotonic() - started < 1.0
@@ -64,10 +69,7 @@ def test_client_leaving_while_the_upstream_is_quiet_mid_stream_cancels_it(pair: 
     # Nothing to write for 5 s after the first word: only watching the connection notices.
     pair.primary.set_mode(ok(content="one two three", delay_between_chunks=5.0))
 
-    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions", json=BODY) as resp:
-        lines = resp.iter_lines()
-        assert next(lines).startswith("data: ")
-    started = time.monotonic()
+    started = _leave_after_the_first_event(pair)
 
     assert pair.primary.wait_for_cancel(timeout=5)
     assert time.monotonic() - started < 1.0
