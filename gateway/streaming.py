@@ -9,6 +9,7 @@ truncation. The watcher parses only what that needs: event boundaries, `[DONE]`,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,8 @@ _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 _RESPONSE_ENDED = re.compile(rb'^\{\s*"type"\s*:\s*"response\.(completed|incomplete|failed)"')
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
+# How long the relay waits, after the upstream's last event, for the end of its body.
+END_OF_BODY_GRACE = 0.25
 
 
 @dataclass(slots=True)
@@ -134,6 +137,8 @@ async def relay(opened: OpenedStream, provider: str,
                     yield chunk
                 if watch.done:
                     break
+        if watch.done:
+            await read_to_end(opened.rest)
         if watch.done or (watch.finished and not watch.garbage):
             if not watch.done:
                 yield DONE_EVENT
@@ -149,6 +154,18 @@ async def relay(opened: OpenedStream, provider: str,
         await close_quietly(opened.rest)
         if on_end is not None:
             on_end(outcome, watch.usage)
+
+
+async def read_to_end(rest: AsyncIterator[bytes]) -> None:
+    """Read, and drop, what the upstream sends after its last event: normally only the end of
+    its body, which frees its connection for the next request. Closed unread, the connection
+    would be closed too, and every stream would pay a new connect (a TLS handshake to a remote
+    API). Servers such as uvicorn send that end in a write of its own; gives up after
+    `END_OF_BODY_GRACE`, as a client of the upstream alone would not wait forever either."""
+    with contextlib.suppress(TimeoutError, ProviderError):
+        async with asyncio.timeout(END_OF_BODY_GRACE):
+            async for _ in rest:
+                pass
 
 
 _USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')

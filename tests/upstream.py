@@ -46,15 +46,18 @@ class Mode:
     options: tuple[Mode, ...] = ()
     seed: int = 0
     tool: tuple[str, str] | None = None  # (function name, JSON arguments)
+    end_delay: float = 0.0  # seconds between a stream's last event and the end of its body
 
 
 def ok(content: str | None = None, chunks: list[str] | None = None,
        delay_between_chunks: float = 0.0, reasoning: str | None = None,
-       finish_reason: str = "stop", usage: bool = True) -> Mode:
-    """Answer successfully (streamed when the request asks for it)."""
+       finish_reason: str = "stop", usage: bool = True, end_delay: float = 0.0) -> Mode:
+    """Answer successfully (streamed when the request asks for it). A stream's body ends
+    `end_delay` seconds after its last event: real servers (uvicorn under vLLM) send that end
+    in a write of its own."""
     return Mode("ok", content=content, chunks=tuple(chunks) if chunks else None,
                 delay_between_chunks=delay_between_chunks, reasoning=reasoning,
-                finish_reason=finish_reason, usage=usage)
+                finish_reason=finish_reason, usage=usage, end_delay=end_delay)
 
 
 def tool_call(name: str, arguments: str, content: str = "", reasoning: str | None = None) -> Mode:
@@ -109,6 +112,7 @@ class Recorded:
     headers: dict[str, str]
     body: bytes
     json: Any
+    peer: tuple[str, int] | None = None  # the client's end of the connection it came on
 
 
 def free_port() -> int:
@@ -155,6 +159,11 @@ class FakeUpstream:
     def last_json(self) -> Any:
         """The parsed body of the last request, or None."""
         return self.requests[-1].json if self.requests else None
+
+    @property
+    def connections(self) -> int:
+        """How many client connections the recorded requests came on."""
+        return len({r.peer for r in self.requests})
 
     @property
     def cancelled(self) -> int:
@@ -274,9 +283,10 @@ class FakeUpstream:
             parsed = json.loads(body) if body else None
         except (ValueError, RecursionError):
             parsed = None
+        peer = request.transport.get_extra_info("peername") if request.transport else None
         self.requests.append(Recorded(request.method, request.path,
                                       {k.lower(): v for k, v in request.headers.items()},
-                                      body, parsed))
+                                      body, parsed, tuple(peer) if peer else None))
         return parsed
 
     async def _list_models(self, request: web.Request) -> web.Response:
@@ -388,6 +398,8 @@ async def _stream(request: web.Request, events: list[bytes], mode: Mode) -> web.
     if mode.kind == "cut":
         _abort(request)  # the chunked body never gets its terminating chunk
         return response
+    if mode.end_delay:
+        await asyncio.sleep(mode.end_delay)
     await response.write_eof()
     return response
 
