@@ -302,8 +302,7 @@ class HttpUpstream:
         try:
             async with asyncio.timeout(limit):
                 with translate_errors(self.secret):
-                    async with self.session.request(method, url, data=body, headers=self.headers,
-                                                    timeout=self._timeout) as response:
+                    async with await self._request(method, url, body) as response:
                         payload = await response.read()
                         status, headers = response.status, response.headers
         except TimeoutError:
@@ -319,8 +318,7 @@ class HttpUpstream:
             limit, error = deadline.first_token()
             try:
                 async with asyncio.timeout(limit):
-                    response = await self.session.post(url, data=body, headers=self.headers,
-                                                       timeout=self._timeout)
+                    response = await self._request("POST", url, body)
             except TimeoutError:
                 raise error(f"no response headers within {limit:g}s") from None
             try:
@@ -332,6 +330,22 @@ class HttpUpstream:
                     yield chunk
             finally:
                 response.close()
+
+    async def _request(self, method: str, url: str, body: bytes | None
+                       ) -> aiohttp.ClientResponse:
+        """The response, once its head is in; sent once more when the connection dropped
+        before any answer. A kept-alive connection the upstream closes as idle (uvicorn, under
+        vLLM, after 5 s) can take a request in that very moment, and the client would get an
+        error for a request the upstream never read. aiohttp resends only idempotent methods
+        (RFC 9112 9.3.1); an inference POST is safe to send again, as failover does anyway."""
+        try:
+            return await self.session.request(method, url, data=body, headers=self.headers,
+                                              timeout=self._timeout)
+        except aiohttp.ClientConnectorError:
+            raise  # never connected: nothing to retry here, failover decides
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            return await self.session.request(method, url, data=body, headers=self.headers,
+                                              timeout=self._timeout)
 
     async def _raise_for_status(self, response: aiohttp.ClientResponse,
                                 deadline: Deadline) -> None:

@@ -105,32 +105,6 @@ def test_non_streaming_client_leaving_cancels_the_upstream(pair: Pair) -> None:
     assert pair.primary.wait_for_cancel(timeout=3)
 
 
-def test_streams_from_a_server_that_ends_its_body_late_share_one_upstream_connection(
-        pair: Pair) -> None:
-    # uvicorn (vLLM's server) writes the body's end apart from `[DONE]`; closing the upstream
-    # response at `[DONE]` would throw its connection away and make every stream connect anew.
-    pair.primary.set_mode(ok(end_delay=0.02))
-
-    for _ in range(10):
-        assert events(pair)[-1] == "data: [DONE]"
-
-    assert len(pair.primary.requests) == 10
-    assert pair.primary.connections <= 2, "streams must reuse the pooled upstream connection"
-    assert pair.primary.cancelled == 0
-
-
-def test_an_upstream_that_never_ends_its_body_after_done_does_not_hold_the_client(
-        pair: Pair) -> None:
-    pair.primary.set_mode(ok(end_delay=30))
-
-    started = time.monotonic()
-    lines = events(pair)
-
-    assert lines[-1] == "data: [DONE]"
-    assert time.monotonic() - started < 2.0
-    assert pair.primary.wait_for_cancel(timeout=3), "the gateway let go of that connection"
-
-
 def test_gateway_keeps_serving_after_faults(pair: Pair) -> None:
     pair.primary.set_mode(stream_cut(after_chunks=1))
     events(pair)
