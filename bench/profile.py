@@ -1,6 +1,6 @@
 """Profile the gateway's hot path: py-spy on the gateway while wrk drives 50 clients.
 
-    .venv/bin/python bench/profile.py [--seconds 8] [--stream] [--top 30]
+    .venv/bin/python bench/profile.py [--seconds 8] [--clients 50] [--stream] [--top 30]
 
 The gateway runs pinned to core 0 as in `make bench`, the fake upstream and the load on core 1.
 py-spy samples at 400 Hz; the report lists self time by module and by function (a line per
@@ -57,6 +57,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--clients", type=int, default=50, help="wrk's connections")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
     py_spy = shutil.which("py-spy", path=str(Path(PY).parent)) or shutil.which("py-spy")
@@ -83,7 +84,7 @@ def main() -> None:
         else:
             script = work / "post.lua"
             script.write_text(LUA % json.dumps(BODY))
-            load = [str(wrk), "-t1", "-c50", f"-d{load_seconds:g}s", "-s", str(script), url]
+            load = [str(wrk), "-t1", f"-c{args.clients}", f"-d{load_seconds:g}s", "-s", str(script), url]
         with (work / "load.out").open("w") as out:
             driver = subprocess.Popen(["taskset", "-c", "1", *load], stdout=out, cwd=BENCH)
             raw = work / "profile.txt"

@@ -1,16 +1,22 @@
 """Prometheus metrics, recorded once per request when it ends (`record`).
 
 Labels are bounded: model aliases from the config (an unknown model is `_unknown`), provider
-names, endpoints, statuses and failure reasons. Never a user string, never a key. With
-`--workers N` the CLI points `PROMETHEUS_MULTIPROC_DIR` at a fresh directory and `/metrics`
-aggregates every worker.
+names, endpoints, statuses and failure reasons. Never a user string, never a key.
+
+In one process the numbers are plain Python (`LocalValues`), turned into Prometheus' text when
+`/metrics` is scraped: prometheus_client's metric objects take a lock per increment, nine per
+request, against threads the event loop does not have. With `--workers N` the CLI points
+`PROMETHEUS_MULTIPROC_DIR` at a fresh directory; then each worker records through
+prometheus_client (`SharedValues`), whose files `/metrics` on any worker sums.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from typing import Any
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -20,8 +26,14 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from gateway.errors import Attempt
 from gateway.state import ProviderHealth
@@ -33,105 +45,188 @@ CIRCUIT_VALUES = {"closed": 0, "half_open": 1, "open": 2, "cooling_down": 3}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a dict key per record
+class Family:
+    """One metric: a counter, or a histogram when it has buckets."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+
+REQUESTS = Family("llms_requests", "Requests by endpoint, model, provider, status",
+                  ("endpoint", "model", "provider", "status"))
+LATENCY = Family("llms_request_duration_seconds", "End-to-end time, to the last byte for streams",
+                 ("model", "provider"), LATENCY_BUCKETS)
+TTFT = Family("llms_time_to_first_token_seconds",
+              "Streams: time until the first chunk reached the client", ("model", "provider"),
+              LATENCY_BUCKETS)
+OVERHEAD = Family("llms_gateway_overhead_seconds",
+                  "Non-streamed answers: total time minus upstream time", (), OVERHEAD_BUCKETS)
+FAILOVERS = Family("llms_failovers", "Failed tries that moved a request on",
+                   ("model", "provider", "reason"))
+ATTEMPTS = Family("llms_attempts_per_request", "Tries per answered request", (),
+                  (1, 2, 3, 4, 6, 10))
+TOKENS = Family("llms_tokens", "Tokens by kind (prompt, completion, reasoning)",
+                ("model", "provider", "kind"))
+COST = Family("llms_cost_usd", "Cost at the prices in llms.json", ("model", "provider"))
+FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST)
+INFLIGHT = ("llms_inflight_requests", "Requests holding an upstream")
+
+Labels = tuple[Any, ...]  # label values; exported as str()
+
+
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 
 
+class Values(Protocol):
+    """Where `Metrics.record` puts its numbers."""
+
+    def inc(self, family: Family, labels: Labels, amount: float = 1.0) -> None: ...
+
+    def observe(self, family: Family, labels: Labels, value: float) -> None: ...
+
+
+class LocalValues:
+    """This process's numbers, in plain dicts: the event loop is their only writer."""
+
+    def __init__(self) -> None:
+        self._rows: dict[Family, dict[Labels, Any]] = {family: {} for family in FAMILIES}
+
+    def inc(self, family: Family, labels: Labels, amount: float = 1.0) -> None:
+        rows = self._rows[family]
+        rows[labels] = rows.get(labels, 0.0) + amount
+
+    def observe(self, family: Family, labels: Labels, value: float) -> None:
+        assert family.buckets is not None
+        rows = self._rows[family]
+        if (row := rows.get(labels)) is None:  # a count per bucket, +Inf's, then the sum
+            row = rows[labels] = [0] * (len(family.buckets) + 1) + [0.0]
+        row[bisect_left(family.buckets, value)] += 1  # a bucket counts values <= its bound
+        row[-1] += value
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family in Prometheus' terms, as it stands now."""
+        for family, rows in self._rows.items():
+            names = list(family.labels)
+            if family.buckets is None:
+                counter = CounterMetricFamily(family.name, family.help, labels=names)
+                for labels, total in rows.items():
+                    counter.add_metric([str(v) for v in labels], total)
+                yield counter
+                continue
+            histogram = HistogramMetricFamily(family.name, family.help, labels=names)
+            bounds = [floatToGoString(b) for b in family.buckets] + ["+Inf"]
+            for labels, row in rows.items():
+                cumulative, running = [], 0
+                for bound, count in zip(bounds, row[:-1], strict=True):
+                    running += count
+                    cumulative.append((bound, running))
+                histogram.add_metric([str(v) for v in labels], cumulative, row[-1])
+            yield histogram
+
+
+class SharedValues:
+    """prometheus_client's metric objects, for several workers: each writes its own files."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._metrics: dict[Family, Counter | Histogram] = {
+            family: (Counter(family.name, family.help, family.labels, registry=registry)
+                     if family.buckets is None else
+                     Histogram(family.name, family.help, family.labels, buckets=family.buckets,
+                               registry=registry))
+            for family in FAMILIES}
+        self._children: dict[tuple[Family, Labels], Any] = {}
+        self.inflight = Gauge(*INFLIGHT, registry=registry, multiprocess_mode="livesum")
+
+    def inc(self, family: Family, labels: Labels, amount: float = 1.0) -> None:
+        self._child(family, labels).inc(amount)
+
+    def observe(self, family: Family, labels: Labels, value: float) -> None:
+        self._child(family, labels).observe(value)
+
+    def _child(self, family: Family, labels: Labels) -> Any:
+        if (child := self._children.get((family, labels))) is None:
+            metric = self._metrics[family]
+            child = metric.labels(*(str(v) for v in labels)) if labels else metric
+            self._children[(family, labels)] = child
+        return child
+
+
 class Metrics:
-    """Every metric the gateway exports, in a registry of its own."""
+    """Every metric the gateway exports."""
 
     def __init__(self, health: ProviderHealth) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("llms_requests", "Requests by endpoint, model, provider, status",
-                                ["endpoint", "model", "provider", "status"], registry=r)
-        self.latency = Histogram("llms_request_duration_seconds",
-                                 "End-to-end time, to the last byte for streams",
-                                 ["model", "provider"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("llms_time_to_first_token_seconds",
-                              "Streams: time until the first chunk reached the client",
-                              ["model", "provider"], buckets=LATENCY_BUCKETS, registry=r)
-        self.overhead = Histogram("llms_gateway_overhead_seconds",
-                                  "Non-streamed answers: total time minus upstream time",
-                                  buckets=OVERHEAD_BUCKETS, registry=r)
-        self.failovers = Counter("llms_failovers", "Failed tries that moved a request on",
-                                 ["model", "provider", "reason"], registry=r)
-        self.attempts = Histogram("llms_attempts_per_request", "Tries per answered request",
-                                  buckets=(1, 2, 3, 4, 6, 10), registry=r)
-        self.tokens = Counter("llms_tokens", "Tokens by kind (prompt, completion, reasoning)",
-                              ["model", "provider", "kind"], registry=r)
-        self.cost = Counter("llms_cost_usd", "Cost at the prices in llms.json",
-                            ["model", "provider"], registry=r)
-        self.inflight = Gauge("llms_inflight_requests", "Requests holding an upstream",
-                              registry=r, multiprocess_mode="livesum")
         self._health = health
-        # Label lookups cost a lock and a dict walk each; the label sets are bounded, so the
-        # children are kept (the hot path does one dict lookup per family).
-        self._requests: dict[tuple[str, str, str, int], Any] = {}
-        self._served: dict[tuple[str, str], _Served] = {}
-        if multiprocess_dir() is None:
-            r.register(_CircuitCollector(health))
+        self._registry = CollectorRegistry()
+        self._shared = SharedValues(self._registry) if multiprocess_dir() else None
+        self.values: Values = self._shared or LocalValues()
+        self._inflight: Callable[[], int] = lambda: 0
+        if isinstance(self.values, LocalValues):
+            self._registry.register(_LocalCollector(self.values, lambda: self._inflight()))
+            self._registry.register(_CircuitCollector(health))
 
     def watch_inflight(self, read: Callable[[], int]) -> bool:
         """In one process the in-flight gauge reads `read()` when scraped, so requests need not
-        move it; False with several workers, where each adds its own share (`inflight.inc`)."""
-        if multiprocess_dir() is not None:
+        move it; False with several workers, where each adds its own share (`add_inflight`)."""
+        if self._shared is not None:
             return False
-        self.inflight.set_function(read)
+        self._inflight = read
         return True
+
+    def add_inflight(self, delta: int) -> None:
+        """With several workers: this worker's in-flight count moved by `delta`."""
+        if self._shared is not None:
+            self._shared.inflight.inc(delta)
 
     def record(self, *, endpoint: str, model: str, provider: str | None, status: int,
                duration: float, ttft: float | None, upstream: float | None,
                failed: Iterable[Attempt], attempts: int, usage: Usage | None,
                cost: float | None) -> None:
         """Count one finished request."""
-        counted = (endpoint, model, provider or "none", status)
-        if (requests := self._requests.get(counted)) is None:
-            requests = self._requests[counted] = self.requests.labels(*counted[:3], str(status))
-        requests.inc()
+        values = self.values
+        values.inc(REQUESTS, (endpoint, model, provider or "none", status))
         for attempt in failed:
-            self.failovers.labels(model, attempt.provider, attempt.reason).inc()
+            values.inc(FAILOVERS, (model, attempt.provider, attempt.reason))
         if provider is None:
             return
-        if (served := self._served.get((model, provider))) is None:
-            served = self._served[(model, provider)] = _Served(self, model, provider)
-        served.latency.observe(duration)
-        self.attempts.observe(attempts)
+        served = (model, provider)
+        values.observe(LATENCY, served, duration)
+        values.observe(ATTEMPTS, (), attempts)
         if ttft is not None:
-            served.ttft.observe(ttft)
+            values.observe(TTFT, served, ttft)
         if upstream is not None:
-            self.overhead.observe(max(0.0, duration - upstream))
+            values.observe(OVERHEAD, (), max(0.0, duration - upstream))
         if usage is not None:
-            served.prompt_tokens.inc(usage.prompt_tokens)
-            served.completion_tokens.inc(usage.completion_tokens)
+            values.inc(TOKENS, (model, provider, "prompt"), usage.prompt_tokens)
+            values.inc(TOKENS, (model, provider, "completion"), usage.completion_tokens)
             if usage.reasoning_tokens:
-                served.reasoning_tokens.inc(usage.reasoning_tokens)
+                values.inc(TOKENS, (model, provider, "reasoning"), usage.reasoning_tokens)
         if cost:
-            served.cost.inc(cost)
+            values.inc(COST, served, cost)
 
     def exposition(self) -> bytes:
         """The text `/metrics` serves: this process, or every worker's when there are several."""
-        if multiprocess_dir() is None:
-            return generate_latest(self.registry)
+        if self._shared is None:
+            return generate_latest(self._registry)
         combined = CollectorRegistry()
         multiprocess.MultiProcessCollector(combined)
         combined.register(_CircuitCollector(self._health))
         return generate_latest(combined)
 
 
-class _Served:
-    """The metric children of one (model, provider)."""
+class _LocalCollector(Collector):
+    """One process's recorded numbers and its in-flight count, at scrape time."""
 
-    __slots__ = ("completion_tokens", "cost", "latency", "prompt_tokens", "reasoning_tokens",
-                 "ttft")
+    def __init__(self, values: LocalValues, inflight: Callable[[], int]) -> None:
+        self._values = values
+        self._inflight = inflight
 
-    def __init__(self, metrics: Metrics, model: str, provider: str) -> None:
-        self.latency = metrics.latency.labels(model, provider)
-        self.ttft = metrics.ttft.labels(model, provider)
-        self.prompt_tokens = metrics.tokens.labels(model, provider, "prompt")
-        self.completion_tokens = metrics.tokens.labels(model, provider, "completion")
-        self.reasoning_tokens = metrics.tokens.labels(model, provider, "reasoning")
-        self.cost = metrics.cost.labels(model, provider)
+    def collect(self) -> Iterable[Metric]:
+        yield from self._values.collect()
+        yield GaugeMetricFamily(*INFLIGHT, value=self._inflight())
 
 
 class _CircuitCollector(Collector):

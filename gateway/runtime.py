@@ -118,12 +118,12 @@ class Gateway:
         """A request now holds an upstream."""
         self.inflight += 1
         if self._gauge_per_request:
-            self.metrics.inflight.inc()
+            self.metrics.add_inflight(1)
 
     def leave(self) -> None:
         self.inflight -= 1
         if self._gauge_per_request:
-            self.metrics.inflight.dec()
+            self.metrics.add_inflight(-1)
 
     async def apply(self, snapshot: Snapshot) -> None:
         """Make `snapshot` live; on any error the previous runtime keeps serving."""

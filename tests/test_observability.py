@@ -8,8 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.errors import Attempt
+from gateway.metrics import LocalValues, Metrics, SharedValues
+from gateway.state import ProviderHealth
+from gateway.usage import Usage
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, slow_first_token, status
 
@@ -137,3 +142,41 @@ def test_metrics_add_up_across_workers(start_gateway: Callable[..., GatewayProce
     assert len({line["pid"] for line in gateway.log_events("request")}) == 2
     assert value(samples, "llms_requests_total", endpoint="chat/completions", model="m",
                  provider="up", status="200") == sent, "every worker's requests are counted"
+
+
+
+def test_one_process_exports_exactly_what_prometheus_client_itself_would() -> None:
+    # In one process the gateway keeps plain numbers (no lock per increment); scraped, they
+    # must read as prometheus_client's own metric objects fed the same requests would.
+    ours, theirs = LocalValues(), SharedValues(reference := CollectorRegistry())
+    usage = Usage(prompt_tokens=4, completion_tokens=3, total_tokens=7)
+    answered = {"endpoint": "chat/completions", "model": "m", "provider": "p", "status": 200,
+                "usage": usage}
+    requests = [
+        {**answered, "duration": 0.004, "ttft": None, "upstream": 0.003, "failed": (),
+         "attempts": 1, "cost": 0.5},
+        {**answered, "duration": 0.01, "ttft": 0.01, "upstream": None, "failed": (),  # bounds
+         "attempts": 1, "cost": None},
+        {**answered, "duration": 2.5, "ttft": None, "upstream": 2.4999,
+         "failed": (Attempt("q", 503, "unavailable", "HTTP 503"),), "attempts": 2, "cost": 1e-6},
+        {**answered, "duration": 400.0, "ttft": 0.3, "upstream": None, "failed": (),
+         "attempts": 1, "cost": None},
+        {**answered, "provider": None, "status": 404, "usage": None, "duration": 0.001,
+         "ttft": None, "upstream": None, "failed": (), "attempts": 0, "cost": None},
+    ]
+    for values in (ours, theirs):
+        metrics = Metrics(ProviderHealth())
+        metrics.values = values
+        for request in requests:
+            metrics.record(**request)
+    exported = CollectorRegistry()
+    exported.register(ours)
+
+    def samples(text: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text.decode())
+                for s in family.samples
+                if not s.name.endswith("_created") and s.name != "llms_inflight_requests"}
+
+    assert samples(generate_latest(exported)) == samples(generate_latest(reference))
+    assert len(samples(generate_latest(exported))) > 60
