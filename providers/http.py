@@ -8,6 +8,7 @@ cut short and scrubbed of anything that looks like a credential before a client 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping
@@ -165,10 +166,13 @@ def _translated(exc: aiohttp.ClientError, secret: str | None) -> GatewayError:
     return ProviderUnavailable(scrub(str(exc) or type(exc).__name__, secret))
 
 
-def client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
-    """aiohttp enforces only the connect phase; the others are ours (see `read_stream`)."""
-    return aiohttp.ClientTimeout(total=None, connect=timeouts.connect,
-                                 sock_connect=timeouts.connect)
+def client_timeout(timeouts: Timeouts, whole: bool = False) -> aiohttp.ClientTimeout:
+    """The limits aiohttp enforces: the connect phase, and `total` for a whole answer (its
+    timer costs less than an `asyncio.timeout` around the call); a stream's are ours
+    (`read_stream`)."""
+    return aiohttp.ClientTimeout(total=timeouts.total if whole else None,
+                                 connect=timeouts.connect, sock_connect=timeouts.connect,
+                                 ceil_threshold=math.inf)  # to the configured time, unrounded
 
 
 TimeoutKind = type[ProviderTimeout]
@@ -282,7 +286,8 @@ class HttpUpstream:
         self.timeouts = timeouts
         self.headers = dict(headers)
         self.secret = secret
-        self._timeout = client_timeout(timeouts)
+        self._stream_timeout = client_timeout(timeouts)
+        self._whole_timeout = client_timeout(timeouts, whole=True)
 
     def post(self, url: str, body: bytes) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
         """A whole 2xx answer and its headers, within `total` (to await)."""
@@ -298,15 +303,14 @@ class HttpUpstream:
 
     async def _whole(self, method: str, url: str, body: bytes | None
                      ) -> tuple[bytes, Mapping[str, str]]:
-        limit, error = self.timeouts.total, TotalTimeout
         try:
-            async with asyncio.timeout(limit):
-                with translate_errors(self.secret):
-                    async with await self._request(method, url, body) as response:
-                        payload = await response.read()
-                        status, headers = response.status, response.headers
-        except TimeoutError:
-            raise error(f"no complete answer within {limit:g}s") from None
+            with translate_errors(self.secret):
+                async with await self._request(method, url, body,
+                                               self._whole_timeout) as response:
+                    payload = await response.read()
+                    status, headers = response.status, response.headers
+        except TimeoutError:  # aiohttp's total timer; its connect timeout was translated above
+            raise TotalTimeout(f"no complete answer within {self.timeouts.total:g}s") from None
         if not 200 <= status < 300:
             raise error_for_status(self.name, status, payload, headers, self.secret)
         return payload, headers
@@ -318,7 +322,7 @@ class HttpUpstream:
             limit, error = deadline.first_token()
             try:
                 async with asyncio.timeout(limit):
-                    response = await self._request("POST", url, body)
+                    response = await self._request("POST", url, body, self._stream_timeout)
             except TimeoutError:
                 raise error(f"no response headers within {limit:g}s") from None
             try:
@@ -331,8 +335,8 @@ class HttpUpstream:
             finally:
                 response.close()
 
-    async def _request(self, method: str, url: str, body: bytes | None
-                       ) -> aiohttp.ClientResponse:
+    async def _request(self, method: str, url: str, body: bytes | None,
+                       limits: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
         """The response, once its head is in; sent once more when the connection dropped
         before any answer. A kept-alive connection the upstream closes as idle (uvicorn, under
         vLLM, after 5 s) can take a request in that very moment, and the client would get an
@@ -340,12 +344,12 @@ class HttpUpstream:
         (RFC 9112 9.3.1); an inference POST is safe to send again, as failover does anyway."""
         try:
             return await self.session.request(method, url, data=body, headers=self.headers,
-                                              timeout=self._timeout)
+                                              timeout=limits)
         except aiohttp.ClientConnectorError:
             raise  # never connected: nothing to retry here, failover decides
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             return await self.session.request(method, url, data=body, headers=self.headers,
-                                              timeout=self._timeout)
+                                              timeout=limits)
 
     async def _raise_for_status(self, response: aiohttp.ClientResponse,
                                 deadline: Deadline) -> None:
