@@ -21,7 +21,6 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
-from litestar.response import Stream
 
 import providers
 from gateway import admin, config, discovery, logs, relay, reload, status
@@ -128,8 +127,8 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
                     status_code=200 if is_ready else 503)
 
 
-def _litestar(answer: relay.Answer | Stream) -> Response[Any]:
-    return answer.to_response() if isinstance(answer, relay.Answer) else answer
+def _litestar(answer: relay.Answer | relay.StreamAnswer) -> Response[Any]:
+    return answer.to_response()
 
 
 def _gateway(request: Request[Any, Any, Any]) -> Gateway:

@@ -11,10 +11,9 @@ Everything else (other routes and methods, 404/405, lifespan) goes to Litestar u
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 
 from litestar import Litestar, Request
-from litestar.response import Stream
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
@@ -83,11 +82,11 @@ class FastRelay:
             response = relay.Answer(envelope(GatewayError("Internal gateway error")),
                                     {"x-request-id": relay.request_id(request.headers)},
                                     status=500)
-        if isinstance(response, Stream):
+        if isinstance(response, relay.StreamAnswer):
             if await stream_to_uvicorn(response, receive, send):
                 return
             scope["app"] = self.app  # Litestar's response machinery looks the app up here
-            asgi = response.to_asgi_response(self.app, Request(scope, receive))
+            asgi = response.to_response().to_asgi_response(self.app, Request(scope, receive))
             await asgi(scope, receive, send)
             return
         await send_whole(response, send)
@@ -142,7 +141,7 @@ def _complete(cycle: RequestResponseCycle) -> None:
     cycle.on_response()
 
 
-async def stream_to_uvicorn(response: Stream, receive: Receive, send: Send) -> bool:
+async def stream_to_uvicorn(response: relay.StreamAnswer, receive: Receive, send: Send) -> bool:
     """Relay a stream's chunks straight to uvicorn's transport, each in one write (the head
     with the first); False (nothing sent) when `send` is not uvicorn's httptools cycle.
 
@@ -150,18 +149,17 @@ async def stream_to_uvicorn(response: Stream, receive: Receive, send: Send) -> b
     through uvicorn's checks and keeps a task group per stream. A client that leaves is seen
     at the next write, or while the upstream is quiet by the disconnect guard, which cancels
     the wait; either way the relay's iterator is closed (the upstream with it) and the
-    response's background task runs.
+    answer's `after` runs.
     """
     cycle = _uvicorn_cycle(send)
     if cycle is None:
         return False
-    headers = [(b"content-type", str(response.media_type).encode("latin-1")),
+    headers = [(b"content-type", response.media_type.encode("latin-1")),
                (b"transfer-encoding", b"chunked"), *_encoded(response.headers)]
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
-    pending = _head(cycle, response.status_code or 200, headers)
-    chunks = response.iterator
-    assert isinstance(chunks, AsyncGenerator)
+    pending = _head(cycle, response.status, headers)
+    chunks = response.chunks
     try:
         async with DisconnectGuard(receive):
             async for chunk in chunks:
@@ -181,8 +179,7 @@ async def stream_to_uvicorn(response: Stream, receive: Receive, send: Send) -> b
         pass
     finally:
         await close_quietly(chunks)
-        if response.background is not None:
-            await response.background()
+        await response.after()
     return True
 
 

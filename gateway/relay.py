@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,6 +63,25 @@ class Answer:
         """The same answer for Litestar's route handlers."""
         return Response(self.body, status_code=self.status, media_type=self.media_type,
                         headers=dict(self.headers))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAnswer:
+    """A committed stream: its chunks, its headers, and `after`, which must run once it is
+    over however it ended. Like `Answer`, the fast path sends it as it is
+    (`fastpath.stream_to_uvicorn`); building a Litestar Stream cost each stream's first token
+    about as much as routing it."""
+
+    chunks: AsyncGenerator[bytes, None]
+    headers: Mapping[str, str]
+    after: Callable[[], Awaitable[None]]
+    status: int = 200
+    media_type: str = "text/event-stream"
+
+    def to_response(self) -> Stream:
+        """The same stream for Litestar's route handlers and other ASGI servers."""
+        return Stream(self.chunks, status_code=self.status, media_type=self.media_type,
+                      headers=dict(self.headers), background=BackgroundTask(self.after))
 
 
 def request_id(headers: Mapping[str, str]) -> str:
@@ -199,7 +218,7 @@ class Incoming(Protocol):
     async def body(self) -> bytes: ...
 
 
-async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Answer | Stream:
+async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Answer | StreamAnswer:
     """Serve one relay request end to end; every failure leaves as the error envelope."""
     exchange = Exchange(gateway, request_id(request.headers), endpoint)
     try:
@@ -243,7 +262,7 @@ async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Answer |
 
 
 def _stream(gateway: Gateway, exchange: Exchange, opened: router.Served[OpenedStream],
-            outgoing: Outgoing) -> Stream:
+            outgoing: Outgoing) -> StreamAnswer:
     def ended(outcome: str, usage: Usage | None) -> None:
         if not exchange.ended:
             gateway.leave()
@@ -257,10 +276,9 @@ def _stream(gateway: Gateway, exchange: Exchange, opened: router.Served[OpenedSt
             await close_quietly(opened.result.rest)
             ended("client_disconnected", None)
 
-    return Stream(relay(opened.result, opened.provider, on_end=ended,
-                        strip_usage=not outgoing.client_wants_usage),
-                  background=BackgroundTask(after), media_type="text/event-stream",
-                  headers={**exchange.headers(), **STREAM_HEADERS})
+    return StreamAnswer(relay(opened.result, opened.provider, on_end=ended,
+                              strip_usage=not outgoing.client_wants_usage),
+                        {**exchange.headers(), **STREAM_HEADERS}, after)
 
 
 async def _check_previous_response(gateway: Gateway, head: Any, routes: tuple[Route, ...],

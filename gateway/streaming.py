@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -116,7 +116,7 @@ async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
 
 async def relay(opened: OpenedStream, provider: str,
                 on_end: Callable[[str, Usage | None], None] | None = None,
-                strip_usage: bool = False) -> AsyncIterator[bytes]:
+                strip_usage: bool = False) -> AsyncGenerator[bytes, None]:
     """Pass the stream through; end it with `[DONE]` or an in-band error, never silently.
 
     `on_end` hears how it ended ("completed", "error" or "client_disconnected") and the

@@ -4,19 +4,23 @@ here instead of silently costing throughput)."""
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from gateway.fastpath import stream_to_uvicorn, write_to_uvicorn
-from tests.gateway_process import free_port
+from gateway.relay import StreamAnswer
+from tests.gateway_process import ROOT, config, free_port, provider
+from tests.upstream import FakeUpstream
 
 
 class _App:
@@ -33,15 +37,14 @@ class _App:
         while (await receive()).get("more_body"):
             pass
         if scope["path"] == "/stream":
-            async def chunks() -> AsyncIterator[bytes]:
+            async def chunks() -> AsyncGenerator[bytes, None]:
                 for word in (b"one", b"two", b"three"):
                     yield b"data: %s\n\n" % word
 
             async def after() -> None:
                 self.background_ran += 1
 
-            stream = Stream(chunks(), media_type="text/event-stream",
-                            background=BackgroundTask(after), headers={"x-request-id": "r1"})
+            stream = StreamAnswer(chunks(), {"x-request-id": "r1"}, after)
             self.direct.append(await stream_to_uvicorn(stream, receive, send))
             return
         body = b'{"n":%d}' % len(self.direct)
@@ -135,3 +138,26 @@ def test_a_stream_goes_out_chunk_by_chunk_and_ends_properly(server: tuple[int, _
     assert body == (b"b\r\ndata: one\n\n\r\nb\r\ndata: two\n\n\r\n"
                     b"d\r\ndata: three\n\n\r\n0\r\n\r\n")
     assert after.endswith(b'{"n":1}')
+
+
+def test_under_another_asgi_server_the_relay_answers_through_litestar(
+        tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    path = tmp_path / "llms.json"
+    path.write_text(json.dumps(config({"up": provider(up.base_url, {"m": "m"})})))
+
+    ran = subprocess.run([sys.executable, "-m", "tests.asgi_fallback", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+
+    assert ran.returncode == 0, ran.stderr
+    whole, streamed = json.loads(ran.stdout)
+    assert whole["status"] == 200 and whole["headers"]["x-llms-provider"] == "up"
+    assert json.loads(whole["text"])["choices"][0]["message"]["content"] == "Hello from up"
+    assert streamed["status"] == 200
+    assert streamed["headers"]["content-type"].startswith("text/event-stream")
+    assert streamed["headers"]["x-llms-provider"] == "up"
+    events = [json.loads(line[6:]) for line in streamed["text"].splitlines()
+              if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == \
+        "Hello from up"
+    assert streamed["text"].rstrip().endswith("data: [DONE]")
