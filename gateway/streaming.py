@@ -189,8 +189,8 @@ def _mid_stream(provider: str, exc: ProviderError) -> GatewayError:
 async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
     """Close an upstream iterator even while being cancelled; its response closes synchronously."""
     aclose = getattr(chunks, "aclose", None)
-    if aclose is None:
-        return
+    if aclose is None or getattr(chunks, "ag_frame", True) is None:
+        return  # an async generator that already finished: nothing to close, no scope to pay
     with anyio.CancelScope(shield=True):
         with contextlib.suppress(Exception):
             await aclose()
