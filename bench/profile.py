@@ -84,7 +84,8 @@ def main() -> None:
         else:
             script = work / "post.lua"
             script.write_text(LUA % json.dumps(BODY))
-            load = [str(wrk), "-t1", f"-c{args.clients}", f"-d{load_seconds:g}s", "-s", str(script), url]
+            load = [str(wrk), "-t1", f"-c{args.clients}", f"-d{load_seconds:g}s", "-s",
+                    str(script), url]
         with (work / "load.out").open("w") as out:
             driver = subprocess.Popen(["taskset", "-c", "1", *load], stdout=out, cwd=BENCH)
             raw = work / "profile.txt"
