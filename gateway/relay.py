@@ -69,8 +69,8 @@ class Answer:
 class StreamAnswer:
     """A committed stream: its chunks, its headers, and `after`, which must run once it is
     over however it ended. Like `Answer`, the fast path sends it as it is
-    (`fastpath.stream_to_uvicorn`); building a Litestar Stream cost each stream's first token
-    about as much as routing it."""
+    (`fastpath.stream_to_uvicorn`): a Litestar Stream (its headers, cookies and background
+    task) was built before every stream's first token and used only by the fallback path."""
 
     chunks: AsyncGenerator[bytes, None]
     headers: Mapping[str, str]
