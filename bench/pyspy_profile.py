@@ -1,6 +1,6 @@
 """Profile the gateway's hot path: py-spy on the gateway while wrk drives 50 clients.
 
-    .venv/bin/python bench/profile.py [--seconds 8] [--clients 50] [--stream] [--top 30]
+    .venv/bin/python bench/pyspy_profile.py [--seconds 8] [--clients 50] [--stream] [--top 30]
 
 The gateway runs pinned to core 0 as in `make bench`, the fake upstream and the load on core 1.
 py-spy samples at 400 Hz; the report lists self time by module and by function (a line per
