@@ -158,26 +158,19 @@ class SharedValues:
 class Metrics:
     """Every metric the gateway exports."""
 
-    def __init__(self, health: ProviderHealth) -> None:
+    def __init__(self, health: ProviderHealth, inflight: Callable[[], int] = lambda: 0) -> None:
+        """`inflight` reads the requests holding an upstream: in one process the gauge calls it
+        when scraped; with several workers each moves its share (`add_inflight`)."""
         self._health = health
         self._registry = CollectorRegistry()
         self._shared = SharedValues(self._registry) if multiprocess_dir() else None
         self.values: Values = self._shared or LocalValues()
-        self._inflight: Callable[[], int] = lambda: 0
         if isinstance(self.values, LocalValues):
-            self._registry.register(_LocalCollector(self.values, lambda: self._inflight()))
+            self._registry.register(_LocalCollector(self.values, inflight))
             self._registry.register(_CircuitCollector(health))
 
-    def watch_inflight(self, read: Callable[[], int]) -> bool:
-        """In one process the in-flight gauge reads `read()` when scraped, so requests need not
-        move it; False with several workers, where each adds its own share (`add_inflight`)."""
-        if self._shared is not None:
-            return False
-        self._inflight = read
-        return True
-
     def add_inflight(self, delta: int) -> None:
-        """With several workers: this worker's in-flight count moved by `delta`."""
+        """This worker's in-flight count moved by `delta`; only several workers need telling."""
         if self._shared is not None:
             self._shared.inflight.inc(delta)
 

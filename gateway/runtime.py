@@ -87,10 +87,9 @@ class Gateway:
         self.started = time.time()
         self.health = ProviderHealth()
         self.limiter = RateLimiter()
-        self.metrics = Metrics(self.health)
+        self.metrics = Metrics(self.health, inflight=lambda: self.inflight)
         self.stats = RecentStats()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
-        self._gauge_per_request = not self.metrics.watch_inflight(lambda: self.inflight)
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         self.responses = ResponseStore()
@@ -117,13 +116,11 @@ class Gateway:
     def enter(self) -> None:
         """A request now holds an upstream."""
         self.inflight += 1
-        if self._gauge_per_request:
-            self.metrics.add_inflight(1)
+        self.metrics.add_inflight(1)
 
     def leave(self) -> None:
         self.inflight -= 1
-        if self._gauge_per_request:
-            self.metrics.add_inflight(-1)
+        self.metrics.add_inflight(-1)
 
     async def apply(self, snapshot: Snapshot) -> None:
         """Make `snapshot` live; on any error the previous runtime keeps serving."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -35,6 +36,15 @@ class Pair:
     def async_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key="unused",
                                   max_retries=0, **kwargs)
+
+    def stream_lines(self) -> list[str]:
+        """The non-empty lines of a streamed `chat-model` answer (asserting a 200)."""
+        body = {"model": "chat-model", "messages": [{"role": "user", "content": "hello"}],
+                "stream": True}
+        with httpx.stream("POST", f"{self.gateway.base_url}/chat/completions",
+                          json=body) as resp:
+            assert resp.status_code == 200
+            return [line for line in resp.iter_lines() if line]
 
 
 def pair_config(primary: FakeUpstream, secondary: FakeUpstream) -> dict[str, Any]:

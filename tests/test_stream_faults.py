@@ -18,16 +18,10 @@ from tests.upstream import FakeUpstream, ok, slow_first_token, stream_cut
 BODY = {"model": "chat-model", "messages": [{"role": "user", "content": "hello"}], "stream": True}
 
 
-def events(pair: Pair) -> list[str]:
-    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions", json=BODY) as resp:
-        assert resp.status_code == 200
-        return [line for line in resp.iter_lines() if line]
-
-
 def test_upstream_dying_mid_stream_ends_with_an_error_event_not_done(pair: Pair) -> None:
     pair.primary.set_mode(stream_cut(after_chunks=2))
 
-    lines = events(pair)
+    lines = pair.stream_lines()
 
     assert "data: [DONE]" not in lines
     error = json.loads(lines[-1].removeprefix("data: "))["error"]
@@ -107,10 +101,10 @@ def test_non_streaming_client_leaving_cancels_the_upstream(pair: Pair) -> None:
 
 def test_gateway_keeps_serving_after_faults(pair: Pair) -> None:
     pair.primary.set_mode(stream_cut(after_chunks=1))
-    events(pair)
+    pair.stream_lines()
     pair.primary.set_mode(ok())
 
-    assert events(pair)[-1] == "data: [DONE]"
+    assert pair.stream_lines()[-1] == "data: [DONE]"
 
 
 def test_a_stream_that_stalls_mid_way_ends_with_an_idle_timeout_event(

@@ -22,14 +22,6 @@ from tests.conftest import Pair
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import ok
 
-BODY = {"model": "chat-model", "messages": [{"role": "user", "content": "hello"}], "stream": True}
-
-
-def events(pair: Pair) -> list[str]:
-    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions", json=BODY) as resp:
-        assert resp.status_code == 200
-        return [line for line in resp.iter_lines() if line]
-
 
 def test_streams_from_a_server_that_ends_its_body_late_share_one_upstream_connection(
         pair: Pair) -> None:
@@ -38,7 +30,7 @@ def test_streams_from_a_server_that_ends_its_body_late_share_one_upstream_connec
     pair.primary.set_mode(ok(end_delay=0.02))
 
     for _ in range(10):
-        assert events(pair)[-1] == "data: [DONE]"
+        assert pair.stream_lines()[-1] == "data: [DONE]"
 
     assert len(pair.primary.requests) == 10
     assert pair.primary.connections <= 2, "streams must reuse the pooled upstream connection"
@@ -50,7 +42,7 @@ def test_an_upstream_that_never_ends_its_body_after_done_does_not_hold_the_clien
     pair.primary.set_mode(ok(end_delay=30))
 
     started = time.monotonic()
-    lines = events(pair)
+    lines = pair.stream_lines()
 
     assert lines[-1] == "data: [DONE]"
     assert time.monotonic() - started < 2.0
