@@ -89,7 +89,11 @@ class FastRelay:
             asgi = response.to_response().to_asgi_response(self.app, Request(scope, receive))
             await asgi(scope, receive, send)
             return
-        await send_whole(response, send)
+        try:
+            await send_whole(response, send)
+        finally:
+            if response.after is not None:
+                response.after()
 
 
 async def send_whole(answer: relay.Answer, send: Send) -> None:

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from litestar import Response
@@ -52,17 +53,22 @@ MAX_REQUEST_ID = 128
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A whole answer, its body bytes as they will be sent. The relay's own type rather than a
-    Litestar Response: the fast path sends it without building one (`fastpath.send_whole`)."""
+    Litestar Response: the fast path sends it without building one (`fastpath.send_whole`).
+
+    `after` (the log line and metrics) runs once the answer is written: that work is not the
+    client's to wait for."""
 
     body: bytes
     headers: Mapping[str, str]
     status: int = 200
     media_type: str = "application/json"
+    after: Callable[[], None] | None = None
 
     def to_response(self) -> Response[bytes]:
         """The same answer for Litestar's route handlers."""
         return Response(self.body, status_code=self.status, media_type=self.media_type,
-                        headers=dict(self.headers))
+                        headers=dict(self.headers),
+                        background=BackgroundTask(self.after) if self.after else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +143,10 @@ class Exchange:
             self.cost = cost_of(usage, price)
         if self.key_id is not None:
             self.gateway.limiter.spend_tokens(self.key_id, usage.total_tokens)
+
+    def completed(self) -> None:
+        """A whole answer was sent."""
+        self.finish("completed")
 
     def finish(self, outcome: str, **extra: Any) -> None:
         """Log the request and record its metrics, once."""
@@ -243,9 +253,8 @@ async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Answer |
         if not exchange.stream:
             exchange.served(answered)
             exchange.used(answered.result.usage)
-            exchange.finish("completed")
             return Answer(answered.result.body, exchange.headers(),
-                          media_type=answered.result.content_type)
+                          media_type=answered.result.content_type, after=exchange.completed)
         exchange.served(opened)
         exchange.ttft = time.perf_counter() - exchange.started
         streaming = True
@@ -327,6 +336,6 @@ def _error(exc: GatewayError, exchange: Exchange) -> Answer:
         headers["Retry-After"] = "1"
     elif isinstance(exc, KeyRateLimited):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    exchange.finish("error", error=exc.code)
-    return Answer(envelope(exc), headers, status=exc.status)
+    return Answer(envelope(exc), headers, status=exc.status,
+                  after=partial(exchange.finish, "error", error=exc.code))
 

@@ -102,6 +102,8 @@ class GatewayProcess:
 
     def wait_for_log(self, event: str, count: int = 1,
                      timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The `event` lines once there are `count`: a request's line is written just after its
+        answer is sent, so a client holding the answer can be a moment ahead of the log."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = self.log_events(event)

@@ -125,7 +125,7 @@ def test_random_failures_under_load_always_end_well_formed(
     ready = httpx.get(f"{gateway.url}/ready").json()
     assert ready["inflight"] == 0, "a request was left counted in flight"
     assert "unhandled_error" not in gateway.logs()
-    assert len(gateway.log_events("request")) == REQUESTS
+    assert len(gateway.wait_for_log("request", REQUESTS)) == REQUESTS
 
 
 def test_two_workers_sharing_redis_survive_redis_dying_midway(

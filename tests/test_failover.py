@@ -164,7 +164,7 @@ def test_timeouts_move_on_and_say_which_fired(start_gateway: Callable[..., Gatew
     assert plain.headers["x-llms-provider"] == "backup"
     assert elapsed < 4, "a hung provider must not hold the request past its timeout"
     assert hung.wait_for_cancel(timeout=3), "the abandoned upstream request must be closed"
-    failed = [r["failed"] for r in gateway.log_events("request")]
+    failed = [r["failed"] for r in gateway.wait_for_log("request", 2)]
     assert failed == [["slow:first_token_timeout", "hung:total_timeout"],
                       ["slow:unavailable", "hung:total_timeout"]]
 

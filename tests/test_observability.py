@@ -82,7 +82,7 @@ def test_metrics_move_by_exactly_a_failover_a_stream_and_an_error(
     assert moved("llms_tokens_total", model="m", provider="primary", kind="completion") == 3, \
         "a stream's usage counts too"
     assert moved("llms_cost_usd_total", model="m", provider="primary") == pytest.approx(expected)
-    logged = gateway.log_events("request")[-3:]
+    logged = gateway.wait_for_log("request", 3)[-3:]
     assert logged[0]["cost"] == pytest.approx(expected) and logged[1]["tokens"] == 7
 
 
@@ -100,7 +100,7 @@ def test_streams_ask_for_usage_but_clients_that_did_not_ask_never_see_it(
     assert up.requests[0].json["stream_options"] == {"include_usage": True}
     assert '"usage"' not in plain.text and plain.text.rstrip().endswith("data: [DONE]")
     assert '"usage"' in asked.text
-    assert gateway.log_events("request")[0]["tokens"] == 7
+    assert gateway.wait_for_log("request", 2)[0]["tokens"] == 7
 
 
 def test_the_inflight_gauge_counts_requests_holding_an_upstream(
