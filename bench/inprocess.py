@@ -1,11 +1,12 @@
 """The gateway's own code per request, driven in-process: no server, no upstream, no load noise.
 
-    .venv/bin/python bench/inprocess.py [--stream] [--requests 10000] [--profile]
+    .venv/bin/python bench/inprocess.py [--stream [--chunks 2]] [--requests 10000] [--profile]
 
 Each request goes through `FastRelay` with a real uvicorn `RequestResponseCycle` over a
 transport that only counts writes, so the fast path (`write_to_uvicorn`, `stream_to_uvicorn`)
 is the one taken; the upstream call is replaced by the bench upstream's canned answer (a whole
-completion, or a stream of one chunk and the last). Prints µs per request, best and all of five
+completion, or a stream of `--chunks` events, the last with finish_reason, each after a turn
+of the event loop as a chunk from a socket would be). Prints µs per request, best and all of five
 rounds; `--profile` adds cProfile's top functions. On this shared machine wrk's req/s moves
 ±15% run to run; this moves a few %, which is what it is for: comparing a change before/after.
 """
@@ -44,9 +45,13 @@ async def canned_whole(self: Any, method: str, url: str, body: bytes | None
     return COMPLETION, HEADERS
 
 
-async def canned_stream(self: Any, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
-    yield CHUNK
-    yield LAST
+def canned_stream(chunks: int) -> Any:
+    async def stream(self: Any, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
+        for _ in range(chunks - 1):
+            yield CHUNK
+            await asyncio.sleep(0)  # the next chunk comes in a later turn of the loop
+        yield LAST
+    return stream
 
 
 class CountingTransport:
@@ -118,11 +123,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--chunks", type=int, default=2, help="events per stream (--stream)")
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     providers.http.HttpUpstream._whole = canned_whole  # type: ignore[method-assign]
-    providers.http.HttpUpstream.stream = canned_stream  # type: ignore[method-assign]
+    providers.http.HttpUpstream.stream = canned_stream(max(1, args.chunks))  # type: ignore[method-assign]
     path = Path(tempfile.mkdtemp(prefix="llms-inprocess-")) / "llms.json"
     gateway_config(9, path)  # the upstream is never called: port 9 (discard)
     app = create_app(config.load(path))

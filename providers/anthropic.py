@@ -315,7 +315,7 @@ class AnthropicProvider(Provider):
         secret = spec.api_key.reveal() if spec.api_key else None
         if secret:
             headers["x-api-key"] = secret
-        self.http = HttpUpstream(spec.name, session, spec.timeouts, headers, secret)
+        self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret)
 
     def _body(self, request: Outgoing, upstream_model: str) -> bytes:
         body = to_messages(request.json(), upstream_model)
@@ -323,6 +323,9 @@ class AnthropicProvider(Provider):
             body.pop(name, None)
         body.update(self.spec.params)
         return msgspec.json.encode(body)
+
+    async def close(self) -> None:
+        self.http.close()
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         payload, _ = await self.http.post(self._url, self._body(request, upstream_model))

@@ -337,7 +337,7 @@ class GoogleProvider(Provider):
         secret = spec.api_key.reveal() if spec.api_key else None
         if secret:
             headers["x-goog-api-key"] = secret
-        self.http = HttpUpstream(spec.name, session, spec.timeouts, headers, secret)
+        self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret)
 
     def _url(self, upstream_model: str, method: str) -> str:
         # "gemini-2.5-flash" and "models/gemini-2.5-flash" alike; a tuned model keeps its prefix.
@@ -352,6 +352,9 @@ class GoogleProvider(Provider):
             both = isinstance(value, dict) and isinstance(body.get(name), dict)
             body[name] = {**body[name], **value} if both else value
         return msgspec.json.encode(body)
+
+    async def close(self) -> None:
+        self.http.close()
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         with _key_rejections():

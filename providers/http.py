@@ -1,31 +1,29 @@
 """HTTP plumbing shared by every provider kind that talks to its upstream over HTTP.
 
-aiohttp's exceptions become `gateway.errors` here and nowhere else (`translate_errors`), an
-upstream status becomes a failover decision in `error_for_status`, and upstream error bodies are
-cut short and scrubbed of anything that looks like a credential before a client can see them.
+The wire (`providers.wire`) raises the gateway's own errors; here an upstream status becomes a
+failover decision (`error_for_status`), the four timeouts are enforced, and upstream error
+bodies are cut short and scrubbed of anything that looks like a credential before a client can
+see them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Mapping
 from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
-import aiohttp
 import msgspec
 
 from gateway.config import Timeouts
 from gateway.errors import (
     BadUpstreamResponse,
-    ConnectTimeout,
     FirstTokenTimeout,
     GatewayError,
     IdleTimeout,
+    ProviderError,
     ProviderRateLimited,
     ProviderRejected,
     ProviderTimeout,
@@ -33,6 +31,7 @@ from gateway.errors import (
     TotalTimeout,
     UpstreamClientError,
 )
+from providers.wire import Client, Response, header_block
 
 MAX_ERROR_MESSAGE = 500
 MAX_ERROR_BODY = 64 * 1024
@@ -129,52 +128,6 @@ def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[s
     return error
 
 
-class translate_errors:
-    """Turn aiohttp and timeout exceptions raised inside into `ProviderError`s.
-
-    A class rather than a generator-based context manager: it wraps every upstream call, and
-    entering and leaving a generator cost about a microsecond each time.
-    """
-
-    __slots__ = ("secret",)
-
-    def __init__(self, secret: str | None = None) -> None:
-        self.secret = secret
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc is not None and isinstance(exc, aiohttp.ClientError):
-            raise _translated(exc, self.secret) from exc
-
-
-def _translated(exc: aiohttp.ClientError, secret: str | None) -> GatewayError:
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return ConnectTimeout("connection timed out")
-    if isinstance(exc, aiohttp.ServerTimeoutError):
-        return IdleTimeout(scrub(str(exc) or "read timed out", secret))
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return ProviderUnavailable(f"cannot connect: {scrub(str(exc.os_error), secret)}")
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return ProviderUnavailable("connection lost while reading the response")
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
-        return ProviderUnavailable(f"connection lost: {scrub(str(exc), secret)}")
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return BadUpstreamResponse(f"malformed HTTP response: {scrub(exc.message, secret)}")
-    return ProviderUnavailable(scrub(str(exc) or type(exc).__name__, secret))
-
-
-def client_timeout(timeouts: Timeouts, whole: bool = False) -> aiohttp.ClientTimeout:
-    """The limits aiohttp enforces: the connect phase, and `total` for a whole answer (its
-    timer costs less than an `asyncio.timeout` around the call); a stream's are ours
-    (`read_stream`)."""
-    return aiohttp.ClientTimeout(total=timeouts.total if whole else None,
-                                 connect=timeouts.connect, sock_connect=timeouts.connect,
-                                 ceil_threshold=math.inf)  # to the configured time, unrounded
-
-
 TimeoutKind = type[ProviderTimeout]
 
 
@@ -209,12 +162,19 @@ class Deadline:
         return max(0.0, at - self._loop.time()), error
 
 
-async def read_stream(response: aiohttp.ClientResponse, deadline: Deadline) -> AsyncIterator[bytes]:
+class Body(Protocol):
+    """A body read as it arrives (`wire.Response`): what the stream timeouts act on."""
+
+    def readany(self) -> Awaitable[bytes]: ...
+
+    def set_exception(self, exc: BaseException) -> None: ...
+
+
+async def read_stream(response: Body, deadline: Deadline) -> AsyncIterator[bytes]:
     """Yield the body as it arrives, enforcing first-token, idle and total timeouts."""
-    reader = response.content
-    watchdog = Watchdog(reader, deadline)
+    watchdog = Watchdog(response, deadline)
     try:
-        while chunk := await reader.readany():
+        while chunk := await response.readany():
             watchdog.got_chunk()
             yield chunk
             watchdog.waiting()
@@ -232,7 +192,7 @@ class Watchdog:
 
     __slots__ = ("_deadline", "_handle", "_loop", "_reader", "_started", "_waiting_since")
 
-    def __init__(self, reader: aiohttp.StreamReader, deadline: Deadline) -> None:
+    def __init__(self, reader: Body, deadline: Deadline) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = reader
         self._deadline = deadline
@@ -277,86 +237,75 @@ class Watchdog:
 
 
 class HttpUpstream:
-    """POSTs to one upstream with its headers and timeouts; failures come out as gateway errors."""
+    """Requests to one upstream with its headers and timeouts, over its own kept connections;
+    failures come out as gateway errors."""
 
-    def __init__(self, name: str, session: aiohttp.ClientSession, timeouts: Timeouts,
-                 headers: Mapping[str, str], secret: str | None) -> None:
+    def __init__(self, name: str, timeouts: Timeouts, headers: Mapping[str, str],
+                 secret: str | None) -> None:
         self.name = name
-        self.session = session
         self.timeouts = timeouts
-        self.headers = dict(headers)
         self.secret = secret
-        self._stream_timeout = client_timeout(timeouts)
-        self._whole_timeout = client_timeout(timeouts, whole=True)
+        self._headers = header_block(headers)  # ValueError (a config error) on CR/LF
+        self._wire = Client()
 
     def post(self, url: str, body: bytes) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
         """A whole 2xx answer and its headers, within `total` (to await)."""
-        return self._whole("POST", url, body)  # not a coroutine itself: one frame less to resume
+        return self._whole(b"POST", url, body)  # not a coroutine itself: one frame less to resume
 
     async def get_json(self, url: str) -> Any:
         """A GET answered with JSON (model listings), within `total`."""
-        payload, _ = await self._whole("GET", url, None)
+        payload, _ = await self._whole(b"GET", url, None)
         try:
             return msgspec.json.decode(payload)
         except msgspec.DecodeError as exc:
             raise BadUpstreamResponse(f"listing is not JSON: {exc}") from None
 
-    async def _whole(self, method: str, url: str, body: bytes | None
+    async def _whole(self, method: bytes, url: str, body: bytes | None
                      ) -> tuple[bytes, Mapping[str, str]]:
         try:
-            with translate_errors(self.secret):
-                async with await self._request(method, url, body,
-                                               self._whole_timeout) as response:
+            async with asyncio.timeout(self.timeouts.total):
+                response = await self._wire.request(method, url, self._headers, body,
+                                                    self.timeouts.connect)
+                try:
                     payload = await response.read()
-                    status, headers = response.status, response.headers
-        except TimeoutError:  # aiohttp's total timer; its connect timeout was translated above
+                finally:
+                    response.close()
+        except TimeoutError:
             raise TotalTimeout(f"no complete answer within {self.timeouts.total:g}s") from None
-        if not 200 <= status < 300:
-            raise error_for_status(self.name, status, payload, headers, self.secret)
-        return payload, headers
+        if not 200 <= response.status < 300:
+            raise error_for_status(self.name, response.status, payload, response.headers,
+                                   self.secret)
+        return payload, response.headers
 
     async def stream(self, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
         """The body of a 2xx streamed answer as it arrives, within all four timeouts."""
         deadline = Deadline(self.timeouts)
-        with translate_errors(self.secret):
-            limit, error = deadline.first_token()
-            try:
-                async with asyncio.timeout(limit):
-                    response = await self._request("POST", url, body, self._stream_timeout)
-            except TimeoutError:
-                raise error(f"no response headers within {limit:g}s") from None
-            try:
-                if response.status != 200:
-                    await self._raise_for_status(response, deadline)
-                if response.headers.get("Content-Type", "").startswith("application/json"):
-                    raise BadUpstreamResponse("answered JSON to a streaming request")
-                async for chunk in read_stream(response, deadline):
-                    yield chunk
-            finally:
-                response.close()
-
-    async def _request(self, method: str, url: str, body: bytes | None,
-                       limits: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
-        """The response, once its head is in; sent once more when the connection dropped
-        before any answer. A kept-alive connection the upstream closes as idle (uvicorn, under
-        vLLM, after 5 s) can take a request in that very moment, and the client would get an
-        error for a request the upstream never read. aiohttp resends only idempotent methods
-        (RFC 9112 9.3.1); an inference POST is safe to send again, as failover does anyway."""
+        limit, error = deadline.first_token()
         try:
-            return await self.session.request(method, url, data=body, headers=self.headers,
-                                              timeout=limits)
-        except aiohttp.ClientConnectorError:
-            raise  # never connected: nothing to retry here, failover decides
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            return await self.session.request(method, url, data=body, headers=self.headers,
-                                              timeout=limits)
+            async with asyncio.timeout(limit):
+                response = await self._wire.request(b"POST", url, self._headers, body,
+                                                    self.timeouts.connect)
+        except TimeoutError:
+            raise error(f"no response headers within {limit:g}s") from None
+        try:
+            if response.status != 200:
+                await self._raise_for_status(response, deadline)
+            if response.headers.get("Content-Type", "").startswith("application/json"):
+                raise BadUpstreamResponse("answered JSON to a streaming request")
+            async for chunk in read_stream(response, deadline):
+                yield chunk
+        finally:
+            response.close()
 
-    async def _raise_for_status(self, response: aiohttp.ClientResponse,
-                                deadline: Deadline) -> None:
+    async def _raise_for_status(self, response: Response, deadline: Deadline) -> None:
         limit, _ = deadline.next_chunk()
         try:
             async with asyncio.timeout(limit):
-                body = await response.content.read(MAX_ERROR_BODY)
-        except (TimeoutError, aiohttp.ClientError):
+                body = await response.read(MAX_ERROR_BODY)
+        except (TimeoutError, ProviderError):
             body = b""
         raise error_for_status(self.name, response.status, body, response.headers, self.secret)
+
+    def close(self) -> None:
+        """Close the idle connections; those in use close when their answer is done."""
+        self._wire.close()

@@ -101,11 +101,14 @@ class OpenAIProvider(Provider):
         if not spec.base_url:
             raise ValueError(f"provider {spec.name!r} of type openai needs a base_url")
         self._base_url = spec.base_url
-        self.http = HttpUpstream(spec.name, session, spec.timeouts, build_headers(spec),
+        self.http = HttpUpstream(spec.name, spec.timeouts, build_headers(spec),
                                  spec.api_key.reveal() if spec.api_key else None)
         self.options = read_options(spec.raw)
         if self.options.responses:
             self.endpoints = self.endpoints | {"responses"}
+
+    async def close(self) -> None:
+        self.http.close()
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         body, headers = await self.http.post(

@@ -1,6 +1,7 @@
 """The stream watchdog (`providers.http.read_stream`): which timeout fires, and when it must not.
 
-Driven with aiohttp's own StreamReader fed by the test, on a real event loop; times are short
+Driven with aiohttp's StreamReader (it reads and fails like `wire.Response`) fed by the test, on a
+real event loop; times are short
 but the margins are several times the limits, so a slow machine does not flip them.
 """
 
@@ -25,7 +26,7 @@ def _upstream() -> tuple[Any, aiohttp.StreamReader]:
     protocol = BaseProtocol(loop)
     protocol.transport = SimpleNamespace(is_closing=lambda: False)  # type: ignore[assignment]
     reader = aiohttp.StreamReader(protocol, 2**16, loop=loop)
-    return SimpleNamespace(content=reader), reader
+    return reader, reader
 
 
 async def _read_all(response: Any, timeouts: Timeouts, pause: float = 0.0) -> list[bytes]:

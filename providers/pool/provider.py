@@ -47,6 +47,8 @@ class PoolProvider(Provider):
         self._lasting = lasting
 
     async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
         if self._lasting is not None and self.pool is not None:
             await self._lasting.release(f"pool:{self.name}", self.pool)
         self.pool = None

@@ -1,0 +1,389 @@
+"""HTTP/1.1 to one upstream origin: kept-alive connections, one write per request, C parsing.
+
+The relay's upstream calls go through here rather than aiohttp's ClientSession: on the bench
+machine a request and its answer over a kept connection cost ~130 µs through the session and
+~60 µs through a bare protocol (docs/benchmarks.md), about a third of the gateway's whole CPU
+per request. Only what the relay needs is here: a request with its body in one write, answers
+by Content-Length, chunked or until close, gzip/deflate if an upstream compresses anyway, TLS,
+a per-origin pool, and failures raised as the gateway's own errors, translated here alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+import time
+import zlib
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.errors import BadUpstreamResponse, ConnectTimeout, ProviderError, ProviderUnavailable
+
+# Past this much unread body the socket stops being read: a slow client slows its upstream
+# instead of filling the gateway's memory.
+HIGH_WATER = 256 * 1024
+# Idle connections older than this are closed rather than reused (aiohttp's default is 15 s;
+# servers commonly keep 60-75 s, vLLM's uvicorn 5 s, which the stale-connection retry covers).
+KEEPALIVE = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a URL points: its origin (the pool key) and the request line's target."""
+
+    tls: bool
+    host: str
+    port: int
+    path: bytes
+    host_header: bytes
+
+
+@functools.lru_cache(maxsize=1024)
+def target(url: str) -> Target:
+    """Parse an upstream URL once; ValueError if it is not http(s) with a host."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    host_header = shown if parts.port is None else f"{shown}:{port}"
+    return Target(tls, host, port, path.encode("ascii"), host_header.encode("idna"))
+
+
+def header_block(headers: Mapping[str, str]) -> bytes:
+    """Header lines sent with every request; ValueError on a name or value that could split
+    the request (CR, LF), since config and environment supply them."""
+    lines = []
+    for name, value in headers.items():
+        if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
+            raise ValueError(f"header {name!r} has a forbidden character")
+        lines.append(f"{name}: {value}\r\n".encode("latin-1"))
+    return b"".join(lines)
+
+
+@functools.lru_cache(maxsize=1)
+def default_tls() -> ssl.SSLContext:
+    """The system's trust store, loaded once (it takes milliseconds)."""
+    return ssl.create_default_context()
+
+
+class Response:
+    """An answer being read from one connection: status and headers, then the body."""
+
+    __slots__ = ("_conn", "headers", "status")
+
+    def __init__(self, conn: Connection, status: int, headers: CIMultiDictProxy[str]) -> None:
+        self._conn = conn
+        self.status = status
+        self.headers = headers
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The body to its end (or its first `limit` bytes)."""
+        parts = []
+        size = 0
+        while chunk := await self.readany():
+            parts.append(chunk)
+            size += len(chunk)
+            if limit is not None and size >= limit:
+                break
+        body = b"".join(parts)
+        return body if limit is None else body[:limit]
+
+    def readany(self) -> Coroutine[Any, Any, bytes]:
+        """What has arrived since the last read, waiting for some if none; b"" at the end."""
+        return self._conn.readany()
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Fail the pending (or next) read with `exc`: how stream timeouts fire."""
+        self._conn.fail(exc)
+
+    def close(self) -> None:
+        """Give the connection back if the answer was read to its end, else close it."""
+        self._conn.release()
+
+
+class Connection(asyncio.Protocol):
+    """One kept-alive connection: writes a request, parses its answer, then waits for reuse."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.idle_since = 0.0
+        self.reused = False
+        self.in_use = True  # from connect or acquire until released
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.header_list: list[tuple[str, str]] = []
+        self.head: asyncio.Future[Response] = self.loop.create_future()
+        self.buffer: list[bytes] = []
+        self.buffered = 0
+        self.waiter: asyncio.Future[bytes] | None = None
+        self.complete = False
+        self.keep_alive = False
+        self.error: BaseException | None = None
+        self.paused = False
+        self.decoder: zlib._Decompress | None = None
+        self.until_close = False
+
+    # -- the request side
+
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def usable(self, now: float) -> bool:
+        transport = self.transport
+        return (transport is not None and not transport.is_closing()
+                and now - self.idle_since < KEEPALIVE)
+
+    def release(self) -> None:
+        """Back to the pool when the answer is complete and both sides keep it; else closed."""
+        transport = self.transport
+        if transport is None:
+            return
+        if (self.complete and self.keep_alive and self.error is None and not self.pool.closed
+                and not transport.is_closing()):
+            if self.paused:
+                transport.resume_reading()
+            self._reset()
+            self.reused = True
+            self.in_use = False
+            self.idle_since = time.monotonic()
+            self.pool.idle.append(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+    # -- the answer side
+
+    async def readany(self) -> bytes:
+        if self.buffer:
+            data = self.buffer[0] if len(self.buffer) == 1 else b"".join(self.buffer)
+            self.buffer = []
+            self.buffered = 0
+            if self.paused and self.transport is not None:
+                self.paused = False
+                self.transport.resume_reading()
+            return data
+        if self.error is not None:
+            raise self.error
+        if self.complete:
+            return b""
+        self.waiter = self.loop.create_future()
+        return await self.waiter
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.keep_alive = False
+        if not self.head.done():
+            self.head.set_exception(exc)
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            data = b"".join(self.buffer)
+            self.buffer = []
+            self.buffered = 0
+            waiter.set_result(data)
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_use:  # nothing was asked: an upstream talking out of turn
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(BadUpstreamResponse(f"malformed HTTP response: {exc}"))
+            self.close()
+        except httptools.HttpParserUpgrade:
+            self.fail(BadUpstreamResponse("malformed HTTP response: unexpected upgrade"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.closed or not self.in_use or self.complete or self.error is not None:
+            return
+        if self.until_close and self.head.done():  # a body that ends when the connection does
+            self.on_message_complete()
+            return
+        if self.head.done():
+            self.fail(ProviderUnavailable("connection lost while reading the response"))
+        else:
+            self.fail(_Lost(f"connection lost: {exc or 'server closed the connection'}"))
+
+    # -- httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # informational: the real head follows
+            self.header_list = []
+            return
+        headers = CIMultiDictProxy(CIMultiDict(self.header_list))
+        self.keep_alive = self.parser.should_keep_alive()
+        encoding = headers.get("Content-Encoding", "identity").lower()
+        if encoding in ("gzip", "deflate", "x-gzip"):
+            self.decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
+        elif encoding != "identity":
+            self.fail(BadUpstreamResponse(f"unsupported Content-Encoding: {encoding}"))
+            return
+        self.until_close = ("Content-Length" not in headers
+                            and "chunked" not in headers.get("Transfer-Encoding", "").lower())
+        if not self.head.done():
+            self.head.set_result(Response(self, status, headers))
+
+    def on_body(self, body: bytes) -> None:
+        if self.decoder is not None:
+            try:
+                body = self.decoder.decompress(body)
+            except zlib.error as exc:
+                self.fail(BadUpstreamResponse(f"bad compressed body: {exc}"))
+                self.close()
+                return
+            if not body:
+                return
+        self.buffer.append(body)
+        self.buffered += len(body)
+        if self.waiter is not None:
+            self._wake()
+        elif self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        if not self.head.done():  # an informational answer's end: keep waiting
+            return
+        if self.decoder is not None and (rest := self.decoder.flush()):
+            self.buffer.append(rest)
+        self.complete = True
+        if self.waiter is not None:
+            self._wake()
+
+
+class _Lost(ProviderUnavailable):
+    """The connection went before any answer: on a reused connection, worth one resend."""
+
+
+class Pool:
+    """Kept-alive connections to one origin, reused newest first."""
+
+    def __init__(self, origin: Target, tls: ssl.SSLContext | None) -> None:
+        self.origin = origin
+        self.tls = tls
+        self.loop = asyncio.get_running_loop()
+        self.idle: list[Connection] = []
+        self.closed = False
+
+    async def acquire(self, connect_timeout: float) -> Connection:
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.usable(now):
+                conn.in_use = True
+                return conn
+            conn.close()
+        return await self._connect(connect_timeout)
+
+    async def _connect(self, connect_timeout: float) -> Connection:
+        origin = self.origin
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, conn = await self.loop.create_connection(
+                    lambda: Connection(self), origin.host, origin.port, ssl=self.tls,
+                    server_hostname=origin.host if self.tls else None)
+        except TimeoutError:
+            raise ConnectTimeout("connection timed out") from None
+        except ssl.SSLError as exc:
+            raise ProviderUnavailable(f"TLS handshake failed: {exc.reason or exc}") from None
+        except OSError as exc:
+            raise ProviderUnavailable(f"cannot connect: {exc.strerror or exc}") from None
+        return conn
+
+    def close(self) -> None:
+        """Close idle connections; those in use close when their answer is done."""
+        self.closed = True
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()
+
+
+class Client:
+    """Requests to any origin, each origin with its pool; one per provider."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
+        self._pools: dict[tuple[bool, str, int], Pool] = {}
+
+    async def request(self, method: bytes, url: str, headers: bytes, body: bytes | None,
+                      connect_timeout: float) -> Response:
+        """Send a request and return once its answer's head is in (`Response.close()` after).
+
+        A request that meets a kept connection the upstream has just closed is sent once more
+        on a new one: the upstream never read it."""
+        where = target(url)
+        pool = self._pool(where)
+        request = b"".join((method, b" ", where.path, b" HTTP/1.1\r\nHost: ", where.host_header,
+                            b"\r\n", headers,
+                            b"" if body is None else b"Content-Length: %d\r\n" % len(body),
+                            b"\r\n", body or b""))
+        conn = await pool.acquire(connect_timeout)
+        try:
+            return await self._exchange(conn, request)
+        except _Lost:
+            if not conn.reused:
+                raise
+        conn = await pool._connect(connect_timeout)
+        return await self._exchange(conn, request)
+
+    @staticmethod
+    async def _exchange(conn: Connection, request: bytes) -> Response:
+        try:
+            conn.send(request)
+            return await conn.head
+        except BaseException:  # cancelled, timed out or failed: this connection is done
+            conn.close()
+            raise
+
+    def _pool(self, where: Target) -> Pool:
+        key = (where.tls, where.host, where.port)
+        pool = self._pools.get(key)
+        if pool is None or pool.closed:
+            tls = (self._tls or default_tls()) if where.tls else None
+            pool = self._pools[key] = Pool(where, tls)
+        return pool
+
+    def close(self) -> None:
+        """Close every idle connection; no new ones are kept after this."""
+        for pool in self._pools.values():
+            pool.close()
+
+
+__all__ = ["Client", "ProviderError", "Response", "header_block", "target"]
