@@ -172,11 +172,15 @@ def on_unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Resp
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Litestar) -> AsyncIterator[None]:
-    """Own the one upstream session, the live config, and the reload watcher."""
+    """Own the shared aiohttp session, the live config, and the reload watcher.
+
+    Relayed requests do not use the session: each provider keeps its own connections
+    (`providers.wire`). It serves the side traffic: pool workers' health checks."""
     snapshot: Snapshot = app.state.initial
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=75)
     # No cookie jar: one session serves every client, so a cookie an upstream sets (OpenAI's
-    # edge sets __cf_bm on every answer) would ride along on other clients' requests.
+    # edge sets __cf_bm on every answer) would ride along on other clients' requests. (The
+    # wire keeps no cookies at all.)
     async with aiohttp.ClientSession(connector=connector,
                                      cookie_jar=aiohttp.DummyCookieJar()) as session:
         gateway = Gateway(session, providers.load_kinds(), app.state.request_log)

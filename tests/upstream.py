@@ -11,6 +11,7 @@ import asyncio
 import json
 import random
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -134,6 +135,7 @@ class FakeUpstream:
     name: str = "upstream"
     models: tuple[str, ...] = ()
     port: int = 0  # 0: any free port; give the old one to restart in place
+    tls: ssl.SSLContext | None = None  # serve HTTPS (as https://localhost) with this context
     requests: list[Recorded] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -153,6 +155,8 @@ class FakeUpstream:
     @property
     def base_url(self) -> str:
         """The OpenAI-style base URL, ending in /v1."""
+        if self.tls is not None:
+            return f"https://localhost:{self.port}/v1"
         return f"http://127.0.0.1:{self.port}/v1"
 
     @property
@@ -238,7 +242,7 @@ class FakeUpstream:
                                handler_cancellation=True, shutdown_timeout=2.0)
         await runner.setup()
         try:
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=self.tls).start()
             ready.set()
             await self._stop_requested.wait()
             self._stopping = True
