@@ -77,12 +77,13 @@ def default_tls() -> ssl.SSLContext:
 
 
 class Response:
-    """An answer being read from one connection: status and headers, then the body."""
+    """An answer being read from one connection: status and headers, then the body. Once
+    closed it lets go of the connection, which may be carrying another request by then."""
 
     __slots__ = ("_conn", "headers", "status")
 
     def __init__(self, conn: Connection, status: int, headers: CIMultiDictProxy[str]) -> None:
-        self._conn = conn
+        self._conn: Connection | None = conn
         self.status = status
         self.headers = headers
 
@@ -100,15 +101,21 @@ class Response:
 
     def readany(self) -> Coroutine[Any, Any, bytes]:
         """What has arrived since the last read, waiting for some if none; b"" at the end."""
+        if self._conn is None:
+            raise RuntimeError("read from a closed response")
         return self._conn.readany()
 
     def set_exception(self, exc: BaseException) -> None:
-        """Fail the pending (or next) read with `exc`: how stream timeouts fire."""
-        self._conn.fail(exc)
+        """Fail the pending (or next) read with `exc`: how stream timeouts fire. A no-op once
+        closed (a stream's watchdog can outlive its response by a turn of the loop)."""
+        if self._conn is not None:
+            self._conn.fail(exc)
 
     def close(self) -> None:
-        """Give the connection back if the answer was read to its end, else close it."""
-        self._conn.release()
+        """Give the connection back if the answer was read to its end, else close it; once."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.release()
 
 
 class Connection(asyncio.Protocol):
@@ -239,6 +246,10 @@ class Connection(asyncio.Protocol):
 
     # -- httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self.complete:  # more after a complete answer: this connection cannot be trusted
+            self.keep_alive = False
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
@@ -341,6 +352,7 @@ class Client:
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._tls = tls
         self._pools: dict[tuple[bool, str, int], Pool] = {}
+        self.closed = False
 
     async def request(self, method: bytes, url: str, headers: bytes, body: bytes | None,
                       connect_timeout: float) -> Response:
@@ -375,13 +387,15 @@ class Client:
     def _pool(self, where: Target) -> Pool:
         key = (where.tls, where.host, where.port)
         pool = self._pools.get(key)
-        if pool is None or pool.closed:
+        if pool is None:
             tls = (self._tls or default_tls()) if where.tls else None
             pool = self._pools[key] = Pool(where, tls)
+            pool.closed = self.closed  # a late request after close: served, then not kept
         return pool
 
     def close(self) -> None:
         """Close every idle connection; no new ones are kept after this."""
+        self.closed = True
         for pool in self._pools.values():
             pool.close()
 

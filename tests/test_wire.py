@@ -229,3 +229,21 @@ def test_a_stream_nobody_reads_stops_being_read_from_the_upstream_until_it_is() 
 
     assert paused_when_full, "past the high-water mark the upstream socket is paused"
     assert not paused_after and drained > wire.HIGH_WATER, "reading resumes it"
+
+
+def test_a_finished_answer_cannot_reach_the_request_its_connection_carries_next() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        pool = wire.Pool(wire.target("http://127.0.0.1:9/v1"), None)
+        conn = wire.Connection(pool)
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        first = await conn.head
+        assert await first.read() == b"ok"
+        first.close()
+        reused = await pool.acquire(1.0) is conn
+        # A stream's watchdog firing late, or a second close, must not fail the next request.
+        first.set_exception(TimeoutError())
+        first.close()
+        return reused, conn.error is None, conn.transport is not None
+
+    assert asyncio.run(scenario()) == (True, True, True)
