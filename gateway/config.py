@@ -12,6 +12,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -320,6 +321,11 @@ def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:
     return merged
 
 
+def _is_http_url(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
               circuit: CircuitPolicy, environ: Mapping[str, str], file: str) -> ProviderSpec:
     where = f"providers.{name}"
@@ -341,6 +347,9 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
     base_url = _expand(entry.base_url, environ) if entry.base_url else None
     if entry.base_url and not base_url and disabled_reason is None:
         disabled_reason = f"{entry.base_url.lstrip('$').strip('{}')} is not set"
+    if base_url and not _is_http_url(base_url):  # the value is not shown: it may hold a key
+        raise ConfigError(f"{file}: {where}.base_url: must be an http:// or https:// URL "
+                          "with a host")
     return ProviderSpec(
         name=name,
         kind=entry.type,

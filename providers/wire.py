@@ -15,6 +15,7 @@ import functools
 import ssl
 import time
 import zlib
+from collections import deque
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import BadUpstreamResponse, ConnectTimeout, ProviderError, ProviderUnavailable
+from gateway.errors import BadUpstreamResponse, ConnectTimeout, ProviderUnavailable
 
 # Past this much unread body the socket stops being read: a slow client slows its upstream
 # instead of filling the gateway's memory.
@@ -168,8 +169,11 @@ class Connection(asyncio.Protocol):
             self._reset()
             self.reused = True
             self.in_use = False
-            self.idle_since = time.monotonic()
-            self.pool.idle.append(self)
+            self.idle_since = now = time.monotonic()
+            idle = self.pool.idle
+            while idle and not idle[0].usable(now):  # the oldest, unused since long: let go
+                idle.popleft().close()
+            idle.append(self)
         else:
             self.close()
 
@@ -310,7 +314,7 @@ class Pool:
         self.origin = origin
         self.tls = tls
         self.loop = asyncio.get_running_loop()
-        self.idle: list[Connection] = []
+        self.idle: deque[Connection] = deque()  # newest last, taken first
         self.closed = False
 
     async def acquire(self, connect_timeout: float) -> Connection:
@@ -321,9 +325,10 @@ class Pool:
                 conn.in_use = True
                 return conn
             conn.close()
-        return await self._connect(connect_timeout)
+        return await self.connect(connect_timeout)
 
-    async def _connect(self, connect_timeout: float) -> Connection:
+    async def connect(self, connect_timeout: float) -> Connection:
+        """A new connection to the origin; failures as the gateway's errors."""
         origin = self.origin
         try:
             async with asyncio.timeout(connect_timeout):
@@ -360,7 +365,10 @@ class Client:
 
         A request that meets a kept connection the upstream has just closed is sent once more
         on a new one: the upstream never read it."""
-        where = target(url)
+        try:
+            where = target(url)
+        except ValueError:  # the URL is not in the message: it may carry a key
+            raise ProviderUnavailable("the provider's URL is not an http(s) URL") from None
         pool = self._pool(where)
         request = b"".join((method, b" ", where.path, b" HTTP/1.1\r\nHost: ", where.host_header,
                             b"\r\n", headers,
@@ -372,7 +380,7 @@ class Client:
         except _Lost:
             if not conn.reused:
                 raise
-        conn = await pool._connect(connect_timeout)
+        conn = await pool.connect(connect_timeout)
         return await self._exchange(conn, request)
 
     @staticmethod
@@ -399,5 +407,3 @@ class Client:
         for pool in self._pools.values():
             pool.close()
 
-
-__all__ = ["Client", "ProviderError", "Response", "header_block", "target"]

@@ -81,6 +81,8 @@ def test_server_keys_resolve_and_unset_ones_are_dropped() -> None:
     ('{"server": {"port": "eighty"}, "providers": {}}', "server.port: Expected `int`"),
     ('{"providers": {}, "extra": 1}', "unknown field `extra`"),
     ('{"providers": {"p": {"type": "openai", "models": {"m": 5}}}}', "providers.p.models"),
+    ('{"providers": {"p": {"type": "openai", "base_url": "localhost:8000/v1?key=sk-1"}}}',
+     "providers.p.base_url: must be an http:// or https:// URL"),
 ])
 def test_errors_name_the_file_the_field_and_the_problem(text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -88,6 +90,7 @@ def test_errors_name_the_file_the_field_and_the_problem(text: str, expected: str
 
     assert str(caught.value).startswith(str(PATH))
     assert expected in str(caught.value)
+    assert "sk-1" not in str(caught.value)
 
 
 def test_yaml_is_read_like_json(tmp_path: Path) -> None:
