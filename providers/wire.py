@@ -363,8 +363,10 @@ class Client:
                       connect_timeout: float) -> Response:
         """Send a request and return once its answer's head is in (`Response.close()` after).
 
-        A request that meets a kept connection the upstream has just closed is sent once more
-        on a new one: the upstream never read it."""
+        A kept connection the upstream closes as idle (uvicorn, under vLLM, after 5 s) can take
+        a request in that very moment: when such a reused connection drops before any answer,
+        the request goes once more on a new one. Clients usually resend only idempotent
+        methods (RFC 9112 9.3.1); an inference POST is safe to send again, as failover does."""
         try:
             where = target(url)
         except ValueError:  # the URL is not in the message: it may carry a key
