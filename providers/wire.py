@@ -32,6 +32,9 @@ HIGH_WATER = 256 * 1024
 # Idle connections older than this are closed rather than reused (aiohttp's default is 15 s;
 # servers commonly keep 60-75 s, vLLM's uvicorn 5 s, which the stale-connection retry covers).
 KEEPALIVE = 60.0
+# An answer's head larger than this is refused (aiohttp's limit was 8 KiB a field): an upstream
+# gone wrong must not grow the gateway's memory with headers that never end.
+MAX_HEAD = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,7 @@ class Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.header_list: list[tuple[str, str]] = []
+        self.head_size = 0
         self.head: asyncio.Future[Response] = self.loop.create_future()
         self.buffer: list[bytes] = []
         self.buffered = 0
@@ -230,7 +234,8 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self.fail(BadUpstreamResponse(f"malformed HTTP response: {exc}"))
+            if self.error is None:  # else a callback already said what was wrong
+                self.fail(BadUpstreamResponse(f"malformed HTTP response: {exc}"))
             self.close()
         except httptools.HttpParserUpgrade:
             self.fail(BadUpstreamResponse("malformed HTTP response: unexpected upgrade"))
@@ -255,6 +260,10 @@ class Connection(asyncio.Protocol):
             self.keep_alive = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value)
+        if self.head_size > MAX_HEAD:
+            self.fail(BadUpstreamResponse(f"response head larger than {MAX_HEAD} bytes"))
+            raise httptools.HttpParserError("head too large")  # stops the parser
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.errors import BadUpstreamResponse
 from providers import wire
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream
@@ -247,3 +248,19 @@ def test_a_finished_answer_cannot_reach_the_request_its_connection_carries_next(
         return reused, conn.error is None, conn.transport is not None
 
     assert asyncio.run(scenario()) == (True, True, True)
+
+
+def test_an_answer_whose_head_never_ends_is_refused_not_buffered() -> None:
+    async def scenario() -> str:
+        pool = wire.Pool(wire.target("http://127.0.0.1:9/v1"), None)
+        conn = wire.Connection(pool)
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        conn.data_received(b"HTTP/1.1 200 OK\r\n")
+        line = b"X-Filler: " + b"y" * 1000 + b"\r\n"
+        while not conn.head.done():
+            conn.data_received(line)
+        with pytest.raises(BadUpstreamResponse) as caught:
+            await conn.head
+        return str(caught.value)
+
+    assert "response head larger than" in asyncio.run(scenario())
