@@ -63,15 +63,18 @@ class DisconnectGuard:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         assert self._arm is not None and self._task is not None
+        # Let go of the task (its frame holds this guard): no cycle left for the collector.
+        task, self._task = self._task, None
         self._arm.cancel()
         if self._watcher is not None:
             self._watcher.remove_done_callback(self._on_disconnect)
             self._watcher.cancel()
+            self._watcher = None
         if not self._disconnected:
             return
         if exc_type is not asyncio.CancelledError:
             # The cancel we asked for has not landed yet: take it here, not at a later await.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0)
-        if self._task.uncancel() <= self._cancelling:
+        if task.uncancel() <= self._cancelling:
             raise ClientDisconnected from exc
