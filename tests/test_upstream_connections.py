@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import Pair
 from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import ok
+from tests.upstream import ok, whole_request_body
 
 
 def test_streams_from_a_server_that_ends_its_body_late_share_one_upstream_connection(
@@ -75,10 +75,8 @@ class DropsKeptAliveConnections(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        head, found, body = self.buffer.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                       if line.startswith(b"content-length:")), 0)
-        if not found or len(body) < length:
+        body = whole_request_body(self.buffer)
+        if body is None:
             return
         self.buffer = b""
         if self.answered:

@@ -24,7 +24,7 @@ import pytest
 from gateway.errors import BadUpstreamResponse
 from providers import wire
 from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream
+from tests.upstream import FakeUpstream, whole_request_body
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = json.dumps({
@@ -50,10 +50,7 @@ class Scripted(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        head, found, body = self.buffer.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                       if line.startswith(b"content-length:")), 0)
-        if found and len(body) >= length:
+        if whole_request_body(self.buffer) is not None:
             self.buffer = b""
             self.counts["requests"] += 1
             self.reply(self.transport, self.counts["requests"])

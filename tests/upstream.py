@@ -116,6 +116,15 @@ class Recorded:
     peer: tuple[str, int] | None = None  # the client's end of the connection it came on
 
 
+def whole_request_body(buffer: bytes) -> bytes | None:
+    """For raw test servers: the body of the request in `buffer` once all of it (by its
+    Content-Length) has arrived, else None."""
+    head, found, body = buffer.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                   if line.startswith(b"content-length:")), 0)
+    return body if found and len(body) >= length else None
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now."""
     with socket.socket() as sock:
