@@ -133,7 +133,6 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.in_use = True  # from connect or acquire until released
-        self.closed = False
         self._reset()
 
     def _reset(self) -> None:
@@ -182,7 +181,6 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def close(self) -> None:
-        self.closed = True
         if self.transport is not None:
             self.transport.close()
             self.transport = None
@@ -191,13 +189,7 @@ class Connection(asyncio.Protocol):
 
     async def readany(self) -> bytes:
         if self.buffer:
-            data = self.buffer[0] if len(self.buffer) == 1 else b"".join(self.buffer)
-            self.buffer = []
-            self.buffered = 0
-            if self.paused and self.transport is not None:
-                self.paused = False
-                self.transport.resume_reading()
-            return data
+            return self._take()
         if self.error is not None:
             raise self.error
         if self.complete:
@@ -214,13 +206,20 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
+    def _take(self) -> bytes:
+        """Everything buffered, and the socket read again if it was paused for it."""
+        data = self.buffer[0] if len(self.buffer) == 1 else b"".join(self.buffer)
+        self.buffer = []
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
     def _wake(self) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
-            data = b"".join(self.buffer)
-            self.buffer = []
-            self.buffered = 0
-            waiter.set_result(data)
+            waiter.set_result(self._take())
 
     # -- asyncio.Protocol
 
@@ -242,8 +241,9 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        closed_by_us = self.transport is None  # close() let go of it first
         self.transport = None
-        if self.closed or not self.in_use or self.complete or self.error is not None:
+        if closed_by_us or not self.in_use or self.complete or self.error is not None:
             return
         if self.until_close and self.head.done():  # a body that ends when the connection does
             self.on_message_complete()
@@ -319,12 +319,12 @@ class _Lost(ProviderUnavailable):
 class Pool:
     """Kept-alive connections to one origin, reused newest first."""
 
-    def __init__(self, origin: Target, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, origin: Target, tls: ssl.SSLContext | None, closed: bool = False) -> None:
         self.origin = origin
         self.tls = tls
         self.loop = asyncio.get_running_loop()
         self.idle: deque[Connection] = deque()  # newest last, taken first
-        self.closed = False
+        self.closed = closed  # closed pools keep no connection once its answer is done
 
     async def acquire(self, connect_timeout: float) -> Connection:
         now = time.monotonic()
@@ -408,8 +408,8 @@ class Client:
         pool = self._pools.get(key)
         if pool is None:
             tls = (self._tls or default_tls()) if where.tls else None
-            pool = self._pools[key] = Pool(where, tls)
-            pool.closed = self.closed  # a late request after close: served, then not kept
+            # A late request after close is served; its connection is not kept.
+            pool = self._pools[key] = Pool(where, tls, closed=self.closed)
         return pool
 
     def close(self) -> None:
