@@ -7,6 +7,9 @@ config start their own gateway with `start_gateway`.
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
-from tests.upstream import FakeUpstream
+from tests.upstream import FakeUpstream, Reply, Scripted
 
 
 @dataclass
@@ -119,3 +122,28 @@ def upstream_factory() -> Iterator[Callable[[str], FakeUpstream]]:
     yield make
     for upstream in made:
         upstream.stop()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[[Reply], tuple[str, dict[str, int]]]]:
+    """Start raw upstreams answering with a given `reply` (`tests.upstream.Scripted`); each
+    start gives its base URL and its counts of connections and requests."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers: list[asyncio.AbstractServer] = []
+
+    def start(reply: Reply) -> tuple[str, dict[str, int]]:
+        counts = {"connections": 0, "requests": 0}
+        sock = socket.create_server(("127.0.0.1", 0))
+        made = asyncio.run_coroutine_threadsafe(
+            loop.create_server(lambda: Scripted(reply, counts), sock=sock), loop)
+        servers.append(made.result(5))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1", counts
+
+    yield start
+    for server in servers:
+        loop.call_soon_threadsafe(server.close)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
 
 from tests.conftest import Pair
 from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import ok, whole_request_body
+from tests.upstream import Reply, ok
 
 
 def test_streams_from_a_server_that_ends_its_body_late_share_one_upstream_connection(
@@ -59,61 +56,33 @@ CHUNK = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1
          b"data: [DONE]\n\n")
 
 
-class DropsKeptAliveConnections(asyncio.Protocol):
+def drops_kept_alive_connections(dropped: list[int]) -> Reply:
     """Answers the first request on a connection and closes it, unanswered, on the next: what
-    an upstream timing out an idle connection does to a request that arrives in that moment."""
+    an upstream timing out an idle connection does to a request that arrives in that moment.
+    Each dropped request goes into `dropped`."""
 
-    def __init__(self, counts: dict[str, int]) -> None:
-        self.counts = counts
-        self.answered = False
-        self.buffer = b""
-        self.transport: Any = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        self.counts["connections"] += 1
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        body = whole_request_body(self.buffer)
-        if body is None:
+    def reply(transport: asyncio.Transport, body: bytes, nth: int) -> None:
+        if nth > 1:
+            dropped.append(nth)
+            transport.close()
             return
-        self.buffer = b""
-        if self.answered:
-            self.counts["dropped"] += 1
-            self.transport.close()
-            return
-        self.answered = True
         if json.loads(body).get("stream"):
-            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                 b"Transfer-Encoding: chunked\r\n\r\n"
-                                 + b"%x\r\n%s\r\n0\r\n\r\n" % (len(CHUNK), CHUNK))
+            transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n"
+                            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(CHUNK), CHUNK))
         else:
-            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(COMPLETION), COMPLETION))
+            transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: %d\r\n\r\n%s" % (len(COMPLETION), COMPLETION))
 
-
-@pytest.fixture
-def dropping_upstream() -> Iterator[tuple[str, dict[str, int]]]:
-    counts = {"connections": 0, "dropped": 0}
-    sock = socket.create_server(("127.0.0.1", 0))
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(
-        loop.create_server(lambda: DropsKeptAliveConnections(counts), sock=sock))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", counts
-    loop.call_soon_threadsafe(server.close)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
+    return reply
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_kept_alive_connection_the_upstream_dropped_costs_the_client_nothing(
         start_gateway: Callable[..., GatewayProcess],
-        dropping_upstream: tuple[str, dict[str, int]], stream: bool) -> None:
-    base_url, counts = dropping_upstream
+        scripted: Callable[[Reply], tuple[str, dict[str, int]]], stream: bool) -> None:
+    dropped: list[int] = []
+    base_url, counts = scripted(drops_kept_alive_connections(dropped))
     gateway = start_gateway(config({"only": provider(base_url, {"m": "m"})}))
 
     for _ in range(3):
@@ -123,6 +92,6 @@ def test_a_kept_alive_connection_the_upstream_dropped_costs_the_client_nothing(
         assert "kept" in response.text
         assert response.headers["x-llms-provider"] == "only"
 
-    assert counts["dropped"] == 2, "requests 2 and 3 went out on a kept connection first"
+    assert len(dropped) == 2, "requests 2 and 3 went out on a kept connection first"
     assert counts["connections"] == 3
     assert all(line["outcome"] == "completed" for line in gateway.log_events("request"))

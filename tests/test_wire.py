@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +22,7 @@ import pytest
 from gateway.errors import BadUpstreamResponse
 from providers import wire
 from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream, whole_request_body
+from tests.upstream import FakeUpstream, Reply
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = json.dumps({
@@ -32,53 +30,6 @@ COMPLETION = json.dumps({
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "over the wire"},
                  "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}).encode()
-
-Reply = Callable[[asyncio.Transport, int], None]
-
-
-class Scripted(asyncio.Protocol):
-    """Reads whole requests (Content-Length bodies) and lets `reply` write the answer."""
-
-    def __init__(self, reply: Reply, counts: dict[str, int]) -> None:
-        self.reply, self.counts = reply, counts
-        self.buffer = b""
-        self.transport: Any = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        self.counts["connections"] += 1
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if whole_request_body(self.buffer) is not None:
-            self.buffer = b""
-            self.counts["requests"] += 1
-            self.reply(self.transport, self.counts["requests"])
-
-
-@pytest.fixture
-def scripted() -> Iterator[Callable[[Reply], tuple[str, dict[str, int]]]]:
-    """Start raw upstreams answering with a given `reply`; their base URL and counts."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    servers: list[asyncio.AbstractServer] = []
-
-    def start(reply: Reply) -> tuple[str, dict[str, int]]:
-        counts = {"connections": 0, "requests": 0}
-        sock = socket.create_server(("127.0.0.1", 0))
-        made = asyncio.run_coroutine_threadsafe(
-            loop.create_server(lambda: Scripted(reply, counts), sock=sock), loop)
-        servers.append(made.result(5))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1", counts
-
-    yield start
-    for server in servers:
-        loop.call_soon_threadsafe(server.close)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
-
 
 def _ask(gateway: GatewayProcess) -> httpx.Response:
     return httpx.post(f"{gateway.base_url}/chat/completions", json=CHAT, timeout=10)
@@ -88,7 +39,7 @@ def test_an_upstream_that_gzips_although_asked_not_to_is_still_understood(
         start_gateway: Callable[..., GatewayProcess],
         scripted: Callable[[Reply], tuple[str, dict[str, int]]]) -> None:
     packed = gzip.compress(COMPLETION)
-    base_url, _ = scripted(lambda t, n: t.write(
+    base_url, _ = scripted(lambda t, body, n: t.write(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(packed), packed)))
     gateway = start_gateway(config({"up": provider(base_url, {"m": "m"})}))
@@ -102,7 +53,7 @@ def test_an_upstream_that_gzips_although_asked_not_to_is_still_understood(
 def test_an_answer_without_a_length_ends_when_the_upstream_closes_and_arrives_whole(
         start_gateway: Callable[..., GatewayProcess],
         scripted: Callable[[Reply], tuple[str, dict[str, int]]]) -> None:
-    def old_style(transport: asyncio.Transport, n: int) -> None:
+    def old_style(transport: asyncio.Transport, body: bytes, n: int) -> None:
         transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                         b"Connection: close\r\n\r\n" + COMPLETION)
         transport.close()
@@ -120,7 +71,7 @@ def test_an_answer_without_a_length_ends_when_the_upstream_closes_and_arrives_wh
 def test_an_upstream_talking_out_of_turn_on_an_idle_connection_costs_the_next_request_nothing(
         start_gateway: Callable[..., GatewayProcess],
         scripted: Callable[[Reply], tuple[str, dict[str, int]]]) -> None:
-    def chatty(transport: asyncio.Transport, n: int) -> None:
+    def chatty(transport: asyncio.Transport, body: bytes, n: int) -> None:
         transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(COMPLETION), COMPLETION))
         asyncio.get_running_loop().call_later(0.05, transport.write, b"HTTP/1.1 200 OK\r\n")

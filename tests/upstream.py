@@ -14,6 +14,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -123,6 +124,34 @@ def whole_request_body(buffer: bytes) -> bytes | None:
     length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
                    if line.startswith(b"content-length:")), 0)
     return body if found and len(body) >= length else None
+
+
+Reply = Callable[[asyncio.Transport, bytes, int], None]
+
+
+class Scripted(asyncio.Protocol):
+    """A raw test server's connection: reads whole requests and lets `reply(transport, body,
+    nth)` write exactly the bytes a test wants (`nth`: the request's number on this
+    connection, from 1). Counts connections and requests in `counts`."""
+
+    def __init__(self, reply: Reply, counts: dict[str, int]) -> None:
+        self.reply, self.counts = reply, counts
+        self.buffer = b""
+        self.served = 0
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.counts["connections"] += 1
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        body = whole_request_body(self.buffer)
+        if body is not None:
+            self.buffer = b""
+            self.served += 1
+            self.counts["requests"] += 1
+            self.reply(self.transport, body, self.served)
 
 
 def free_port() -> int:
