@@ -129,7 +129,9 @@ class Connection(asyncio.Protocol):
         self.pool = pool
         self.loop = pool.loop
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        # The parser holds this protocol's methods, a cycle: made on connect, dropped when the
+        # connection is lost, so a closed connection is freed at once, not by the collector.
+        self.parser: httptools.HttpResponseParser | None = None
         self.idle_since = 0.0
         self.reused = False
         self.in_use = True  # from connect or acquire until released
@@ -163,22 +165,26 @@ class Connection(asyncio.Protocol):
     def release(self) -> None:
         """Back to the pool when the answer is complete and both sides keep it; else closed."""
         transport = self.transport
-        if transport is None:
+        if (transport is None or not self.complete or not self.keep_alive
+                or self.error is not None or self.pool.closed or transport.is_closing()):
+            self.discard()
             return
-        if (self.complete and self.keep_alive and self.error is None and not self.pool.closed
-                and not transport.is_closing()):
-            if self.paused:
-                transport.resume_reading()
-            self._reset()
-            self.reused = True
-            self.in_use = False
-            self.idle_since = now = time.monotonic()
-            idle = self.pool.idle
-            while idle and not idle[0].usable(now):  # the oldest, unused since long: let go
-                idle.popleft().close()
-            idle.append(self)
-        else:
-            self.close()
+        if self.paused:
+            transport.resume_reading()
+        self._reset()
+        self.reused = True
+        self.in_use = False
+        self.idle_since = now = time.monotonic()
+        idle = self.pool.idle
+        while idle and not idle[0].usable(now):  # the oldest, unused since long: let go
+            idle.popleft().close()
+        idle.append(self)
+
+    def discard(self) -> None:
+        """Close for good, and forget the answer: a failure raised from it holds frames that
+        hold this connection, a cycle that would wait for the collector."""
+        self.close()
+        self._reset()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -225,13 +231,15 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.parser = httptools.HttpResponseParser(self)
 
     def data_received(self, data: bytes) -> None:
-        if not self.in_use:  # nothing was asked: an upstream talking out of turn
+        parser = self.parser
+        if not self.in_use or parser is None:  # nothing was asked: an upstream out of turn
             self.close()
             return
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as exc:
             if self.error is None:  # else a callback already said what was wrong
                 self.fail(BadUpstreamResponse(f"malformed HTTP response: {exc}"))
@@ -242,7 +250,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         closed_by_us = self.transport is None  # close() let go of it first
-        self.transport = None
+        self.transport = self.parser = None
         if closed_by_us or not self.in_use or self.complete or self.error is not None:
             return
         if self.until_close and self.head.done():  # a body that ends when the connection does
@@ -267,12 +275,14 @@ class Connection(asyncio.Protocol):
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
+        parser = self.parser
+        assert parser is not None  # called by it
+        status = parser.get_status_code()
         if 100 <= status < 200:  # informational: the real head follows
             self.header_list = []
             return
         headers = CIMultiDictProxy(CIMultiDict(self.header_list))
-        self.keep_alive = self.parser.should_keep_alive()
+        self.keep_alive = parser.should_keep_alive()
         encoding = headers.get("Content-Encoding", "identity").lower()
         if encoding in ("gzip", "deflate", "x-gzip"):
             self.decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
@@ -400,7 +410,7 @@ class Client:
             conn.send(request)
             return await conn.head
         except BaseException:  # cancelled, timed out or failed: this connection is done
-            conn.close()
+            conn.discard()
             raise
 
     def _pool(self, where: Target) -> Pool:
