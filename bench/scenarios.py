@@ -111,6 +111,16 @@ def start_minimal(started: Started, upstream: int) -> int:
     return port
 
 
+def start_forwarder(started: Started, upstream: int) -> int:
+    """The byte forwarder on core 0: what any process in the path costs before any HTTP."""
+    port = free_port()
+    started.processes.append(spawn(
+        [PY, str(BENCH / "byte_forwarder.py"), "--port", str(port), "--upstream-port",
+         str(upstream)], 0, started.work / "forwarder.log"))
+    wait_for_port(port, started.processes[-1])
+    return port
+
+
 def alternate(repeats: int, gateway_pid: int, targets: dict[str, int],
               command: Callable[[str], tuple[object, ...]]) -> dict[str, list[dict[str, Any]]]:
     """Run a load script (on core 1) against each target in turn, `repeats` rounds, so drift on
@@ -125,13 +135,15 @@ def alternate(repeats: int, gateway_pid: int, targets: dict[str, int],
 
 
 def latency_at_rate(work: Path, rate: float, duration: float, repeats: int) -> dict[str, Any]:
-    """Open-loop load at a fixed rate: direct, minimal proxy, gateway, alternating; medians."""
+    """Open-loop load at a fixed rate: direct, byte forwarder, minimal proxy, gateway,
+    alternating; medians."""
     with Started(work) as started:
         upstream = started.upstream()
         gateway, process = started.gateway(upstream)
         minimal = start_minimal(started, upstream)
-        runs = alternate(repeats, process.pid, {"direct": upstream, "minimal": minimal,
-                                                "gateway": gateway},
+        forwarder = start_forwarder(started, upstream)
+        runs = alternate(repeats, process.pid, {"direct": upstream, "forwarder": forwarder,
+                                                "minimal": minimal, "gateway": gateway},
                          lambda url: ("openloop.py", "--url", url, "--rate", rate,
                                       "--duration", duration, "--warmup", 2))
     out: dict[str, Any] = {"rate": rate, "duration_s": duration, "repeats": repeats, **runs}
@@ -140,6 +152,8 @@ def latency_at_rate(work: Path, rate: float, duration: float, repeats: int) -> d
                                 - median_of(runs["direct"], f"{p}_ms"))
         out[f"minimal_added_{p}_ms"] = (median_of(runs["minimal"], f"{p}_ms")
                                         - median_of(runs["direct"], f"{p}_ms"))
+        out[f"forwarder_added_{p}_ms"] = (median_of(runs["forwarder"], f"{p}_ms")
+                                          - median_of(runs["direct"], f"{p}_ms"))
     out["added_runs_ms"] = [{p: g[f"{p}_ms"] - d[f"{p}_ms"] for p in ("p50", "p99")}
                             for d, g in zip(runs["direct"], runs["gateway"], strict=True)]
     return out
