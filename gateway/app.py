@@ -43,11 +43,14 @@ from gateway.shared_state import RedisSync
 
 JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
-# Young objects between collections. Garbage the relay makes comes in cycles when clients
-# leave mid-stream (a cancelled task's frames, tracebacks, its guard): at 50,000 a burst of
-# such disconnects was collected in one 63-86 ms pause (bench, 2026-11-23); at 2,000 a pause
-# stays around a few ms. Short-lived objects freed by reference counting do not count.
-GC_THRESHOLD = 2_000
+# The collector's thresholds: (young objects between collections, young collections per
+# middle one, middle collections per full one). Request paths leave no cycles (a test checks),
+# so collections find nothing and their cost is what they traverse: what lives longer than a
+# few ms, i.e. open streams. At 50,000 young objects, cycles the relay then left were freed in
+# one 63-86 ms pause (bench, 2026-11-23). With a middle collection every 20 young ones, a
+# 5,000-stream ramp paused up to 41 ms, growing as streams piled up; every 2 (and a full
+# collection as rarely as before: 2 x 500 = 20 x 50), 7-16 ms (bench capacity, GC probe).
+GC_THRESHOLDS = (2_000, 2, 500)
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -202,7 +205,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             gateway.responses = RedisResponseStore(snapshot.state.url, snapshot.state.prefix)
         # Startup objects never become garbage: park them outside the collector.
         gc.freeze()
-        gc.set_threshold(GC_THRESHOLD, 20, 50)
+        gc.set_threshold(*GC_THRESHOLDS)
         get_logger().info("gateway_started", config=str(snapshot.source),
                           providers=[p.name for p in snapshot.enabled],
                           models=len(snapshot.routes))
