@@ -101,24 +101,24 @@ class Started:
         return port, process
 
 
-def start_minimal(started: Started, upstream: int) -> int:
-    """The minimal proxy on core 0: context for what any Python hop on that core costs."""
+def _start_on_core0(started: Started, script: str, *args: str) -> int:
+    """A reference proxy (a bench script taking --port) on the gateway's core; its port."""
     port = free_port()
-    started.processes.append(spawn(
-        [PY, str(BENCH / "minimal_proxy.py"), "--port", str(port), "--upstream",
-         f"http://127.0.0.1:{upstream}/v1"], 0, started.work / "minimal.log"))
+    started.processes.append(spawn([PY, str(BENCH / script), "--port", str(port), *args], 0,
+                                   started.work / f"{Path(script).stem}.log"))
     wait_for_port(port, started.processes[-1])
     return port
+
+
+def start_minimal(started: Started, upstream: int) -> int:
+    """The minimal proxy on core 0: context for what any Python hop on that core costs."""
+    return _start_on_core0(started, "minimal_proxy.py", "--upstream",
+                           f"http://127.0.0.1:{upstream}/v1")
 
 
 def start_forwarder(started: Started, upstream: int) -> int:
     """The byte forwarder on core 0: what any process in the path costs before any HTTP."""
-    port = free_port()
-    started.processes.append(spawn(
-        [PY, str(BENCH / "byte_forwarder.py"), "--port", str(port), "--upstream-port",
-         str(upstream)], 0, started.work / "forwarder.log"))
-    wait_for_port(port, started.processes[-1])
-    return port
+    return _start_on_core0(started, "byte_forwarder.py", "--upstream-port", str(upstream))
 
 
 def alternate(repeats: int, gateway_pid: int, targets: dict[str, int],
@@ -147,13 +147,10 @@ def latency_at_rate(work: Path, rate: float, duration: float, repeats: int) -> d
                          lambda url: ("openloop.py", "--url", url, "--rate", rate,
                                       "--duration", duration, "--warmup", 2))
     out: dict[str, Any] = {"rate": rate, "duration_s": duration, "repeats": repeats, **runs}
-    for p in ("p50", "p99"):
-        out[f"added_{p}_ms"] = (median_of(runs["gateway"], f"{p}_ms")
-                                - median_of(runs["direct"], f"{p}_ms"))
-        out[f"minimal_added_{p}_ms"] = (median_of(runs["minimal"], f"{p}_ms")
-                                        - median_of(runs["direct"], f"{p}_ms"))
-        out[f"forwarder_added_{p}_ms"] = (median_of(runs["forwarder"], f"{p}_ms")
-                                          - median_of(runs["direct"], f"{p}_ms"))
+    for name, prefix in (("gateway", ""), ("minimal", "minimal_"), ("forwarder", "forwarder_")):
+        for p in ("p50", "p99"):
+            out[f"{prefix}added_{p}_ms"] = (median_of(runs[name], f"{p}_ms")
+                                            - median_of(runs["direct"], f"{p}_ms"))
     out["added_runs_ms"] = [{p: g[f"{p}_ms"] - d[f"{p}_ms"] for p in ("p50", "p99")}
                             for d, g in zip(runs["direct"], runs["gateway"], strict=True)]
     return out
