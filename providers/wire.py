@@ -5,13 +5,16 @@ machine a request and its answer over a kept connection cost ~130 µs through th
 ~60 µs through a bare protocol (docs/benchmarks.md), about a third of the gateway's whole CPU
 per request. Only what the relay needs is here: a request with its body in one write, answers
 by Content-Length, chunked or until close, gzip/deflate if an upstream compresses anyway, TLS,
-a per-origin pool, and failures raised as the gateway's own errors, translated here alone.
+a per-origin pool (host names looked up through `resolver`), and failures raised as the gateway's
+own errors, translated here alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
+import os
 import ssl
 import time
 import zlib
@@ -25,6 +28,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import BadUpstreamResponse, ConnectTimeout, ProviderUnavailable
+from providers.resolver import TTL, HostAddresses, Lookup, system_lookup
 
 # Past this much unread body the socket stops being read: a slow client slows its upstream
 # instead of filling the gateway's memory.
@@ -46,6 +50,7 @@ class Target:
     port: int
     path: bytes
     host_header: bytes
+    literal: bool  # an IP address: nothing to look up
 
 
 @functools.lru_cache(maxsize=1024)
@@ -60,7 +65,16 @@ def target(url: str) -> Target:
     host = parts.hostname
     shown = f"[{host}]" if ":" in host else host
     host_header = shown if parts.port is None else f"{shown}:{port}"
-    return Target(tls, host, port, path.encode("ascii"), host_header.encode("idna"))
+    return Target(tls, host, port, path.encode("ascii"), host_header.encode("idna"),
+                  _is_ip(host))
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def header_block(headers: Mapping[str, str]) -> bytes:
@@ -329,9 +343,11 @@ class _Lost(ProviderUnavailable):
 class Pool:
     """Kept-alive connections to one origin, reused newest first."""
 
-    def __init__(self, origin: Target, tls: ssl.SSLContext | None, closed: bool = False) -> None:
+    def __init__(self, origin: Target, tls: ssl.SSLContext | None, closed: bool = False,
+                 addresses: HostAddresses | None = None) -> None:
         self.origin = origin
         self.tls = tls
+        self.addresses = addresses  # None: the origin's host is an IP address
         self.loop = asyncio.get_running_loop()
         self.idle: deque[Connection] = deque()  # newest last, taken first
         self.closed = closed  # closed pools keep no connection once its answer is done
@@ -347,20 +363,29 @@ class Pool:
         return await self.connect(connect_timeout)
 
     async def connect(self, connect_timeout: float) -> Connection:
-        """A new connection to the origin; failures as the gateway's errors."""
+        """A new connection to the origin, its addresses tried in order; failures as the
+        gateway's errors."""
         origin = self.origin
+        refused: list[str] = []  # messages, not errors: their tracebacks would hold this frame
         try:
             async with asyncio.timeout(connect_timeout):
-                _, conn = await self.loop.create_connection(
-                    lambda: Connection(self), origin.host, origin.port, ssl=self.tls,
-                    server_hostname=origin.host if self.tls else None)
+                hosts = (origin.host,) if self.addresses is None else await self.addresses.get()
+                for host in hosts:
+                    try:
+                        _, conn = await self.loop.create_connection(
+                            lambda: Connection(self), host, origin.port, ssl=self.tls,
+                            server_hostname=origin.host if self.tls else None)
+                        return conn
+                    except ssl.SSLError as exc:
+                        raise ProviderUnavailable(
+                            f"TLS handshake failed: {exc.reason or exc}") from None
+                    except OSError as exc:  # uvloop's strerror names the address: not shown
+                        refused.append(os.strerror(exc.errno) if exc.errno else str(exc))
         except TimeoutError:
             raise ConnectTimeout("connection timed out") from None
-        except ssl.SSLError as exc:
-            raise ProviderUnavailable(f"TLS handshake failed: {exc.reason or exc}") from None
-        except OSError as exc:
-            raise ProviderUnavailable(f"cannot connect: {exc.strerror or exc}") from None
-        return conn
+        if self.addresses is not None:
+            self.addresses.forget()  # they may have moved: look the host up again next time
+        raise ProviderUnavailable(f"cannot connect: {refused[0]}")
 
     def close(self) -> None:
         """Close idle connections; those in use close when their answer is done."""
@@ -373,8 +398,11 @@ class Pool:
 class Client:
     """Requests to any origin, each origin with its pool; one per provider."""
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None, dns_ttl: float = TTL,
+                 lookup: Lookup = system_lookup) -> None:
         self._tls = tls
+        self._dns_ttl = dns_ttl
+        self._lookup = lookup
         self._pools: dict[tuple[bool, str, int], Pool] = {}
         self.closed = False
 
@@ -418,8 +446,10 @@ class Client:
         pool = self._pools.get(key)
         if pool is None:
             tls = (self._tls or default_tls()) if where.tls else None
+            addresses = None if where.literal else HostAddresses(
+                where.host, where.port, self._dns_ttl, self._lookup)
             # A late request after close is served; its connection is not kept.
-            pool = self._pools[key] = Pool(where, tls, closed=self.closed)
+            pool = self._pools[key] = Pool(where, tls, self.closed, addresses)
         return pool
 
     def close(self) -> None:

@@ -127,10 +127,11 @@ def test_header_values_that_could_split_a_request_are_refused() -> None:
 
 def test_urls_become_origins_and_request_targets() -> None:
     assert wire.target("https://api.example.com/v1/chat/completions") == wire.Target(
-        True, "api.example.com", 443, b"/v1/chat/completions", b"api.example.com")
+        True, "api.example.com", 443, b"/v1/chat/completions", b"api.example.com", literal=False)
     assert wire.target("http://127.0.0.1:8001/v1/models?pageSize=10") == wire.Target(
-        False, "127.0.0.1", 8001, b"/v1/models?pageSize=10", b"127.0.0.1:8001")
-    assert wire.target("http://[::1]:9000/v1").host_header == b"[::1]:9000"
+        False, "127.0.0.1", 8001, b"/v1/models?pageSize=10", b"127.0.0.1:8001", literal=True)
+    ipv6 = wire.target("http://[::1]:9000/v1")
+    assert (ipv6.host_header, ipv6.literal) == (b"[::1]:9000", True)
     with pytest.raises(ValueError):
         wire.target("ftp://example.com/")
 
