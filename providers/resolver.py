@@ -6,7 +6,8 @@ threads: a burst of 1,000 new streams to a remote API was 1,000 lookups queued f
 and a resolver that stopped answering failed every new connection. aiohttp's connector, which
 `wire` replaced, cached lookups for 10 s; this keeps that, and like Envoy's DNS cache never
 holds a request for a refresh once the host has resolved: stale addresses serve (RFC 8767) until
-a refresh answers, or until every one of them refuses a connection (`forget`).
+a refresh answers, or until every one of them fails to connect (`forget`). An address that does
+not answer in time goes last (`demote`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ class HostAddresses:
         # Shielded: a request that gives up does not cancel the lookup others wait on.
         return await asyncio.shield(self._refreshing)
 
+    def demote(self, address: str) -> None:
+        """`address` did not answer in time: try it after the others from now on."""
+        if address in self._addresses:
+            self._addresses = (*(a for a in self._addresses if a != address), address)
+
     def forget(self) -> None:
-        """Every address refused: the next connection waits for a fresh lookup."""
+        """Every address failed: the next connection waits for a fresh lookup."""
         self._addresses = ()
         self._fresh_until = 0.0
 

@@ -363,28 +363,37 @@ class Pool:
         return await self.connect(connect_timeout)
 
     async def connect(self, connect_timeout: float) -> Connection:
-        """A new connection to the origin, its addresses tried in order; failures as the
-        gateway's errors."""
-        origin = self.origin
+        """A new connection to the origin; failures as the gateway's errors.
+
+        The origin's addresses are tried in order, each with an even share of the time left,
+        so one that drops connection attempts (a dead route) leaves time for the next; it then
+        goes last for later connections."""
+        origin, addresses = self.origin, self.addresses
+        deadline = self.loop.time() + connect_timeout
         refused: list[str] = []  # messages, not errors: their tracebacks would hold this frame
         try:
-            async with asyncio.timeout(connect_timeout):
-                hosts = (origin.host,) if self.addresses is None else await self.addresses.get()
-                for host in hosts:
-                    try:
-                        _, conn = await self.loop.create_connection(
-                            lambda: Connection(self), host, origin.port, ssl=self.tls,
-                            server_hostname=origin.host if self.tls else None)
-                        return conn
-                    except ssl.SSLError as exc:
-                        raise ProviderUnavailable(
-                            f"TLS handshake failed: {exc.reason or exc}") from None
-                    except OSError as exc:  # uvloop's strerror names the address: not shown
-                        refused.append(os.strerror(exc.errno) if exc.errno else str(exc))
+            async with asyncio.timeout_at(deadline):
+                hosts = (origin.host,) if addresses is None else await addresses.get()
         except TimeoutError:
-            raise ConnectTimeout("connection timed out") from None
-        if self.addresses is not None:
-            self.addresses.forget()  # they may have moved: look the host up again next time
+            raise ConnectTimeout("connection timed out (resolving the host)") from None
+        for tried, host in enumerate(hosts):
+            try:
+                async with asyncio.timeout((deadline - self.loop.time()) / (len(hosts) - tried)):
+                    _, conn = await self.loop.create_connection(
+                        lambda: Connection(self), host, origin.port, ssl=self.tls,
+                        server_hostname=origin.host if self.tls else None)
+                return conn
+            except TimeoutError:
+                if addresses is not None:
+                    addresses.demote(host)
+            except ssl.SSLError as exc:
+                raise ProviderUnavailable(f"TLS handshake failed: {exc.reason or exc}") from None
+            except OSError as exc:  # uvloop's strerror names the address: not shown
+                refused.append(os.strerror(exc.errno) if exc.errno else str(exc))
+        if addresses is not None:
+            addresses.forget()  # they may have moved: look the host up again next time
+        if not refused:
+            raise ConnectTimeout("connection timed out")
         raise ProviderUnavailable(f"cannot connect: {refused[0]}")
 
     def close(self) -> None:

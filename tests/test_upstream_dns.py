@@ -8,9 +8,10 @@ to fail on cue: a DNS server is not cheap to run here, the upstream sockets are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -72,8 +73,8 @@ def test_a_burst_of_new_connections_to_a_named_upstream_looks_its_name_up_once(
     assert lookups.calls == 1
 
 
-def _connect_all(addresses: HostAddresses, port: int, rounds: list[float]
-                 ) -> list[str]:
+def _connect_all(addresses: HostAddresses, port: int, rounds: list[float],
+                 connect_timeout: float = 5) -> list[str]:
     """Open (and close) one connection after each pause in `rounds`; what each attempt gave."""
     async def run() -> list[str]:
         pool = wire.Pool(wire.target(f"http://localhost:{port}/v1"), None, addresses=addresses)
@@ -81,7 +82,7 @@ def _connect_all(addresses: HostAddresses, port: int, rounds: list[float]
         for pause in rounds:
             await asyncio.sleep(pause)
             try:
-                conn = await pool.connect(connect_timeout=5)
+                conn = await pool.connect(connect_timeout)
             except ProviderUnavailable as exc:
                 outcomes.append(exc.message)
             else:
@@ -117,6 +118,41 @@ def test_addresses_that_refuse_are_skipped_and_once_all_refuse_the_name_is_looke
 
     assert first == ["connected"] and lookups.calls == 3
     assert moved == ["cannot connect: Connection refused", "connected", "connected"]
+
+
+@contextlib.contextmanager
+def _dropping_connections(host: str, port: int) -> Iterator[None]:
+    """A listener at host:port whose accept queue is full and never drained: the kernel drops
+    further connection attempts, as a dead route does."""
+    listener = socket.create_server((host, port), backlog=0)
+    queued = []
+    try:
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect((host, port))
+            queued.append(filler)
+        yield
+    finally:
+        for filler in queued:
+            filler.close()
+        listener.close()
+
+
+def test_an_address_that_drops_connection_attempts_leaves_time_for_the_next_and_goes_last(
+        primary: FakeUpstream) -> None:
+    lookups = Resolver(["127.0.0.2", "127.0.0.1"])
+    addresses = HostAddresses("localhost", primary.port, ttl=60, lookup=lookups)
+
+    with _dropping_connections("127.0.0.2", primary.port):
+        # Given all of the 1 s, the dead address would leave the live one nothing.
+        outcomes = _connect_all(addresses, primary.port, [0], connect_timeout=1)
+        order = asyncio.run(addresses.get())
+
+    assert outcomes == ["connected"]
+    assert order == ("127.0.0.1", "127.0.0.2")
+    assert lookups.calls == 1
 
 
 def test_a_name_that_does_not_resolve_fails_over_like_a_refused_connection(
