@@ -35,7 +35,8 @@ async def system_lookup(host: str, port: int) -> list[str]:
 class HostAddresses:
     """One origin's addresses, for its connection pool."""
 
-    __slots__ = ("_addresses", "_fresh_until", "_lookup", "_refreshing", "host", "port", "ttl")
+    __slots__ = ("_addresses", "_fresh_until", "_lookup", "_refreshing", "_slow", "host", "port",
+                 "ttl")
 
     def __init__(self, host: str, port: int, ttl: float = TTL, lookup: Lookup = system_lookup
                  ) -> None:
@@ -46,6 +47,7 @@ class HostAddresses:
         self._addresses: tuple[str, ...] = ()
         self._fresh_until = 0.0
         self._refreshing: asyncio.Task[tuple[str, ...]] | None = None
+        self._slow: set[str] = set()  # timed out once: tried last, through refreshes too
 
     async def get(self) -> tuple[str, ...]:
         """The addresses to try in order; waits only when none are known yet."""
@@ -60,8 +62,8 @@ class HostAddresses:
 
     def demote(self, address: str) -> None:
         """`address` did not answer in time: try it after the others from now on."""
-        if address in self._addresses:
-            self._addresses = (*(a for a in self._addresses if a != address), address)
+        self._slow.add(address)
+        self._addresses = _slow_last(self._addresses, self._slow)
 
     def forget(self) -> None:
         """Every address failed: the next connection waits for a fresh lookup."""
@@ -78,7 +80,7 @@ class HostAddresses:
             found = tuple(await self._lookup(self.host, self.port))
             if not found:
                 raise socket.gaierror(socket.EAI_NONAME, "no addresses")
-        except OSError as exc:  # socket.gaierror, or the resolver's own failure
+        except (OSError, UnicodeError) as exc:  # gaierror; a name IDNA refuses
             if self._addresses:
                 get_logger().warning("dns_refresh_failed", host=self.host, error=str(exc),
                                      kept=len(self._addresses))
@@ -87,8 +89,13 @@ class HostAddresses:
             raise ProviderUnavailable("cannot resolve the provider's host name") from None
         finally:
             self._refreshing = None
-        self._addresses, self._fresh_until = found, time.monotonic() + self.ttl
-        return found
+        self._addresses = _slow_last(found, self._slow)
+        self._fresh_until = time.monotonic() + self.ttl
+        return self._addresses
+
+
+def _slow_last(addresses: tuple[str, ...], slow: set[str]) -> tuple[str, ...]:
+    return (*(a for a in addresses if a not in slow), *(a for a in addresses if a in slow))
 
 
 def _retrieved(task: asyncio.Task[tuple[str, ...]]) -> None:

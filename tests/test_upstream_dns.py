@@ -31,7 +31,7 @@ class Resolver:
     """The system resolver, counted; answers from `script` while it lasts (an exception in it
     is raised), then the system's own."""
 
-    def __init__(self, *script: Sequence[str] | OSError) -> None:
+    def __init__(self, *script: Sequence[str] | Exception) -> None:
         self.script = list(script)
         self.calls = 0
 
@@ -40,7 +40,7 @@ class Resolver:
         await asyncio.sleep(0.01)  # a resolver takes a while: concurrent connects overlap it
         if self.script:
             answer = self.script.pop(0)
-            if isinstance(answer, OSError):
+            if isinstance(answer, Exception):
                 raise answer
             return answer
         return await system_lookup(host, port)
@@ -142,17 +142,20 @@ def _dropping_connections(host: str, port: int) -> Iterator[None]:
 
 def test_an_address_that_drops_connection_attempts_leaves_time_for_the_next_and_goes_last(
         primary: FakeUpstream) -> None:
-    lookups = Resolver(["127.0.0.2", "127.0.0.1"])
+    lookups = Resolver(["127.0.0.2", "127.0.0.1"], ["127.0.0.2", "127.0.0.1"])
     addresses = HostAddresses("localhost", primary.port, ttl=60, lookup=lookups)
 
     with _dropping_connections("127.0.0.2", primary.port):
         # Given all of the 1 s, the dead address would leave the live one nothing.
         outcomes = _connect_all(addresses, primary.port, [0], connect_timeout=1)
         order = asyncio.run(addresses.get())
+        addresses.forget()  # as if the TTL had run out
+        order_after_a_lookup = asyncio.run(addresses.get())
 
     assert outcomes == ["connected"]
-    assert order == ("127.0.0.1", "127.0.0.2")
-    assert lookups.calls == 1
+    assert lookups.calls == 2
+    assert order == order_after_a_lookup == ("127.0.0.1", "127.0.0.2"), (
+        "last, even after the resolver named it first again")
 
 
 def test_a_name_that_does_not_resolve_fails_over_like_a_refused_connection(
@@ -175,9 +178,10 @@ def test_a_name_that_does_not_resolve_fails_over_like_a_refused_connection(
     assert logged["failed"] in (["nowhere:unavailable"], ["nowhere:connect_timeout"])
 
 
-@pytest.mark.parametrize("answer", [[], socket.gaierror(socket.EAI_NONAME, "Name unknown")])
+@pytest.mark.parametrize("answer", [[], socket.gaierror(socket.EAI_NONAME, "Name unknown"),
+                                    UnicodeError("label too long")])
 def test_a_name_with_no_address_is_the_providers_failure_without_the_name(
-        answer: Sequence[str] | OSError) -> None:
+        answer: Sequence[str] | Exception) -> None:
     addresses = HostAddresses("internal-llm.corp.example", 443, lookup=Resolver(answer))
 
     with pytest.raises(ProviderUnavailable) as raised:
