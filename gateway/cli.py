@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway import config
+from gateway import config, openfiles
 from gateway.config import CONFIG_ENV, ConfigError, Snapshot
 from gateway.errors import GatewayError
 
@@ -98,6 +98,15 @@ def _serve(args: argparse.Namespace) -> int:
               f'["$LLMS_GATEWAY_KEY"] with that variable set), bind 127.0.0.1, or pass '
               f"--allow-unauthenticated.", file=sys.stderr)
         return 2
+    open_files = openfiles.raise_limit()
+    # Half: the default max_concurrency is a safety valve, not a sizing, and a hard limit of
+    # 20,000 (carrying ~9,900) is not worth a warning at every start; 4,096 (~1,900) is.
+    if (carried := openfiles.requests_within(open_files)) < snapshot.server.max_concurrency / 2:
+        print(f"llms-gateway: the open-file limit ({open_files}) carries about {carried} "
+              f"requests at once, fewer than server.max_concurrency "
+              f"({snapshot.server.max_concurrency}): past it, connections fail with 'Too many "
+              f"open files'. Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker "
+              f"--ulimit nofile=) or lower max_concurrency.", file=sys.stderr)
     print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
     uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port,
                 workers=args.workers, loop="uvloop", http="httptools", access_log=False,

@@ -49,7 +49,8 @@ class GatewayProcess:
     """`python -m gateway serve` with a config file it owns; stopped by `stop()`."""
 
     def __init__(self, workdir: Path, doc: dict[str, Any], env: dict[str, str] | None = None,
-                 filename: str = "llms.json", extra_args: tuple[str, ...] = ()) -> None:
+                 filename: str = "llms.json", extra_args: tuple[str, ...] = (),
+                 open_files: tuple[int, int] | None = None) -> None:
         self.workdir = workdir
         self.config_path = workdir / filename
         self.log_path = workdir / "gateway.log"
@@ -59,6 +60,7 @@ class GatewayProcess:
         self.write_config(doc)
         self._env = {**os.environ, **(env or {})}
         self._args = extra_args
+        self._open_files = open_files  # (soft, hard) RLIMIT_NOFILE to start with
         self.process: subprocess.Popen[bytes] | None = None
 
     def write_config(self, doc: dict[str, Any] | str) -> None:
@@ -71,6 +73,9 @@ class GatewayProcess:
     def start(self, timeout: float = 15.0) -> GatewayProcess:
         command = [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path),
                    "--host", "127.0.0.1", "--port", str(self.port), *self._args]
+        if self._open_files is not None:  # util-linux's prlimit execs the command: same pid
+            soft, hard = self._open_files
+            command = ["prlimit", f"--nofile={soft}:{hard}", "--", *command]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=self._env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)

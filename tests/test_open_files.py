@@ -1,0 +1,88 @@
+"""Started from a shell with a low open-file limit, the gateway still holds many streams.
+
+Each held request costs two descriptors; a soft limit of 1,024 (or less) under a higher hard one
+is common, and left there the gateway fails connections with "Too many open files" long before
+`server.max_concurrency`. `gateway serve` raises the soft limit to the hard one, and says so at
+start when even the hard one carries less than half of `max_concurrency`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.gateway_process import GatewayProcess, config, provider
+from tests.upstream import FakeUpstream, ok
+
+STREAMS = 300
+SOFT_LIMIT = 256  # ~120 streams' worth: what the gateway would be stuck with
+
+
+def _stream_request(port: int) -> bytes:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                       "stream": True}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (port, len(body), body))
+
+
+async def _hold_streams(port: int, count: int) -> list[bool]:
+    """`count` streams at once, each read to its end; whether each ended with [DONE]."""
+    request = _stream_request(port)
+
+    async def one() -> bool:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            answer = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), 30)
+            writer.close()
+            return b"data: [DONE]" in answer
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
+            return False
+
+    return await asyncio.gather(*(one() for _ in range(count)))
+
+
+def _open_files_limit(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no open-files line")
+
+
+def test_a_gateway_started_with_a_low_soft_limit_still_holds_hundreds_of_streams(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4 * STREAMS:
+        pytest.skip(f"this machine's hard open-file limit ({hard}) is below the test's needs")
+    # This process holds the clients' and the fake upstream's ends: ~4 per stream.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4 * STREAMS + 256), hard))
+    slow = upstream_factory("slow")
+    slow.set_mode(ok(content=" ".join(["word"] * 8), delay_between_chunks=0.15))
+    # max_concurrency within what the hard limit carries: nothing to warn about.
+    doc = config({"slow": provider(slow.base_url, {"m": "m"})},
+                 server={"max_concurrency": STREAMS + 100})
+    gateway = start_gateway(doc, open_files=(SOFT_LIMIT, 4 * STREAMS))
+    assert gateway.process is not None
+
+    completed = asyncio.run(_hold_streams(gateway.port, STREAMS))
+
+    assert sum(completed) == STREAMS
+    assert _open_files_limit(gateway.process.pid) == (4 * STREAMS, 4 * STREAMS)
+    assert "open-file limit" not in gateway.logs()
+
+
+def test_a_hard_limit_short_of_max_concurrency_is_named_at_start(
+        start_gateway: Callable[..., GatewayProcess], tmp_path: Path) -> None:
+    doc = config({"nowhere": provider("http://127.0.0.1:9/v1", {"m": "m"})})
+    gateway = start_gateway(doc, open_files=(256, 512))
+
+    assert ("the open-file limit (512) carries about 128 requests at once, fewer than "
+            "server.max_concurrency (10000)") in gateway.logs()
