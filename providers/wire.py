@@ -12,6 +12,7 @@ own errors, translated here alone.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import ipaddress
 import os
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import BadUpstreamResponse, ConnectTimeout, ProviderUnavailable
+from gateway.errors import BadUpstreamResponse, ConnectTimeout, Overloaded, ProviderUnavailable
 from providers.resolver import TTL, HostAddresses, Lookup, system_lookup
 
 # Past this much unread body the socket stops being read: a slow client slows its upstream
@@ -389,6 +390,9 @@ class Pool:
             except ssl.SSLError as exc:
                 raise ProviderUnavailable(f"TLS handshake failed: {exc.reason or exc}") from None
             except OSError as exc:  # uvloop's strerror names the address: not shown
+                if exc.errno in (errno.EMFILE, errno.ENFILE):  # this process's, not the provider's
+                    raise Overloaded("The gateway has no file descriptors left for another "
+                                     "upstream connection; retry shortly") from None
                 refused.append(os.strerror(exc.errno) if exc.errno else str(exc))
         if addresses is not None:
             addresses.forget()  # they may have moved: look the host up again next time

@@ -9,11 +9,13 @@ start when even the hard one carries less than half of `max_concurrency`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import resource
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.gateway_process import GatewayProcess, config, provider
@@ -46,6 +48,32 @@ async def _hold_streams(port: int, count: int) -> list[bool]:
             return False
 
     return await asyncio.gather(*(one() for _ in range(count)))
+
+
+async def _burst_outcomes(port: int, count: int) -> collections.Counter[str]:
+    """`count` streams at once; how each ended: "done", "503 overloaded", "closed" (the
+    connection dropped unanswered), or the status and error code it got instead."""
+    request = _stream_request(port)
+
+    async def one() -> str:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        except (OSError, asyncio.IncompleteReadError):
+            return "closed"
+        status = head.split(b" ", 2)[1].decode()
+        if status == "200":
+            answer = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), 30)
+            outcome = "done" if b"data: [DONE]" in answer else "200 cut"
+        else:
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            error = json.loads(await reader.readexactly(length))["error"]
+            outcome = f"{status} {error['code']}"
+        writer.close()
+        return outcome
+
+    return collections.Counter(await asyncio.gather(*(one() for _ in range(count))))
 
 
 def _open_files_limit(pid: int) -> tuple[int, int]:
@@ -86,3 +114,23 @@ def test_a_hard_limit_short_of_max_concurrency_is_named_at_start(
 
     assert ("the open-file limit (512) carries about 128 requests at once, fewer than "
             "server.max_concurrency (10000)") in gateway.logs()
+
+
+def test_a_burst_past_the_hard_limit_is_told_to_retry_and_the_provider_is_not_blamed(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    slow = upstream_factory("slow")
+    slow.set_mode(ok(content=" ".join(["word"] * 8), delay_between_chunks=0.15))
+    doc = config({"slow": provider(slow.base_url, {"m": "m"})})
+    gateway = start_gateway(doc, open_files=(200, 200))  # nothing to raise to: ~80 streams
+
+    outcomes = asyncio.run(_burst_outcomes(gateway.port, 150))
+    slow.set_mode(ok())
+    after = httpx.post(f"{gateway.base_url}/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+
+    # Past the limit a request is the gateway's to refuse (503, Retry-After), not the
+    # provider's failure (502), and the provider's circuit stays closed.
+    assert outcomes["done"] > 0 and outcomes["503 overloaded"] > 0, outcomes
+    assert set(outcomes) <= {"done", "503 overloaded", "closed"}, outcomes
+    assert after.status_code == 200 and after.headers["x-llms-provider"] == "slow"
