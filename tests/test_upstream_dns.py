@@ -29,15 +29,16 @@ HEADERS = b"Content-Type: application/json\r\n"
 
 class Resolver:
     """The system resolver, counted; answers from `script` while it lasts (an exception in it
-    is raised), then the system's own."""
+    is raised), then the system's own; each answer after `delay` seconds."""
 
-    def __init__(self, *script: Sequence[str] | Exception) -> None:
+    def __init__(self, *script: Sequence[str] | Exception, delay: float = 0.01) -> None:
         self.script = list(script)
+        self.delay = delay  # a resolver takes a while: concurrent connects overlap it
         self.calls = 0
 
     async def __call__(self, host: str, port: int) -> Sequence[str]:
         self.calls += 1
-        await asyncio.sleep(0.01)  # a resolver takes a while: concurrent connects overlap it
+        await asyncio.sleep(self.delay)
         if self.script:
             answer = self.script.pop(0)
             if isinstance(answer, Exception):
@@ -96,7 +97,8 @@ def _connect_all(addresses: HostAddresses, port: int, rounds: list[float],
 def test_once_a_name_has_resolved_a_failing_resolver_stops_no_new_connection(
         primary: FakeUpstream) -> None:
     outage = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
-    lookups = Resolver(["127.0.0.1"], outage, outage, ["127.0.0.1"])
+    # No delay: each background refresh is over long before the next connect.
+    lookups = Resolver(["127.0.0.1"], outage, outage, ["127.0.0.1"], delay=0)
     addresses = HostAddresses("localhost", primary.port, ttl=0.05, lookup=lookups)
 
     # Each pause outlives the TTL: every connect after the first starts a refresh.
