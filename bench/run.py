@@ -7,6 +7,8 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   wrk (installed from Debian if missing) or, failing that, a Python load generator;
 - latency: open-loop load at a fixed 500 req/s, direct vs gateway (openloop.py), with the
   minimal proxy and a byte forwarder (byte_forwarder.py: the socket floor) for context;
+- stages: the same load on the gateway under the stage probe (stages.py): where a request's
+  time goes inside it;
 - streaming: 100 concurrent 200-chunk streams, per-chunk timings direct vs gateway;
 - capacity: 5,000 concurrent slow streams through the gateway, its peak RSS;
 - failover: primary refuses connections, vs the secondary alone, at 1 client;
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import scenarios
+import stages
 from harness import (
     BENCH,
     PY,
@@ -58,7 +61,8 @@ done = function(summary, latency, requests)
     latency:percentile(99)))
 end
 """
-PARTS = ("throughput", "curve", "latency", "streaming", "capacity", "failover", "startup")
+PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
+         "startup")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -195,6 +199,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "curve": lambda: scenarios.load_curve(work, CURVE_RATES[1::3] if quick else CURVE_RATES,
                                               2 if quick else 4),
         "latency": lambda: scenarios.latency_at_rate(work, 500, 3 if quick else 10, repeats),
+        "stages": lambda: stages.gateway_stages(work, 500, 3 if quick else 10),
         # 20 s: ~1,200 streams a repeat, so a TTFT p99 is not the 5th-worst of ~490 streams.
         "streaming": lambda: scenarios.streaming(work, 100, 200, 0.01, 3 if quick else 20,
                                                  repeats),
@@ -314,6 +319,17 @@ def targets_table(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def stages_table(part: dict[str, Any]) -> str:
+    """Each span of a whole answer inside the gateway, from the stages part."""
+    rows = [f"{part['requests']:,} requests at {part['rate']:g} req/s after the warm-up "
+            f"({part['dropped_overlapping']} that overlapped another dropped); p50 as the "
+            f"client saw it, probe included: {part['gateway_p50_ms']:.2f} ms.", "",
+            "| span | p50 µs | p90 µs | p99 µs |", "|---|---|---|---|"]
+    rows += [f"| {span['what']} | {span['p50']:.0f} | {span['p90']:.0f} | {span['p99']:.0f} |"
+             for span in part["spans_us"].values()]
+    return "\n".join(rows)
+
+
 def replace_between(text: str, name: str, body: str) -> str:
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
     if start not in text or end not in text:
@@ -350,6 +366,8 @@ def render(path: Path | None) -> None:
     text = replace_between(text, "source", note)
     if curve := data.get("curve"):
         text = replace_between(text, "curve", plot_curve(curve["points"], data["when"]))
+    if part := data.get("stages"):
+        text = replace_between(text, "stages", stages_table(part))
     DOC.write_text(text)
     print(f"rendered {DOC.relative_to(ROOT)} from {path.relative_to(ROOT)}")
 

@@ -65,33 +65,65 @@ def read_stamps(folder: Path) -> tuple[list[dict[str, int]], int]:
     return rows, dropped
 
 
+def _probed_gateway(started: Started, upstream: int, probe: Path) -> int:
+    """The gateway on core 0 under the stage probe, logging to `probe`; its port."""
+    os.environ.update(PYTHONPATH=str(PROBE), STAGE_PROBE_DIR=str(probe))
+    try:
+        port, _ = started.gateway(upstream)
+    finally:
+        del os.environ["PYTHONPATH"], os.environ["STAGE_PROBE_DIR"]
+    return port
+
+
+def _spans(rows: list[dict[str, int]]) -> dict[str, dict[str, Any]]:
+    return {f"{start}->{end}": {"what": what, **quantiles(
+        [(row[end] - row[start]) / 1000 for row in rows])} for start, end, what in SPANS}
+
+
+def _openloop(port: int, rate: float, duration: float, warmup: float) -> dict[str, Any]:
+    return on_core1("openloop.py", "--url", f"http://127.0.0.1:{port}/v1/chat/completions",
+                    "--rate", rate, "--duration", duration, "--warmup", warmup)
+
+
+def gateway_stages(work: Path, rate: float, duration: float) -> dict[str, Any]:
+    """`make bench`'s stages part: the gateway alone under the probe at `rate`, open loop; each
+    span's quantiles over the requests after the warm-up."""
+    probe = work / "stages"
+    probe.mkdir(exist_ok=True)
+    warmup = 2.0
+    with Started(work) as started:
+        gateway = _probed_gateway(started, started.upstream(), probe)
+        run = _openloop(gateway, rate, duration, warmup)
+        time.sleep(0.5)
+    rows, dropped = read_stamps(probe)
+    measured = sorted(rows, key=lambda row: row["received"])[int(warmup * rate):]
+    return {"rate": rate, "duration_s": duration, "requests": len(measured),
+            "dropped_overlapping": dropped, "gateway_p50_ms": run["p50_ms"],
+            "spans_us": _spans(measured)}
+
+
 def measure(rate: float, duration: float, repeats: int) -> dict[str, Any]:
+    """Direct, byte forwarder and the probed gateway alternating; the spans of all the
+    gateway's requests and each target's added p50."""
     with tempfile.TemporaryDirectory() as tmp:
         work, probe = Path(tmp), Path(tmp) / "stages"
         probe.mkdir()
         with Started(work) as started:
             upstream = started.upstream()
-            os.environ.update(PYTHONPATH=str(PROBE), STAGE_PROBE_DIR=str(probe))
-            try:
-                gateway, _ = started.gateway(upstream)
-            finally:
-                del os.environ["PYTHONPATH"], os.environ["STAGE_PROBE_DIR"]
+            gateway = _probed_gateway(started, upstream, probe)
             forwarder = start_forwarder(started, upstream)
             targets = {"direct": upstream, "forwarder": forwarder, "gateway": gateway}
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
             for _ in range(repeats):
                 for name, port in targets.items():
-                    runs[name].append(on_core1(
-                        "openloop.py", "--url", f"http://127.0.0.1:{port}/v1/chat/completions",
-                        "--rate", rate, "--duration", duration, "--warmup", 2))
+                    runs[name].append(_openloop(port, rate, duration, 2))
             time.sleep(0.5)
         rows, dropped = read_stamps(probe)
     p50 = {name: statistics.median(r["p50_ms"] for r in got) for name, got in runs.items()}
     return {
         "rate": rate, "requests": len(rows), "dropped_overlapping": dropped,
         "added_p50_ms": {name: p50[name] - p50["direct"] for name in ("forwarder", "gateway")},
-        "spans_us": {f"{start}->{end}": {"what": what, **quantiles(
-            [(row[end] - row[start]) / 1000 for row in rows])} for start, end, what in SPANS},
+        "spans_us": _spans(rows),
     }
 
 
