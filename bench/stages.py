@@ -18,14 +18,16 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from harness import BENCH
-from scenarios import Started, on_core1, start_forwarder
+from scenarios import Started, alternate, start_forwarder
 
 PROBE = BENCH / "stage_probe"
 _spec = importlib.util.spec_from_file_location("stage_probe", PROBE / "sitecustomize.py")
@@ -65,14 +67,14 @@ def read_stamps(folder: Path) -> tuple[list[dict[str, int]], int]:
     return rows, dropped
 
 
-def _probed_gateway(started: Started, upstream: int, probe: Path) -> int:
-    """The gateway on core 0 under the stage probe, logging to `probe`; its port."""
+def _probed_gateway(started: Started, upstream: int, probe: Path
+                    ) -> tuple[int, subprocess.Popen[bytes]]:
+    """The gateway on core 0 under the stage probe, logging to `probe`; its port and process."""
     os.environ.update(PYTHONPATH=str(PROBE), STAGE_PROBE_DIR=str(probe))
     try:
-        port, _ = started.gateway(upstream)
+        return started.gateway(upstream)
     finally:
         del os.environ["PYTHONPATH"], os.environ["STAGE_PROBE_DIR"]
-    return port
 
 
 def _spans(rows: list[dict[str, int]]) -> dict[str, dict[str, Any]]:
@@ -80,9 +82,11 @@ def _spans(rows: list[dict[str, int]]) -> dict[str, dict[str, Any]]:
         [(row[end] - row[start]) / 1000 for row in rows])} for start, end, what in SPANS}
 
 
-def _openloop(port: int, rate: float, duration: float, warmup: float) -> dict[str, Any]:
-    return on_core1("openloop.py", "--url", f"http://127.0.0.1:{port}/v1/chat/completions",
-                    "--rate", rate, "--duration", duration, "--warmup", warmup)
+def _openloop(rate: float, duration: float, warmup: float
+              ) -> Callable[[str], tuple[object, ...]]:
+    """The open-loop load script's command line for a target's URL."""
+    return lambda url: ("openloop.py", "--url", url, "--rate", rate, "--duration", duration,
+                        "--warmup", warmup)
 
 
 def gateway_stages(work: Path, rate: float, duration: float) -> dict[str, Any]:
@@ -92,8 +96,9 @@ def gateway_stages(work: Path, rate: float, duration: float) -> dict[str, Any]:
     probe.mkdir(exist_ok=True)
     warmup = 2.0
     with Started(work) as started:
-        gateway = _probed_gateway(started, started.upstream(), probe)
-        run = _openloop(gateway, rate, duration, warmup)
+        gateway, process = _probed_gateway(started, started.upstream(), probe)
+        run = alternate(1, process.pid, {"gateway": gateway},
+                        _openloop(rate, duration, warmup))["gateway"][0]
         time.sleep(0.5)
     rows, dropped = read_stamps(probe)
     measured = sorted(rows, key=lambda row: row["received"])[int(warmup * rate):]
@@ -110,13 +115,11 @@ def measure(rate: float, duration: float, repeats: int) -> dict[str, Any]:
         probe.mkdir()
         with Started(work) as started:
             upstream = started.upstream()
-            gateway = _probed_gateway(started, upstream, probe)
+            gateway, process = _probed_gateway(started, upstream, probe)
             forwarder = start_forwarder(started, upstream)
-            targets = {"direct": upstream, "forwarder": forwarder, "gateway": gateway}
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-            for _ in range(repeats):
-                for name, port in targets.items():
-                    runs[name].append(_openloop(port, rate, duration, 2))
+            runs = alternate(repeats, process.pid, {"direct": upstream, "forwarder": forwarder,
+                                                    "gateway": gateway},
+                             _openloop(rate, duration, 2))
             time.sleep(0.5)
         rows, dropped = read_stamps(probe)
     p50 = {name: statistics.median(r["p50_ms"] for r in got) for name, got in runs.items()}
