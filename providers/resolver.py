@@ -51,14 +51,14 @@ class HostAddresses:
 
     async def get(self) -> tuple[str, ...]:
         """The addresses to try in order; waits only when none are known yet."""
+        refreshing = self._refreshing
+        if refreshing is None and time.monotonic() >= self._fresh_until:
+            refreshing = self._refreshing = self._start_refresh()
         if self._addresses:
-            if time.monotonic() >= self._fresh_until and self._refreshing is None:
-                self._refreshing = self._start_refresh()
             return self._addresses
-        if self._refreshing is None:
-            self._refreshing = self._start_refresh()
+        assert refreshing is not None  # none known, so never fresh: a lookup is under way
         # Shielded: a request that gives up does not cancel the lookup others wait on.
-        return await asyncio.shield(self._refreshing)
+        return await asyncio.shield(refreshing)
 
     def demote(self, address: str) -> None:
         """`address` did not answer in time: try it after the others from now on."""
