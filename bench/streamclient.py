@@ -18,12 +18,13 @@ import argparse
 import asyncio
 import json
 import re
-import resource
 import statistics
 import time
 
 import aiohttp
 import uvloop
+
+from gateway import openfiles
 
 BODY = json.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "hi"}],
                    "max_tokens": 256, "stream": True}).encode()
@@ -144,9 +145,7 @@ def main() -> None:
     parser.add_argument("--stagger", type=float, default=2.0)
     parser.add_argument("--ramp", type=float, default=5.0)
     args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    openfiles.raise_limit()
     if args.mode == "chunks":
         result = uvloop.run(chunks_mode(args.url, args.streams, args.duration, args.stagger,
                                         args.warmup))

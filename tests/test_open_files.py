@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import resource
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway import openfiles
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok
 
@@ -70,11 +70,9 @@ def _open_files_limit(pid: int) -> tuple[int, int]:
 def test_a_gateway_started_with_a_low_soft_limit_still_holds_hundreds_of_streams(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 4 * STREAMS:
-        pytest.skip(f"this machine's hard open-file limit ({hard}) is below the test's needs")
     # This process holds the clients' and the fake upstream's ends: ~4 per stream.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4 * STREAMS + 256), hard))
+    if (limit := openfiles.raise_limit()) < 4 * STREAMS + 256:
+        pytest.skip(f"this machine's hard open-file limit ({limit}) is below the test's needs")
     slow = upstream_factory("slow")
     slow.set_mode(ok(content=" ".join(["word"] * 8), delay_between_chunks=0.15))
     # max_concurrency within what the hard limit carries: nothing to warn about.
