@@ -1,4 +1,4 @@
-"""Admin endpoints: list providers, enable or disable one at runtime. Behind the gateway key.
+"""Admin endpoints: list providers, enable or disable one at live. Behind the gateway key.
 
 With no gateway keys configured they answer only clients on this machine, and not a request a
 local reverse proxy forwarded (it carries `Forwarded` or `X-Forwarded-For`): uvicorn's own
@@ -14,22 +14,22 @@ import msgspec
 from litestar import Request, Response, get, post
 
 from gateway import auth
-from gateway.errors import AuthenticationFailed, NotFound
-from gateway.runtime import Gateway
-from gateway.status import providers_view
+from gateway.services import Services
+from gateway.status_page import providers_view
+from providers.contract.errors import AuthenticationFailed, NotFound
 
 JSON = "application/json"
 
 
-def _authorized(request: Request[Any, Any, Any]) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    keys = gateway.runtime.snapshot.keys
+def _authorized(request: Request[Any, Any, Any]) -> Services:
+    services: Services = request.app.state.services
+    keys = services.live.snapshot.keys
     if keys:
         auth.check(request.headers, keys)
     elif (not _is_local(request.client.host if request.client else "")
           or "forwarded" in request.headers or "x-forwarded-for" in request.headers):
         raise AuthenticationFailed("Admin endpoints need a gateway key (server.api_keys)")
-    return gateway
+    return services
 
 
 def _is_local(host: str) -> bool:
@@ -42,19 +42,19 @@ def _is_local(host: str) -> bool:
 @get("/admin/providers")
 async def list_providers(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Providers in file order with state, models and circuits."""
-    gateway = _authorized(request)
-    return Response(msgspec.json.encode({"providers": providers_view(gateway)}), media_type=JSON)
+    services = _authorized(request)
+    return Response(msgspec.json.encode({"providers": providers_view(services)}), media_type=JSON)
 
 
 @post("/admin/providers/{name:str}/{action:str}", status_code=200)
 async def toggle_provider(request: Request[Any, Any, Any], name: str,
                           action: str) -> Response[bytes]:
     """`enable` or `disable` a provider; routing changes with the next request."""
-    gateway = _authorized(request)
+    services = _authorized(request)
     if action not in ("enable", "disable"):
         raise NotFound(f"No admin action '{action}': use enable or disable")
-    if name not in {spec.name for spec in gateway.runtime.snapshot.providers}:
+    if name not in {spec.name for spec in services.live.snapshot.providers}:
         raise NotFound(f"No provider named '{name}'")
-    await gateway.set_enabled(name, action == "enable")
-    row = next(p for p in providers_view(gateway) if p["name"] == name)
+    await services.set_enabled(name, action == "enable")
+    row = next(p for p in providers_view(services) if p["name"] == name)
     return Response(msgspec.json.encode(row), media_type=JSON)

@@ -23,9 +23,14 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 import providers
-from gateway import admin, config, discovery, logs, relay, reload, status
+from gateway import admin, config, discovery, logs, relay, reload, status_page
 from gateway.config import Snapshot
-from gateway.errors import (
+from gateway.fastpath import FastRelay
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.redis_sync import RedisSync
+from gateway.responses.store import RedisResponseStore
+from gateway.services import Services, model_card
+from providers.contract.errors import (
     GatewayError,
     InvalidRequest,
     MethodNotAllowed,
@@ -34,12 +39,7 @@ from gateway.errors import (
     RequestTooLarge,
     envelope,
 )
-from gateway.fastpath import FastRelay
-from gateway.logs import get_logger
-from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.responses.store import RedisResponseStore
-from gateway.runtime import Gateway, model_card
-from gateway.shared_state import RedisSync
+from providers.contract.log import get_logger
 
 JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
@@ -56,47 +56,47 @@ GC_THRESHOLDS = (2_000, 2, 500)
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     """OpenAI chat completions, streaming or not."""
-    return _litestar(await relay.handle(request, "chat/completions", _gateway(request)))
+    return _litestar(await relay.handle(request, "chat/completions", _services(request)))
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     """The legacy completions endpoint."""
-    return _litestar(await relay.handle(request, "completions", _gateway(request)))
+    return _litestar(await relay.handle(request, "completions", _services(request)))
 
 
 @post("/v1/responses", status_code=200)
 async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
     """The Responses API: native where a provider speaks it, bridged to chat elsewhere."""
-    return _litestar(await relay.handle(request, "responses", _gateway(request)))
+    return _litestar(await relay.handle(request, "responses", _services(request)))
 
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every alias served by an enabled provider."""
-    return Response(_gateway(request).runtime.models_body, media_type=JSON)
+    return Response(_services(request).live.models_body, media_type=JSON)
 
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
     """One alias, or 404 model_not_found."""
-    runtime = _gateway(request).runtime
+    live = _services(request).live
     alias = model_id.lstrip("/")
-    routes = runtime.snapshot.routes.get(alias)
+    routes = live.snapshot.routes.get(alias)
     if not routes:
         raise ModelNotFound(alias)
-    card = model_card(alias, routes[0].provider, int(_gateway(request).started))
+    card = model_card(alias, routes[0].provider, int(_services(request).started))
     return Response(msgspec.json.encode(card), media_type=JSON)
 
 
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text format, every worker's when there are several."""
-    return Response(_gateway(request).metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+    return Response(_services(request).metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
 
 @get("/")
-async def status_page() -> Response[bytes]:
+async def status_html() -> Response[bytes]:
     """The status page: plain HTML and a small script, no build step, works offline."""
     return Response(STATUS_PAGE, media_type="text/html; charset=utf-8")
 
@@ -104,7 +104,7 @@ async def status_page() -> Response[bytes]:
 @get("/status.json")
 async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     """What the status page shows, refreshed every two seconds."""
-    return Response(msgspec.json.encode(status.status(_gateway(request))), media_type=JSON)
+    return Response(msgspec.json.encode(status_page.status(_services(request))), media_type=JSON)
 
 
 @get("/health")
@@ -116,9 +116,9 @@ async def health() -> Response[bytes]:
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Readiness: a config is loaded and at least one provider is enabled."""
-    gateway = _gateway(request)
-    snapshot = gateway.runtime.snapshot
-    live = gateway.runtime.providers
+    services = _services(request)
+    snapshot = services.live.snapshot
+    live = services.live.providers
     listing = [{"name": p.name, "type": p.kind, "enabled": p.enabled,
                 "reason": p.disabled_reason,
                 **({"state": state} if p.name in live and (state := live[p.name].live_state())
@@ -126,8 +126,8 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
                for p in snapshot.providers]
     is_ready = any(p.enabled for p in snapshot.providers)
     body: dict[str, Any] = {"status": "ready" if is_ready else "not_ready",
-                            "providers": listing, "inflight": gateway.inflight,
-                            "circuits": gateway.health.snapshot()}
+                            "providers": listing, "inflight": services.inflight,
+                            "circuits": services.health.snapshot()}
     if not is_ready:
         body["reason"] = "no provider is enabled"
     return Response(msgspec.json.encode(body), media_type=JSON,
@@ -138,9 +138,9 @@ def _litestar(answer: relay.Answer | relay.StreamAnswer) -> Response[Any]:
     return answer.to_response()
 
 
-def _gateway(request: Request[Any, Any, Any]) -> Gateway:
-    gateway: Gateway = request.app.state.gateway
-    return gateway
+def _services(request: Request[Any, Any, Any]) -> Services:
+    services: Services = request.app.state.services
+    return services
 
 
 def _error_response(request: Request[Any, Any, Any], error: GatewayError, status: int,
@@ -190,19 +190,19 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     # wire keeps no cookies at all.)
     async with aiohttp.ClientSession(connector=connector,
                                      cookie_jar=aiohttp.DummyCookieJar()) as session:
-        gateway = Gateway(session, providers.load_kinds(), app.state.request_log)
-        await gateway.apply(snapshot)
-        app.state.gateway = gateway
+        services = Services(session, providers.load_kinds(), app.state.request_log)
+        await services.apply(snapshot)
+        app.state.services = services
         tasks = []
         if snapshot.source is not None:
             tasks.append(asyncio.create_task(reload.watch(
-                snapshot.source, snapshot.server.reload_interval, gateway.apply)))
-        tasks.append(asyncio.create_task(discovery.watch(gateway)))
+                snapshot.source, snapshot.server.reload_interval, services.apply)))
+        tasks.append(asyncio.create_task(discovery.watch(services)))
         shared = None
         if snapshot.state.backend == "redis":
-            shared = RedisSync(snapshot.state, gateway.health, gateway.limiter)
+            shared = RedisSync(snapshot.state, services.health, services.limiter)
             tasks.append(asyncio.create_task(shared.run()))
-            gateway.responses = RedisResponseStore(snapshot.state.url, snapshot.state.prefix)
+            services.responses = RedisResponseStore(snapshot.state.url, snapshot.state.prefix)
         # Startup objects never become garbage: park them outside the collector.
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
@@ -218,8 +218,8 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                     await task
             if shared is not None:
                 await shared.close()
-            await gateway.responses.close()
-            await gateway.close()
+            await services.responses.close()
+            await services.close()
 
 
 def create_app(snapshot: Snapshot | None = None) -> FastRelay:
@@ -230,7 +230,7 @@ def create_app(snapshot: Snapshot | None = None) -> FastRelay:
         snapshot = config.load(config.discover())
     return FastRelay(Litestar(
         route_handlers=[chat_completions, completions, responses, list_models, retrieve_model,
-                        health, ready, metrics, status_page, status_json,
+                        health, ready, metrics, status_html, status_json,
                         admin.list_providers, admin.toggle_provider],
         lifespan=[lifespan],
         exception_handlers={

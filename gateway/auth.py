@@ -1,4 +1,4 @@
-"""Gateway keys: `Authorization: Bearer <key>` or `x-api-key`, compared in constant time."""
+"""Services keys: `Authorization: Bearer <key>` or `x-api-key`, compared in constant time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hmac
 from collections.abc import Mapping
 
 from gateway.config import GatewayKey
-from gateway.errors import AuthenticationFailed
+from providers.contract.errors import AuthenticationFailed
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

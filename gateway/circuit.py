@@ -5,7 +5,7 @@
     half-open ──the one probe succeeds──▶ closed      ──it fails──▶ open (longer)
 
 A rate-limited provider is not broken: a 429 puts it in a cooldown for its `Retry-After` instead,
-kept per provider (see `gateway.state`).
+kept per provider (see `gateway.health`).
 """
 
 from __future__ import annotations
@@ -14,22 +14,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import msgspec
+from providers.contract.spec import CircuitPolicy
 
 WINDOW_SLOTS = 60
-
-
-class CircuitPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """When a breaker opens and for how long; `circuit` in llms.json."""
-
-    enabled: bool = True
-    failures: int = 5
-    error_rate: float = 0.5
-    window: float = 60.0
-    min_requests: int = 10
-    open_for: float = 5.0
-    max_open_for: float = 300.0
-    rate_limit_cooldown: float = 1.0
 
 
 class CircuitState(StrEnum):

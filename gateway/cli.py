@@ -18,7 +18,7 @@ import msgspec
 
 from gateway import config, openfiles
 from gateway.config import CONFIG_ENV, ConfigError, Snapshot
-from gateway.errors import GatewayError
+from providers.contract.errors import GatewayError
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 
@@ -81,7 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     import providers
-    from gateway.runtime import check_kinds
+    from gateway.services import check_kinds
 
     path, snapshot = _load(args.config)
     check_kinds(snapshot, providers.load_kinds())
@@ -190,19 +190,19 @@ def _check(args: argparse.Namespace) -> int:
 
 async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     import providers
-    from gateway.runtime import build
-    from providers.base import Outgoing
+    from gateway.services import build
+    from providers.contract.provider import Outgoing
 
     failures = 0
     async with aiohttp.ClientSession() as session:
-        runtime = build(snapshot, session, providers.load_kinds())
+        live = build(snapshot, session, providers.load_kinds())
         for spec in snapshot.providers:
             if spec.name not in names:
                 continue
             if not spec.enabled:
                 print(f"{spec.name:<14} skipped ({spec.disabled_reason})")
                 continue
-            provider = runtime.providers[spec.name]
+            provider = live.providers[spec.name]
             for alias, model in spec.models.items():
                 body = {"model": alias, "max_tokens": 1,
                         "messages": [{"role": "user", "content": "Say OK."}]}

@@ -1,27 +1,27 @@
 """`"models": "*"`: list each such provider's models at startup and every few minutes.
 
 A provider that cannot be listed keeps what it last listed (nothing, at first) and is logged
-once until it can again; a change in any listing makes a new runtime, as a config edit does.
+once until it can again; a change in any listing makes a new live, as a config edit does.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.errors import GatewayError
-from gateway.logs import get_logger
-from gateway.runtime import Gateway
+from gateway.services import Services
+from providers.contract.errors import GatewayError
+from providers.contract.log import get_logger
 
 
-async def refresh(gateway: Gateway, failing: set[str]) -> bool:
+async def refresh(services: Services, failing: set[str]) -> bool:
     """List every discovering provider once; True if any listing changed."""
     log = get_logger()
     changed = False
-    configured = gateway.configured
+    configured = services.configured
     if configured is None:
         return False
     for spec in configured.providers:
-        provider = gateway.runtime.providers.get(spec.name)
+        provider = services.live.providers.get(spec.name)
         if spec.discovery is None or not spec.enabled or provider is None:
             continue
         try:
@@ -34,20 +34,20 @@ async def refresh(gateway: Gateway, failing: set[str]) -> bool:
             continue
         failing.discard(spec.name)
         kept = tuple(sorted(m for m in listed if spec.discovery.keeps(m)))
-        if gateway.discovered.get(spec.name) != kept:
-            gateway.discovered[spec.name] = kept
+        if services.discovered.get(spec.name) != kept:
+            services.discovered[spec.name] = kept
             changed = True
             log.info("models_discovered", provider=spec.name, models=len(kept))
     return changed
 
 
-async def watch(gateway: Gateway) -> None:
+async def watch(services: Services) -> None:
     """Refresh now, then at the shortest interval any discovering provider asks for."""
     failing: set[str] = set()
     while True:
-        if await refresh(gateway, failing) and gateway.configured is not None:
-            await gateway.apply(gateway.configured)
-        intervals = [p.discovery.interval for p in (gateway.configured.providers
-                     if gateway.configured else ()) if p.discovery is not None]
+        if await refresh(services, failing) and services.configured is not None:
+            await services.apply(services.configured)
+        intervals = [p.discovery.interval for p in (services.configured.providers
+                     if services.configured else ()) if p.discovery is not None]
         # With none discovering yet, look again soon: a reload may add one.
         await asyncio.sleep(min(intervals, default=5.0))

@@ -19,10 +19,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCy
 
 from gateway import relay
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.errors import GatewayError, RequestTooLarge, envelope
-from gateway.logs import get_logger
-from gateway.runtime import Gateway
+from gateway.services import Services
 from gateway.streaming import close_quietly
+from providers.contract.errors import GatewayError, RequestTooLarge, envelope
+from providers.contract.log import get_logger
 
 RELAY_PATHS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
                "/v1/responses": "responses"}
@@ -73,10 +73,10 @@ class FastRelay:
         if endpoint is None or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
-        gateway: Gateway = self.app.state.gateway
-        request = RawRequest(scope, receive, gateway.runtime.snapshot.server.max_body_bytes)
+        services: Services = self.app.state.services
+        request = RawRequest(scope, receive, services.live.snapshot.server.max_body_bytes)
         try:
-            response = await relay.handle(request, endpoint, gateway)
+            response = await relay.handle(request, endpoint, services)
         except Exception:  # a bug: logged with its traceback, answered in the envelope
             get_logger().exception("unhandled_error", path=scope["path"])
             response = relay.Answer(envelope(GatewayError("Internal gateway error")),

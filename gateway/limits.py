@@ -1,6 +1,6 @@
 """Per-key request and token limits over fixed one-minute windows.
 
-Counting is local and instant; with a shared backend (`gateway.shared_state`) the local counts
+Counting is local and instant; with a shared backend (`gateway.redis_sync`) the local counts
 are flushed to Redis a few times a second and the cluster-wide totals read back, so limits hold
 across processes and replicas without a Redis round trip per request. The price is a small
 overshoot (at most what other replicas admitted since the last sync), stated in the docs.

@@ -7,7 +7,6 @@ request line itself skips structlog's per-call work (`RequestLog`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -16,6 +15,8 @@ from typing import Any, BinaryIO
 
 import msgspec
 import structlog
+
+from providers.contract.log import get_logger
 
 _LEVEL_NAMES = {"warn": "warning", "exception": "error"}  # as structlog's add_log_level
 
@@ -53,12 +54,6 @@ def configure(level: str | None = None, json: bool | None = None) -> RequestLog:
     )
     return request_log
 
-
-@functools.cache
-def get_logger(name: str = "llms-gateway") -> structlog.typing.FilteringBoundLogger:
-    """The gateway's logger, one per name: structlog caches its bound form on first use only
-    when the same proxy is reused, and a fresh one per request cost a logger per log line."""
-    return structlog.get_logger(name)
 
 
 class JsonLine:

@@ -35,9 +35,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gateway.errors import Attempt
-from gateway.state import ProviderHealth
-from gateway.usage import Usage
+from gateway.health import ProviderHealth
+from providers.contract.errors import Attempt
+from providers.contract.usage import Usage
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)

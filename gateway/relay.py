@@ -23,7 +23,10 @@ from litestar.types import Receive
 from gateway import auth, router, schemas
 from gateway.config import Route
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.errors import (
+from gateway.responses.bridge import ResponsesBridge
+from gateway.services import Services
+from gateway.streaming import OpenedStream, close_quietly, open_stream, relay
+from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
     GatewayError,
@@ -34,12 +37,9 @@ from gateway.errors import (
     ResponseNotFound,
     envelope,
 )
-from gateway.responses.bridge import ResponsesBridge
-from gateway.runtime import Gateway
-from gateway.streaming import OpenedStream, close_quietly, open_stream, relay
-from gateway.usage import Usage
-from gateway.usage import cost as cost_of
-from providers.base import Outgoing, Provider, Reply
+from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.usage import Usage
+from providers.contract.usage import cost as cost_of
 
 HEADS: Mapping[str, type[schemas.ChatHead | schemas.CompletionHead | schemas.ResponsesHead]] = {
     "chat/completions": schemas.ChatHead,
@@ -102,7 +102,7 @@ def request_id(headers: Mapping[str, str]) -> str:
 class Exchange:
     """What one request did: its response headers, and its one ending (log line, metrics)."""
 
-    gateway: Gateway
+    services: Services
     request_id: str
     endpoint: str
     started: float = field(default_factory=time.perf_counter)
@@ -138,11 +138,11 @@ class Exchange:
         self.usage = usage
         if usage is None:
             return
-        price = self.gateway.runtime.prices.get((self.provider or "", self.model or ""))
+        price = self.services.live.prices.get((self.provider or "", self.model or ""))
         if price is not None:
             self.cost = cost_of(usage, price)
         if self.key_id is not None:
-            self.gateway.limiter.spend_tokens(self.key_id, usage.total_tokens)
+            self.services.limiter.spend_tokens(self.key_id, usage.total_tokens)
 
     def completed(self) -> None:
         """A whole answer was sent."""
@@ -154,15 +154,15 @@ class Exchange:
             return
         self.ended = True
         duration = time.perf_counter() - self.started
-        routes = self.gateway.runtime.snapshot.routes
+        routes = self.services.live.snapshot.routes
         model_label = self.model if self.model is not None and self.model in routes else "_unknown"
-        self.gateway.metrics.record(
+        self.services.metrics.record(
             endpoint=self.endpoint, model=model_label, provider=self.provider,
             status=self.status, duration=duration, ttft=self.ttft,
             upstream=self.upstream_time, failed=self.failed, attempts=self.attempts,
             usage=self.usage, cost=self.cost)
-        self.gateway.stats.add(duration, ok=self.status < 500 and outcome != "error")
-        self.gateway.request_log.write({
+        self.services.traffic.add(duration, ok=self.status < 500 and outcome != "error")
+        self.services.request_log.write({
             "request_id": self.request_id,
             "endpoint": self.endpoint,
             "model": self.model,
@@ -191,28 +191,28 @@ class Admitted:
     providers: Mapping[str, Provider]
 
 
-async def _admit(request: Incoming, endpoint: str, gateway: Gateway,
+async def _admit(request: Incoming, endpoint: str, services: Services,
                  exchange: Exchange) -> Admitted:
     """Limits, key, body, routing: everything decided before an upstream is called."""
-    runtime = gateway.runtime
-    server = runtime.snapshot.server
+    live = services.live
+    server = live.snapshot.server
     if sum(len(k) + len(v) for k, v in request.scope["headers"]) > server.max_header_bytes:
         raise HeadersTooLarge("Request headers are larger than the gateway accepts")
-    key = auth.check(request.headers, runtime.snapshot.keys)
+    key = auth.check(request.headers, live.snapshot.keys)
     if key is not None:
         exchange.key_id = key.limits.key_id
-        if (wait := gateway.limiter.admit(key.limits)) is not None:
+        if (wait := services.limiter.admit(key.limits)) is not None:
             raise KeyRateLimited(f"Rate limit reached for key {key.limits.key_id}; "
                                  f"retry in {wait:.0f}s", retry_after=wait)
-    if gateway.inflight >= server.max_concurrency:
+    if services.inflight >= server.max_concurrency:
         raise Overloaded("The gateway is at its concurrency limit; retry shortly")
     head, raw = schemas.parse(await _body(request), HEADS[endpoint])
     exchange.model, exchange.stream = head.model, bool(head.stream)
-    routes = router.candidates(runtime.snapshot, head.model)
-    providers = runtime.providers
+    routes = router.candidates(live.snapshot, head.model)
+    providers = live.providers
     if endpoint == "responses":
-        providers = gateway.responses_providers()
-        await _check_previous_response(gateway, head, routes, providers)
+        providers = services.responses_providers()
+        await _check_previous_response(services, head, routes, providers)
     return Admitted(head, raw, routes, providers)
 
 
@@ -228,28 +228,28 @@ class Incoming(Protocol):
     async def body(self) -> bytes: ...
 
 
-async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Answer | StreamAnswer:
+async def handle(request: Incoming, endpoint: str, services: Services) -> Answer | StreamAnswer:
     """Serve one relay request end to end; every failure leaves as the error envelope."""
-    exchange = Exchange(gateway, request_id(request.headers), endpoint)
+    exchange = Exchange(services, request_id(request.headers), endpoint)
     try:
-        admitted = await _admit(request, endpoint, gateway, exchange)
+        admitted = await _admit(request, endpoint, services, exchange)
     except GatewayError as exc:
         return _error(exc, exchange)
     head, routes, providers = admitted.head, admitted.routes, admitted.providers
     options = getattr(head, "stream_options", None)
     outgoing = Outgoing(endpoint, admitted.raw, head.model, exchange.stream, exchange.request_id,
                         client_wants_usage=bool(options and options.include_usage))
-    gateway.enter()
+    services.enter()
     streaming = False
     try:
         async with DisconnectGuard(request.receive):
             if exchange.stream:
                 opened = await router.attempt(head.model, routes, providers,
-                                              lambda p, m: _open(p, outgoing, m), gateway.health)
+                                              lambda p, m: _open(p, outgoing, m), services.health)
             else:
                 answered = await router.attempt(head.model, routes, providers,
                                                 lambda p, m: _send(p, outgoing, m, exchange),
-                                                gateway.health)
+                                                services.health)
         if not exchange.stream:
             exchange.served(answered)
             exchange.used(answered.result.usage)
@@ -258,7 +258,7 @@ async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Answer |
         exchange.served(opened)
         exchange.ttft = time.perf_counter() - exchange.started
         streaming = True
-        return _stream(gateway, exchange, opened, outgoing)
+        return _stream(services, exchange, opened, outgoing)
     except GatewayError as exc:
         return _error(exc, exchange)
     except ClientDisconnected:
@@ -267,14 +267,14 @@ async def handle(request: Incoming, endpoint: str, gateway: Gateway) -> Answer |
         return Answer(b"", {}, status=499)
     finally:
         if not streaming:
-            gateway.leave()
+            services.leave()
 
 
-def _stream(gateway: Gateway, exchange: Exchange, opened: router.Served[OpenedStream],
+def _stream(services: Services, exchange: Exchange, opened: router.Served[OpenedStream],
             outgoing: Outgoing) -> StreamAnswer:
     def ended(outcome: str, usage: Usage | None) -> None:
         if not exchange.ended:
-            gateway.leave()
+            services.leave()
             exchange.used(usage)
             exchange.finish(outcome)
 
@@ -290,11 +290,11 @@ def _stream(gateway: Gateway, exchange: Exchange, opened: router.Served[OpenedSt
                         {**exchange.headers(), **STREAM_HEADERS}, after)
 
 
-async def _check_previous_response(gateway: Gateway, head: Any, routes: tuple[Route, ...],
+async def _check_previous_response(services: Services, head: Any, routes: tuple[Route, ...],
                                    providers: Mapping[str, Provider]) -> None:
     """An id the gateway holds continues there; others may belong to a native upstream."""
     previous = getattr(head, "previous_response_id", None)
-    if previous is None or await gateway.responses.get(previous) is not None:
+    if previous is None or await services.responses.get(previous) is not None:
         return
     native = [p for r in routes if (p := providers.get(r.provider)) is not None
               and not isinstance(p, ResponsesBridge)]

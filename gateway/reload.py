@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gateway import config
 from gateway.config import ConfigError, Snapshot
-from gateway.logs import get_logger
+from providers.contract.log import get_logger
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

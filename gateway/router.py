@@ -15,9 +15,9 @@ from typing import Generic, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from gateway.circuit import CircuitPolicy
-from gateway.config import Retries, Route, Snapshot
-from gateway.errors import (
+from gateway.config import Route, Snapshot
+from gateway.health import Planned, ProviderHealth
+from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
     CircuitOpen,
@@ -25,8 +25,8 @@ from gateway.errors import (
     ProviderError,
     UpstreamClientError,
 )
-from gateway.state import Planned, ProviderHealth
-from providers.base import Provider
+from providers.contract.provider import Provider
+from providers.contract.spec import CircuitPolicy, Retries
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from gateway.errors import InvalidRequest
+from providers.contract.errors import InvalidRequest
 
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 

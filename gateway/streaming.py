@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from gateway.errors import (
+from providers.contract.errors import (
     BadUpstreamResponse,
     GatewayError,
     ProviderError,
     ProviderUnavailable,
     sse_error_event,
 )
-from gateway.usage import Usage, from_payload
+from providers.contract.usage import Usage, from_payload
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')

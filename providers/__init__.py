@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from importlib import import_module
 from importlib.metadata import entry_points
 
-from providers.base import Provider
+from providers.contract.provider import Provider
 
 ENTRY_POINT_GROUP = "llms_gateway.providers"
 

@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.config import ProviderSpec
-from gateway.errors import BadUpstreamResponse, ProviderUnavailable
-from gateway.usage import Usage
-from providers.base import Outgoing, Provider, Reply
+from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.spec import ProviderSpec
+from providers.contract.usage import Usage
 from providers.http import HttpUpstream
 
 API_VERSION = "2023-06-01"

@@ -19,10 +19,10 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import msgspec
 
-from gateway.config import ProviderSpec
-from gateway.errors import BadUpstreamResponse, ProviderRejected, UpstreamClientError
-from gateway.usage import Usage
-from providers.base import Outgoing, Provider, Reply
+from providers.contract.errors import BadUpstreamResponse, ProviderRejected, UpstreamClientError
+from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.spec import ProviderSpec
+from providers.contract.usage import Usage
 from providers.google_stream import SIGNATURE_KEY, StreamTranslator, to_chat_completion
 from providers.http import HttpUpstream
 

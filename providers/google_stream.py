@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
                   "RECITATION": "content_filter", "BLOCKLIST": "content_filter",

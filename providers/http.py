@@ -17,8 +17,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from gateway.config import Timeouts
-from gateway.errors import (
+from providers.contract.errors import (
     BadUpstreamResponse,
     FirstTokenTimeout,
     GatewayError,
@@ -31,6 +30,7 @@ from gateway.errors import (
     TotalTimeout,
     UpstreamClientError,
 )
+from providers.contract.spec import Timeouts
 from providers.wire import Client, Response, header_block
 
 MAX_ERROR_MESSAGE = 500

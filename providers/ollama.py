@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import aiohttp
 
-from gateway.config import ProviderSpec
+from providers.contract.spec import ProviderSpec
 from providers.openai import OpenAIProvider
 
 DEFAULT_BASE_URL = "http://127.0.0.1:11434/v1"

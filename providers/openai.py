@@ -13,10 +13,6 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.config import ProviderSpec
-from gateway.errors import BadUpstreamResponse
-from gateway.usage import Usage
-from providers.base import Outgoing, Provider, Reply
 from providers.compat import (
     OpenAIOptions,
     StreamNormalizer,
@@ -26,6 +22,10 @@ from providers.compat import (
     translate_request,
     used_legacy_functions,
 )
+from providers.contract.errors import BadUpstreamResponse
+from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.spec import ProviderSpec
+from providers.contract.usage import Usage
 from providers.http import HttpUpstream
 
 

@@ -17,8 +17,8 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from gateway.errors import ProviderUnavailable
-from gateway.logs import get_logger
+from providers.contract.errors import ProviderUnavailable
+from providers.contract.log import get_logger
 
 # aiohttp's default (`ttl_dns_cache`): how long a lookup's answer is used before a refresh.
 TTL = 10.0

@@ -28,7 +28,12 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import BadUpstreamResponse, ConnectTimeout, Overloaded, ProviderUnavailable
+from providers.contract.errors import (
+    BadUpstreamResponse,
+    ConnectTimeout,
+    Overloaded,
+    ProviderUnavailable,
+)
 from providers.resolver import TTL, HostAddresses, Lookup, system_lookup
 
 # Past this much unread body the socket stops being read: a slow client slows its upstream

@@ -224,8 +224,8 @@ def test_answer_translation_maps_stop_reasons_and_usage() -> None:
 
 
 def test_a_stream_event_that_is_not_json_is_a_bad_response_not_a_crash() -> None:
-    from gateway.errors import BadUpstreamResponse
     from providers.anthropic import StreamTranslator
+    from providers.contract.errors import BadUpstreamResponse
 
     translator = StreamTranslator("claude")
     with pytest.raises(BadUpstreamResponse):

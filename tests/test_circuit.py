@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import httpx
 
-from gateway.circuit import Breaker, CircuitPolicy, CircuitState
+from gateway.circuit import Breaker, CircuitState
 from gateway.config import Route
-from gateway.errors import ProviderRateLimited, ProviderUnavailable
-from gateway.state import Change, ProviderHealth
+from gateway.health import Change, ProviderHealth
+from providers.contract.errors import ProviderRateLimited, ProviderUnavailable
+from providers.contract.spec import CircuitPolicy
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, status
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from gateway import config
-from gateway.config import ConfigError, Retries, Timeouts
+from gateway.config import ConfigError
 from gateway.limits import KeyLimits
+from providers.contract.spec import Retries, Timeouts
 
 PATH = Path("/etc/llms/llms.json")
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 from providers.google import clean_schema, media_part, model_ids, to_gemini
 from providers.google_stream import StreamTranslator, to_chat_completion
 from tests.fake_gemini import SIGNATURE, FakeGemini, error_body, safety_block

@@ -16,7 +16,7 @@ import pytest
 
 from gateway import config
 from gateway.config import ConfigError
-from gateway.lasting import Lasting
+from providers.contract.lasting import Lasting
 from providers.pool.engines import LLAMACPP, VLLM, Host, WorkerPlan, choose_engine, plan
 from providers.pool.gpus import Gpu, groups, parse_query, select
 from providers.pool.picking import (
@@ -696,7 +696,7 @@ def test_a_vllm_metrics_page_sums_requests_over_engines_and_takes_the_fullest_ca
                  f"vllm:num_requests_waiting{{{LABELS_0}}}\n"
                  "num_requests_running 7\n"
                  "  vllm:num_requests_running 7\n"
-                 "<html>502 Bad Gateway</html>\n", EngineLoad(), id="garbage ignored"),
+                 "<html>502 Bad Services</html>\n", EngineLoad(), id="garbage ignored"),
     pytest.param("", EngineLoad(), id="empty"),
 ])
 def test_metrics_lines_read_as_load(text: str, load: EngineLoad) -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequest
 from gateway.responses import reply
 from gateway.responses.events import ResponseEvents
 from gateway.responses.request import to_chat
+from providers.contract.errors import InvalidRequest
 from tests.openapi import validate
 
 

@@ -1,4 +1,4 @@
-"""An operator opens the status page, sees providers in order, and disables one at runtime."""
+"""An operator opens the status page, sees providers in order, and disables one at live."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp.base_protocol import BaseProtocol
 
-from gateway.config import Timeouts
-from gateway.errors import FirstTokenTimeout, IdleTimeout, ProviderTimeout, TotalTimeout
+from providers.contract.errors import FirstTokenTimeout, IdleTimeout, ProviderTimeout, TotalTimeout
+from providers.contract.spec import Timeouts
 from providers.http import Deadline, read_stream
 
 

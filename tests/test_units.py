@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway import config, router
-from gateway.circuit import CircuitPolicy
-from gateway.config import Retries
-from gateway.errors import (
+from gateway.streaming import SSEWatch
+from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
     ModelNotFound,
@@ -21,7 +20,7 @@ from gateway.errors import (
     ProviderUnavailable,
     UpstreamClientError,
 )
-from gateway.streaming import SSEWatch
+from providers.contract.spec import CircuitPolicy, Retries
 from providers.http import error_for_status, read_error, retry_after_seconds, scrub
 
 SNAPSHOT = config.parse(
@@ -61,7 +60,7 @@ def test_upstream_status_decides_failover(status: int, expected: type,
     (b'{"object": "error", "message": "vllm old", "type": "BadRequestError", "code": 400}',
      "vllm old"),
     (b'{"detail": "fastapi says no"}', "fastapi says no"),
-    (b"<html>502 Bad Gateway</html>", "<html>502 Bad Gateway</html>"),
+    (b"<html>502 Bad Services</html>", "<html>502 Bad Services</html>"),
 ])
 def test_every_common_error_shape_is_read(body: bytes, message: str) -> None:
     assert read_error(body).message == message

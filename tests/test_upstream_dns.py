@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.errors import ProviderUnavailable
 from providers import wire
+from providers.contract.errors import ProviderUnavailable
 from providers.resolver import HostAddresses, system_lookup
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.errors import BadUpstreamResponse
 from providers import wire
+from providers.contract.errors import BadUpstreamResponse
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, Reply
 

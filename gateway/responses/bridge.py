@@ -7,12 +7,12 @@ from typing import Any
 
 import msgspec
 
-from gateway.errors import ProviderError, ProviderUnavailable
 from gateway.responses import reply
 from gateway.responses.events import ResponseEvents
 from gateway.responses.request import to_chat
 from gateway.responses.store import ResponseStore
-from providers.base import Outgoing, Provider, Reply
+from providers.contract.errors import ProviderError, ProviderUnavailable
+from providers.contract.provider import Outgoing, Provider, Reply
 
 
 class ResponsesBridge(Provider):

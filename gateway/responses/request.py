@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import InvalidRequest
+from providers.contract.errors import InvalidRequest
 
 # Fields with the same name and meaning in both APIs.
 _SAME = ("temperature", "top_p", "parallel_tool_calls", "user", "stream", "top_logprobs")

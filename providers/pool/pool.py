@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.logs import get_logger
+from providers.contract.log import get_logger
 from providers.pool.engines import WorkerPlan
 from providers.pool.picking import Load, Policy, PrefixTable, choose
 from providers.pool.process import WorkerProcess

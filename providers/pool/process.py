@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gateway.logs import get_logger
+from providers.contract.log import get_logger
 
 REAPER = Path(__file__).with_name("reaper.py")
 KEPT_LINES = 30  # the tail quoted when a worker dies

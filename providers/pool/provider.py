@@ -10,11 +10,11 @@ from typing import Any
 
 import aiohttp
 
-from gateway.config import ProviderSpec
-from gateway.errors import PoolNotReady, ProviderError
-from gateway.lasting import Lasting
-from gateway.logs import get_logger
-from providers.base import Outgoing, Provider, ProviderDisabled, Reply
+from providers.contract.errors import PoolNotReady, ProviderError
+from providers.contract.lasting import Lasting
+from providers.contract.log import get_logger
+from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Reply
+from providers.contract.spec import ProviderSpec
 from providers.openai import OpenAIProvider
 from providers.pool.picking import prefix_hashes, prompt_text
 from providers.pool.pool import Pool

@@ -19,8 +19,8 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from gateway.config import ModelEntry, ProviderEntry
 from providers.compat import OPTION_FIELDS
+from providers.contract.spec import ModelEntry, ProviderEntry
 
 Engine = Literal["auto", "vllm", "llamacpp"]
 S = TypeVar("S", bound=msgspec.Struct)

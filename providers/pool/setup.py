@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.logs import get_logger
+from providers.contract.log import get_logger
 from providers.pool import gpus
 from providers.pool.engines import choose_engine, installed_engines, plan
 from providers.pool.pool import Pool

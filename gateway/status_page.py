@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.runtime import Gateway
+from gateway.services import Services
 
 
-def providers_view(gateway: Gateway) -> list[dict[str, Any]]:
+def providers_view(services: Services) -> list[dict[str, Any]]:
     """Every provider in file order, with its state, models and circuits."""
-    runtime = gateway.runtime
-    circuits = gateway.health.snapshot()
+    live = services.live
+    circuits = services.health.snapshot()
     rows = []
-    for spec in runtime.snapshot.providers:
+    for spec in live.snapshot.providers:
         mine = [c for c in circuits if c["provider"] == spec.name]
         cooling = next((c["open_for"] for c in mine if c["state"] == "cooling_down"), None)
         rows.append({
@@ -25,7 +25,7 @@ def providers_view(gateway: Gateway) -> list[dict[str, Any]]:
             "circuits": [c for c in mine if c["state"] != "cooling_down"],
             "cooling_down_for": cooling,
             "health": _health(spec.enabled, mine),
-            "state": provider.live_state() if (provider := runtime.providers.get(spec.name))
+            "state": provider.live_state() if (provider := live.providers.get(spec.name))
             else None,
         })
     return rows
@@ -40,14 +40,14 @@ def _health(enabled: bool, circuits: list[dict[str, Any]]) -> str:
     return "half_open" if "half_open" in states else "ok"
 
 
-def status(gateway: Gateway) -> dict[str, Any]:
+def status(services: Services) -> dict[str, Any]:
     """The body of `/status.json`, which the status page polls."""
-    series = gateway.stats.series()
+    series = services.traffic.series()
     window = [row for row in series if row["rps"]]
     return {
-        "uptime_s": round(time.time() - gateway.started),
-        "inflight": gateway.inflight,
-        "providers": providers_view(gateway),
+        "uptime_s": round(time.time() - services.started),
+        "inflight": services.inflight,
+        "providers": providers_view(services),
         "series": series,
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import aiohttp
 import msgspec
 
-from gateway.config import ProviderSpec
-from gateway.lasting import Lasting
-from gateway.usage import Usage
+from providers.contract.lasting import Lasting
+from providers.contract.spec import ProviderSpec
+from providers.contract.usage import Usage
 
 
 @dataclass(slots=True)

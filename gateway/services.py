@@ -1,6 +1,6 @@
 """The live state of one gateway process: a config snapshot and the providers built from it.
 
-`Gateway.apply()` builds a complete new `Runtime` and swaps it in with one assignment, so a
+`Services.apply()` builds a complete new `LiveConfig` and swaps it in with one assignment, so a
 request sees either the old config or the new one, never half of each.
 """
 
@@ -15,22 +15,23 @@ import aiohttp
 import msgspec
 
 from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
-from gateway.lasting import Lasting
+from gateway.health import ProviderHealth
 from gateway.limits import RateLimiter
-from gateway.logs import RequestLog, get_logger
+from gateway.logs import RequestLog
 from gateway.metrics import Metrics
 from gateway.responses.bridge import ResponsesBridge
 from gateway.responses.store import ResponseStore
-from gateway.state import ProviderHealth
-from gateway.stats import RecentStats
-from gateway.usage import Price
-from providers.base import Provider, ProviderDisabled
+from gateway.traffic import RecentTraffic
+from providers.contract.lasting import Lasting
+from providers.contract.log import get_logger
+from providers.contract.provider import Provider, ProviderDisabled
+from providers.contract.usage import Price
 
 ADMIN_DISABLED = "disabled by an admin"
 
 
 @dataclass(frozen=True, slots=True)
-class Runtime:
+class LiveConfig:
     """One config snapshot and its live providers."""
 
     snapshot: Snapshot
@@ -49,7 +50,7 @@ def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None
 
 
 def build(snapshot: Snapshot, session: aiohttp.ClientSession,
-          kinds: Mapping[str, type[Provider]]) -> Runtime:
+          kinds: Mapping[str, type[Provider]]) -> LiveConfig:
     """Instantiate every enabled provider; an unknown type or bad field is a ConfigError."""
     check_kinds(snapshot, kinds)
     providers: dict[str, Provider] = {}
@@ -60,7 +61,7 @@ def build(snapshot: Snapshot, session: aiohttp.ClientSession,
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {(spec.name, alias): model.price for spec in snapshot.providers
               for alias, model in spec.models.items() if model.price is not None}
-    return Runtime(snapshot, providers, models_list(snapshot), prices)
+    return LiveConfig(snapshot, providers, models_list(snapshot), prices)
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
@@ -76,8 +77,8 @@ def model_card(alias: str, owner: str, created: int) -> dict[str, object]:
     return {"id": alias, "object": "model", "created": created, "owned_by": owner}
 
 
-class Gateway:
-    """Holds the current Runtime; swapped atomically on reload."""
+class Services:
+    """Holds the current LiveConfig; swapped atomically on reload."""
 
     def __init__(self, session: aiohttp.ClientSession, kinds: Mapping[str, type[Provider]],
                  request_log: RequestLog | None = None) -> None:
@@ -88,29 +89,29 @@ class Gateway:
         self.health = ProviderHealth()
         self.limiter = RateLimiter()
         self.metrics = Metrics(self.health, inflight=lambda: self.inflight)
-        self.stats = RecentStats()
+        self.traffic = RecentTraffic()
         self.inflight = 0  # requests holding an upstream, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         self.responses = ResponseStore()
-        self._bridged: tuple[Runtime, Mapping[str, Provider]] | None = None
+        self._bridged: tuple[LiveConfig, Mapping[str, Provider]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         self.lasting = Lasting()  # what outlives snapshots: worker pools
-        self._runtime: Runtime | None = None
+        self._live: LiveConfig | None = None
 
     @property
-    def runtime(self) -> Runtime:
-        if self._runtime is None:
+    def live(self) -> LiveConfig:
+        if self._live is None:
             raise RuntimeError("gateway has no config yet")
-        return self._runtime
+        return self._live
 
     def responses_providers(self) -> Mapping[str, Provider]:
         """The providers for /v1/responses: native ones as they are, others behind the bridge."""
-        runtime = self.runtime
-        if self._bridged is None or self._bridged[0] is not runtime:
+        live = self.live
+        if self._bridged is None or self._bridged[0] is not live:
             bridged = {name: p if p.supports("responses") else ResponsesBridge(p, self.responses)
-                       for name, p in runtime.providers.items()}
-            self._bridged = (runtime, bridged)
+                       for name, p in live.providers.items()}
+            self._bridged = (live, bridged)
         return self._bridged[1]
 
     def enter(self) -> None:
@@ -123,20 +124,20 @@ class Gateway:
         self.metrics.add_inflight(-1)
 
     async def apply(self, snapshot: Snapshot) -> None:
-        """Make `snapshot` live; on any error the previous runtime keeps serving."""
+        """Make `snapshot` live; on any error the previous config keeps serving."""
         effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
-        runtime = build(effective, self.session, self.kinds)
+        live = build(effective, self.session, self.kinds)
         self.configured = snapshot
-        disabled = await _start_all(runtime, self.lasting)
+        disabled = await _start_all(live, self.lasting)
         if disabled:
             for name, reason in disabled.items():
                 effective = with_provider_disabled(effective, name, reason)
-            runtime = Runtime(effective, {n: p for n, p in runtime.providers.items()
+            live = LiveConfig(effective, {n: p for n, p in live.providers.items()
                                           if n not in disabled}, models_list(effective),
-                              runtime.prices)
-        previous, self._runtime = self._runtime, runtime
+                              live.prices)
+        previous, self._live = self._live, live
         log = get_logger()
         for spec in effective.providers:
             if not spec.enabled:
@@ -154,15 +155,15 @@ class Gateway:
             await self.apply(self.configured)
 
     async def close(self) -> None:
-        if self._runtime is not None:
-            await _close_all(self._runtime)
+        if self._live is not None:
+            await _close_all(self._live)
         await self.lasting.close()
 
 
-async def _start_all(runtime: Runtime, lasting: Lasting) -> dict[str, str]:
+async def _start_all(live: LiveConfig, lasting: Lasting) -> dict[str, str]:
     """Start every provider; those that cannot serve here are closed and returned with why."""
     disabled = {}
-    for name, provider in runtime.providers.items():
+    for name, provider in live.providers.items():
         try:
             await provider.start(lasting)
         except ProviderDisabled as exc:
@@ -171,6 +172,6 @@ async def _start_all(runtime: Runtime, lasting: Lasting) -> dict[str, str]:
     return disabled
 
 
-async def _close_all(runtime: Runtime) -> None:
-    for provider in runtime.providers.values():
+async def _close_all(live: LiveConfig) -> None:
+    for provider in live.providers.values():
         await provider.close()

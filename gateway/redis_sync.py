@@ -18,9 +18,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.config import StateConfig
+from gateway.health import Change, ProviderHealth
 from gateway.limits import WINDOW, RateLimiter
-from gateway.logs import get_logger
-from gateway.state import Change, ProviderHealth
+from providers.contract.log import get_logger
 
 _SEPARATOR = "\x1f"
 

@@ -21,7 +21,7 @@ class _Second:
     latencies: list[float] = field(default_factory=list)
 
 
-class RecentStats:
+class RecentTraffic:
     """Bounded memory whatever the load: a ring of seconds, each with a latency reservoir."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:

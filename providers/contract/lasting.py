@@ -4,7 +4,7 @@ Providers are rebuilt for every snapshot (a reload, an admin switch, a discovery
 model that took minutes to load must not be restarted because someone reordered providers.
 A provider acquires its lasting resource by key with a fingerprint of the config it depends on:
 the same fingerprint gets the running one back, a different one closes the old and builds anew.
-The last release closes it. The Gateway owns one `Lasting` and closes what is left at shutdown.
+The last release closes it. The Services owns one `Lasting` and closes what is left at shutdown.
 """
 
 from __future__ import annotations

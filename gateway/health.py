@@ -1,6 +1,6 @@
 """What the gateway remembers about providers between requests: breakers and cooldowns.
 
-`ProviderHealth` lives on the `Gateway` (so it survives config reloads) and is consulted by the
+`ProviderHealth` lives on the `Services` (so it survives config reloads) and is consulted by the
 router: `plan()` drops candidates whose circuit is open or who are cooling down after a 429 —
 unless every candidate is blocked, then the one that recovers soonest is tried rather than
 failing untried. Every trip and cooldown is also offered to `on_change` listeners, which is how a
@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.circuit import Breaker, CircuitPolicy, CircuitState
+from gateway.circuit import Breaker, CircuitState
 from gateway.config import Route
-from gateway.errors import ProviderError, ProviderRateLimited
+from providers.contract.errors import ProviderError, ProviderRateLimited
+from providers.contract.spec import CircuitPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,130 @@
+"""What a provider kind is built from: one provider's resolved entry in llms.json.
+
+`gateway.config` reads and checks the file and resolves these; a kind only reads them. Values
+are frozen: a config reload builds new ones, it never changes these in place.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from providers.contract.usage import Price
+
+
+class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Seconds allowed for each phase of an upstream exchange."""
+
+    connect: float = 5.0
+    first_token: float = 60.0
+    idle: float = 60.0
+    total: float = 600.0
+
+
+class Retries(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Tries per candidate before moving to the next one."""
+
+    attempts: int = 1
+    backoff: float = 0.25
+    max_backoff: float = 8.0
+    retry_after_cap: float = 30.0
+
+
+class CircuitPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When a breaker opens and for how long; `circuit` in llms.json."""
+
+    enabled: bool = True
+    failures: int = 5
+    error_rate: float = 0.5
+    window: float = 60.0
+    min_requests: int = 10
+    open_for: float = 5.0
+    max_open_for: float = 300.0
+    rate_limit_cooldown: float = 1.0
+
+
+class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A model as one provider serves it: its upstream id and facts about it."""
+
+    id: str
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+    price: Price | None = None
+
+
+class ProviderEntry(msgspec.Struct, frozen=True):
+    """The fields every provider kind shares; kinds read their own extras from `raw`."""
+
+    type: str
+    base_url: str | None = None
+    api_key: str | None = None
+    enabled: bool = True
+    models: dict[str, str | dict[str, Any]] | Literal["*"] = {}
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    discover_interval: float = 300.0
+    timeouts: dict[str, Any] = {}
+    retries: dict[str, Any] = {}
+    circuit: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    params: dict[str, Any] = {}
+    drop_params: tuple[str, ...] = ()
+
+
+class Secret:
+    """A credential: its repr never shows the value, so it cannot leak through a log line."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    """One provider, resolved: what a provider kind is built from."""
+
+    name: str
+    kind: str
+    base_url: str | None
+    api_key: Secret | None
+    enabled: bool
+    disabled_reason: str | None
+    models: Mapping[str, ModelEntry]
+    timeouts: Timeouts
+    retries: Retries
+    circuit: CircuitPolicy
+    headers: Mapping[str, str]
+    params: Mapping[str, Any]
+    drop_params: frozenset[str]
+    raw: Mapping[str, Any] = field(repr=False)
+    discovery: Discovery | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """`"models": "*"`: list the provider's models, keep those the patterns allow."""
+
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    interval: float
+
+    def keeps(self, model: str) -> bool:
+        """Whether a listed model is served: matches an include (if any) and no exclude."""
+        if self.include and not any(fnmatch.fnmatchcase(model, p) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(model, p) for p in self.exclude)
+
+
