@@ -1,10 +1,9 @@
 """The HTTP surface: Litestar routes, the lifespan that owns the upstream session, one envelope.
 
-`create_app()` is the uvicorn factory (one per worker process): it reads the config named by
-`$LLMS_CONFIG` (the CLI sets it) or found by discovery. POSTs to the relay routes are served by
-`gateway.fastpath` in front of Litestar (the data plane skips the framework); the route handlers
-below stay for every other method on those paths (405 with `Allow`) and for embedding the bare
-Litestar app.
+`create_app()` is the ASGI server's factory (one per worker process): it reads the config named
+by `$LLMS_CONFIG` (the CLI sets it) or found by discovery. The relay routes are served by
+`gateway.front` in front of Litestar (the data plane skips the framework); Litestar serves
+everything else: models, admin, status, health, metrics.
 """
 
 from __future__ import annotations
@@ -18,14 +17,14 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 import providers
 from gateway import admin, config, discovery, logs, relay, reload, status_page
 from gateway.config import Snapshot
-from gateway.fastpath import FastRelay
+from gateway.front import Front
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.redis_sync import RedisSync
 from gateway.responses.store import RedisResponseStore
@@ -51,24 +50,6 @@ STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 # 5,000-stream ramp paused up to 41 ms, growing as streams piled up; every 2 (and a full
 # collection as rarely as before: 2 x 500 = 20 x 50), 7-16 ms (bench capacity, GC probe).
 GC_THRESHOLDS = (2_000, 2, 500)
-
-
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    """OpenAI chat completions, streaming or not."""
-    return _litestar(await relay.handle(request, "chat/completions", _services(request)))
-
-
-@post("/v1/completions", status_code=200)
-async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
-    """The legacy completions endpoint."""
-    return _litestar(await relay.handle(request, "completions", _services(request)))
-
-
-@post("/v1/responses", status_code=200)
-async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
-    """The Responses API: native where a provider speaks it, bridged to chat elsewhere."""
-    return _litestar(await relay.handle(request, "responses", _services(request)))
 
 
 @get("/v1/models")
@@ -132,10 +113,6 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
         body["reason"] = "no provider is enabled"
     return Response(msgspec.json.encode(body), media_type=JSON,
                     status_code=200 if is_ready else 503)
-
-
-def _litestar(answer: relay.Answer | relay.StreamAnswer) -> Response[Any]:
-    return answer.to_response()
 
 
 def _services(request: Request[Any, Any, Any]) -> Services:
@@ -222,14 +199,14 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             await services.close()
 
 
-def create_app(snapshot: Snapshot | None = None) -> FastRelay:
+def create_app(snapshot: Snapshot | None = None) -> Front:
     """Build the app for `snapshot`, or for the config discovery finds: the relay routes served
-    directly (`fastpath`), the rest by Litestar."""
+    as plain ASGI (`front`), the rest by Litestar."""
     request_log = logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
-    return FastRelay(Litestar(
-        route_handlers=[chat_completions, completions, responses, list_models, retrieve_model,
+    return Front(Litestar(
+        route_handlers=[list_models, retrieve_model,
                         health, ready, metrics, status_html, status_json,
                         admin.list_providers, admin.toggle_provider],
         lifespan=[lifespan],

@@ -9,15 +9,11 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from litestar import Response
-from litestar.background_tasks import BackgroundTask
-from litestar.exceptions import HTTPException
-from litestar.response import Stream
 from litestar.types import Receive
 
 from gateway import auth, router, schemas
@@ -25,7 +21,7 @@ from gateway.config import Route
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.responses.bridge import ResponsesBridge
 from gateway.services import Services
-from gateway.streaming import OpenedStream, close_quietly, open_stream, relay
+from gateway.streaming import OpenedStream, open_stream, relay
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
@@ -33,7 +29,6 @@ from providers.contract.errors import (
     HeadersTooLarge,
     KeyRateLimited,
     Overloaded,
-    RequestTooLarge,
     ResponseNotFound,
     envelope,
 )
@@ -51,9 +46,8 @@ MAX_REQUEST_ID = 128
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
-    """A whole answer, its body bytes as they will be sent. The relay's own type rather than a
-    Litestar Response: the fast path sends it without building one (`fastpath.send_whole`).
+class Whole:
+    """A whole answer, its body bytes as they will be sent.
 
     `after` (the log line and metrics) runs once the answer is written: that work is not the
     client's to wait for."""
@@ -64,30 +58,17 @@ class Answer:
     media_type: str = "application/json"
     after: Callable[[], None] | None = None
 
-    def to_response(self) -> Response[bytes]:
-        """The same answer for Litestar's route handlers."""
-        return Response(self.body, status_code=self.status, media_type=self.media_type,
-                        headers=dict(self.headers),
-                        background=BackgroundTask(self.after) if self.after else None)
-
 
 @dataclass(frozen=True, slots=True)
-class StreamAnswer:
-    """A committed stream: its chunks, its headers, and `after`, which must run once it is
-    over however it ended. Like `Answer`, the fast path sends it as it is
-    (`fastpath.stream_to_uvicorn`): a Litestar Stream (its headers, cookies and background
-    task) was built before every stream's first token and used only by the fallback path."""
+class Streamed:
+    """A committed stream: its chunks (the first already at hand) and its headers. The chunks'
+    generator records how the stream ended (completed, error, client_disconnected) when it is
+    closed, so whoever sends it must close it (`streaming.close_quietly`)."""
 
     chunks: AsyncGenerator[bytes, None]
     headers: Mapping[str, str]
-    after: Callable[[], Awaitable[None]]
     status: int = 200
     media_type: str = "text/event-stream"
-
-    def to_response(self) -> Stream:
-        """The same stream for Litestar's route handlers and other ASGI servers."""
-        return Stream(self.chunks, status_code=self.status, media_type=self.media_type,
-                      headers=dict(self.headers), background=BackgroundTask(self.after))
 
 
 def request_id(headers: Mapping[str, str]) -> str:
@@ -204,9 +185,9 @@ async def _admit(request: Incoming, endpoint: str, services: Services,
         if (wait := services.limiter.admit(key.limits)) is not None:
             raise KeyRateLimited(f"Rate limit reached for key {key.limits.key_id}; "
                                  f"retry in {wait:.0f}s", retry_after=wait)
-    if services.inflight >= server.max_concurrency:
+    if services.inflight > server.max_concurrency:  # this request holds a slot too
         raise Overloaded("The gateway is at its concurrency limit; retry shortly")
-    head, raw = schemas.parse(await _body(request), HEADS[endpoint])
+    head, raw = schemas.parse(await request.body(), HEADS[endpoint])
     exchange.model, exchange.stream = head.model, bool(head.stream)
     routes = router.candidates(live.snapshot, head.model)
     providers = live.providers
@@ -217,7 +198,7 @@ async def _admit(request: Incoming, endpoint: str, services: Services,
 
 
 class Incoming(Protocol):
-    """What the relay reads of a request: Litestar's `Request`, or `fastpath.RawRequest`."""
+    """What the relay reads of a request (`front.RawRequest`)."""
 
     scope: Any
     receive: Receive
@@ -228,20 +209,19 @@ class Incoming(Protocol):
     async def body(self) -> bytes: ...
 
 
-async def handle(request: Incoming, endpoint: str, services: Services) -> Answer | StreamAnswer:
-    """Serve one relay request end to end; every failure leaves as the error envelope."""
+async def handle(request: Incoming, endpoint: str, services: Services) -> Whole | Streamed:
+    """Serve one relay request end to end; every failure leaves as the error envelope.
+
+    The caller holds the request's in-flight slot (`Services.enter`) for as long as the answer
+    is being sent, a stream included."""
     exchange = Exchange(services, request_id(request.headers), endpoint)
     try:
         admitted = await _admit(request, endpoint, services, exchange)
-    except GatewayError as exc:
-        return _error(exc, exchange)
-    head, routes, providers = admitted.head, admitted.routes, admitted.providers
-    options = getattr(head, "stream_options", None)
-    outgoing = Outgoing(endpoint, admitted.raw, head.model, exchange.stream, exchange.request_id,
-                        client_wants_usage=bool(options and options.include_usage))
-    services.enter()
-    streaming = False
-    try:
+        head, routes, providers = admitted.head, admitted.routes, admitted.providers
+        options = getattr(head, "stream_options", None)
+        outgoing = Outgoing(endpoint, admitted.raw, head.model, exchange.stream,
+                            exchange.request_id,
+                            client_wants_usage=bool(options and options.include_usage))
         async with DisconnectGuard(request.receive):
             if exchange.stream:
                 opened = await router.attempt(head.model, routes, providers,
@@ -250,44 +230,31 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Answer
                 answered = await router.attempt(head.model, routes, providers,
                                                 lambda p, m: _send(p, outgoing, m, exchange),
                                                 services.health)
-        if not exchange.stream:
-            exchange.served(answered)
-            exchange.used(answered.result.usage)
-            return Answer(answered.result.body, exchange.headers(),
-                          media_type=answered.result.content_type, after=exchange.completed)
-        exchange.served(opened)
-        exchange.ttft = time.perf_counter() - exchange.started
-        streaming = True
-        return _stream(services, exchange, opened, outgoing)
     except GatewayError as exc:
         return _error(exc, exchange)
     except ClientDisconnected:
         exchange.status = 499
         exchange.finish("client_disconnected")
-        return Answer(b"", {}, status=499)
-    finally:
-        if not streaming:
-            services.leave()
+        return Whole(b"", {}, status=499)
+    if not exchange.stream:
+        exchange.served(answered)
+        exchange.used(answered.result.usage)
+        return Whole(answered.result.body, exchange.headers(),
+                     media_type=answered.result.content_type, after=exchange.completed)
+    exchange.served(opened)
+    exchange.ttft = time.perf_counter() - exchange.started
+    return _stream(exchange, opened, outgoing)
 
 
-def _stream(services: Services, exchange: Exchange, opened: router.Served[OpenedStream],
-            outgoing: Outgoing) -> StreamAnswer:
+def _stream(exchange: Exchange, opened: router.Served[OpenedStream],
+            outgoing: Outgoing) -> Streamed:
     def ended(outcome: str, usage: Usage | None) -> None:
-        if not exchange.ended:
-            services.leave()
-            exchange.used(usage)
-            exchange.finish(outcome)
+        exchange.used(usage)
+        exchange.finish(outcome)
 
-    async def after() -> None:
-        # Runs even when the client left before the body started, which skips the relay's
-        # own cleanup: the upstream must still be closed and the request counted out.
-        if not exchange.ended:
-            await close_quietly(opened.result.rest)
-            ended("client_disconnected", None)
-
-    return StreamAnswer(relay(opened.result, opened.provider, on_end=ended,
-                              strip_usage=not outgoing.client_wants_usage),
-                        {**exchange.headers(), **STREAM_HEADERS}, after)
+    return Streamed(relay(opened.result, opened.provider, on_end=ended,
+                          strip_usage=not outgoing.client_wants_usage),
+                    {**exchange.headers(), **STREAM_HEADERS})
 
 
 async def _check_previous_response(services: Services, head: Any, routes: tuple[Route, ...],
@@ -315,16 +282,7 @@ async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
         exchange.upstream_time = time.perf_counter() - started
 
 
-async def _body(request: Incoming) -> bytes:
-    try:
-        return await request.body()
-    except HTTPException as exc:
-        if exc.status_code == 413:
-            raise RequestTooLarge("Request body is larger than the gateway accepts") from None
-        raise
-
-
-def _error(exc: GatewayError, exchange: Exchange) -> Answer:
+def _error(exc: GatewayError, exchange: Exchange) -> Whole:
     exchange.status = exc.status
     headers = exchange.headers()
     if isinstance(exc, AllProvidersFailed):
@@ -336,6 +294,6 @@ def _error(exc: GatewayError, exchange: Exchange) -> Answer:
         headers["Retry-After"] = "1"
     elif isinstance(exc, KeyRateLimited):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    return Answer(envelope(exc), headers, status=exc.status,
+    return Whole(envelope(exc), headers, status=exc.status,
                   after=partial(exchange.finish, "error", error=exc.code))
 

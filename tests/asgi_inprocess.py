@@ -1,8 +1,8 @@
-"""Serve two requests through the app in-process over httpx's ASGI transport, print the answers.
+"""Serve requests through the app in-process over httpx's ASGI transport, print the answers.
 
-Run as a script by tests/test_fastpath.py, in a process of its own: the app configures logging
-for its whole process. Under an ASGI server other than uvicorn the relay cannot write to the
-transport itself, so this takes the fallback path through Litestar's responses.
+Run as a script by tests/test_front.py, in a process of its own (the app configures logging for
+its whole process): the relay speaks plain ASGI, so a server that is not the one `gateway serve`
+runs, here httpx's in-process transport, gets the same answers.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ async def main(config_path: str) -> None:
             transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
         whole = await client.post("/v1/chat/completions", json=body)
         streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
-    print(json.dumps([{"status": r.status_code, "headers": dict(r.headers), "text": r.text}
-                      for r in (whole, streamed)]))
+        wrong_method = await client.get("/v1/chat/completions")
+        inflight = app.app.state.services.inflight
+    print(json.dumps({"answers": [{"status": r.status_code, "headers": dict(r.headers),
+                                   "text": r.text} for r in (whole, streamed, wrong_method)],
+                      "inflight": inflight}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""The one ASGI adapter: the relay routes served as plain ASGI, everything else by Litestar.
+
+`POST /v1/chat/completions`, `/v1/completions` and `/v1/responses` are the data plane: the relay
+(`gateway.relay`) needs none of Litestar's per-request work (routing, its Request object, response
+conversion), so `Front` reads the request from the scope, asks the relay for an answer, and turns
+that framework-free value into ASGI messages here, and only here. The request's in-flight slot is
+taken and given back here too, once, however the answer ends. Only `scope`, `receive` and `send`
+are touched, so any ASGI server runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from litestar import Litestar
+from litestar.types import Message, Receive, Scope, Send
+
+from gateway import relay
+from gateway.disconnect import ClientDisconnected, DisconnectGuard
+from gateway.services import Services
+from gateway.streaming import close_quietly
+from providers.contract.errors import GatewayError, MethodNotAllowed, RequestTooLarge, envelope
+from providers.contract.log import get_logger
+
+RELAY_PATHS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
+               "/v1/responses": "responses"}
+
+
+class RawRequest:
+    """What the relay reads of a request, from the ASGI scope: headers, body, the channel."""
+
+    __slots__ = ("_max_body", "headers", "receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, max_body: int) -> None:
+        self.scope = scope
+        self.receive = receive
+        self._max_body = max_body
+        # ASGI servers send header names lowercased; a repeated header keeps its last value.
+        self.headers: Mapping[str, str] = {
+            name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+    async def body(self) -> bytes:
+        """The whole body; RequestTooLarge past the limit (announced or streamed)."""
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body:
+            raise RequestTooLarge("Request body is larger than the gateway accepts")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected
+            chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+            size += len(chunk)
+            if size > self._max_body:
+                raise RequestTooLarge("Request body is larger than the gateway accepts")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class Front:
+    """An ASGI app: the relay routes itself, everything else through Litestar."""
+
+    def __init__(self, app: Litestar) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = RELAY_PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        services: Services = self.app.state.services
+        request = RawRequest(scope, receive, services.live.snapshot.server.max_body_bytes)
+        if scope["method"] != "POST":
+            error = MethodNotAllowed(f"Method {scope['method']} not allowed for {scope['path']}")
+            headers = {"allow": "POST", "x-request-id": relay.request_id(request.headers)}
+            await send_whole(relay.Whole(envelope(error), headers, error.status), send)
+            return
+        services.enter()
+        try:
+            await self._answer(request, endpoint, services, send)
+        finally:
+            services.leave()
+
+    @staticmethod
+    async def _answer(request: RawRequest, endpoint: str, services: Services,
+                      send: Send) -> None:
+        try:
+            answer = await relay.handle(request, endpoint, services)
+        except Exception:  # a bug: logged with its traceback, answered in the envelope
+            get_logger().exception("unhandled_error", path=request.scope["path"])
+            answer = relay.Whole(envelope(GatewayError("Internal gateway error")),
+                                 {"x-request-id": relay.request_id(request.headers)}, 500)
+        if isinstance(answer, relay.Streamed):
+            await send_stream(answer, request.receive, send)
+            return
+        try:
+            await send_whole(answer, send)
+        finally:
+            if answer.after is not None:
+                answer.after()
+
+
+def _head(status: int, media_type: str, headers: Mapping[str, str],
+          framing: tuple[bytes, bytes] | None) -> Message:
+    encoded = [(b"content-type", media_type.encode("latin-1"))]
+    if framing is not None:
+        encoded.append(framing)
+    encoded += [(name.lower().encode("latin-1"), value.encode("latin-1"))
+                for name, value in headers.items()]
+    return {"type": "http.response.start", "status": status, "headers": encoded}
+
+
+async def send_whole(answer: relay.Whole, send: Send) -> None:
+    """A complete answer, its bytes as they are, nothing re-encoded."""
+    if answer.status == 499:  # the client left before its answer: nothing to write
+        return
+    length = (b"content-length", b"%d" % len(answer.body))
+    await send(_head(answer.status, answer.media_type, answer.headers, length))
+    await send({"type": "http.response.body", "body": answer.body, "more_body": False})
+
+
+async def send_stream(answer: relay.Streamed, receive: Receive, send: Send) -> None:
+    """Relay a stream's chunks as they come, one ASGI message each.
+
+    The stream has already produced its first chunk (`relay` peeks before it commits), so its
+    generator is started and its own `finally` (the log line, metrics, closing the upstream)
+    runs once it is closed here, whether it ended, failed or the client left. A client that
+    leaves is seen at the next write, or while the upstream is quiet by the disconnect guard,
+    which cancels the wait.
+    """
+    chunks = answer.chunks
+    head = _head(answer.status, answer.media_type, answer.headers, None)
+    try:
+        async with DisconnectGuard(receive):
+            async for chunk in chunks:  # the first chunk is at hand: the stream has begun
+                if head is not None:
+                    await send(head)
+                    head = None
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except (ClientDisconnected, OSError):
+        pass  # the client is gone: the stream's own ending records it
+    finally:
+        await close_quietly(chunks)
