@@ -72,9 +72,11 @@ class Front:
             await self.app(scope, receive, send)
             return
         services: Services = self.app.state.services
+        if services.trace is not None:
+            services.trace("request")
         request = RawRequest(scope, receive, services.live.snapshot.server.max_body_bytes)
-        if scope["method"] != "POST":
-            error = MethodNotAllowed(f"Method {scope['method']} not allowed for {scope['path']}")
+        if (method := scope.get("method")) != "POST":
+            error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
             headers = {"allow": "POST", "x-request-id": relay.request_id(request.headers)}
             await send_whole(relay.Whole(envelope(error), headers, error.status), send)
             return
@@ -98,6 +100,8 @@ class Front:
             return
         try:
             await send_whole(answer, send)
+            if services.trace is not None:
+                services.trace("answered")
         finally:
             if answer.after is not None:
                 answer.after()
@@ -132,7 +136,7 @@ async def send_stream(answer: relay.Streamed, receive: Receive, send: Send) -> N
     which cancels the wait.
     """
     chunks = answer.chunks
-    head = _head(answer.status, answer.media_type, answer.headers, None)
+    head: Message | None = _head(answer.status, answer.media_type, answer.headers, None)
     try:
         async with DisconnectGuard(receive):
             async for chunk in chunks:  # the first chunk is at hand: the stream has begun

@@ -160,6 +160,8 @@ class Exchange:
             "latency_ms": round(duration * 1000, 2),
             **extra,
         })
+        if self.services.trace is not None:
+            self.services.trace("logged")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +219,8 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
     exchange = Exchange(services, request_id(request.headers), endpoint)
     try:
         admitted = await _admit(request, endpoint, services, exchange)
+        if services.trace is not None:
+            services.trace("admitted")
         head, routes, providers = admitted.head, admitted.routes, admitted.providers
         options = getattr(head, "stream_options", None)
         outgoing = Outgoing(endpoint, admitted.raw, head.model, exchange.stream,
@@ -275,11 +279,16 @@ async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str) -> 
 
 async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
                 exchange: Exchange) -> Reply:
+    trace = exchange.services.trace
+    if trace is not None:
+        trace("provider")
     started = time.perf_counter()
     try:
         return await provider.send(outgoing, upstream_model)
     finally:  # the last try is the one that answered: its time is the upstream's share
         exchange.upstream_time = time.perf_counter() - started
+        if trace is not None:
+            trace("reply")
 
 
 def _error(exc: GatewayError, exchange: Exchange) -> Whole:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -28,6 +28,8 @@ from providers.contract.provider import Provider, ProviderDisabled
 from providers.contract.usage import Price
 
 ADMIN_DISABLED = "disabled by an admin"
+# The stages `Services.trace` hears, in the order a whole answer passes them.
+STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,9 @@ class Services:
         self._bridged: tuple[LiveConfig, Mapping[str, Provider]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         self.lasting = Lasting()  # what outlives snapshots: worker pools
+        # Called with the name of each stage a relayed request passes (`STAGES`), for a
+        # profiler such as bench/stages.py; None in production, where it costs one check each.
+        self.trace: Callable[[str], None] | None = None
         self._live: LiveConfig | None = None
 
     @property

@@ -1,0 +1,70 @@
+"""The architecture a newcomer is promised: provider kinds depend on the contract only, the app
+finds them through entry points, and nothing reaches into a server's private internals."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# What the app may import of the provider side: the contract, the kinds' registry
+# (`providers.load_kinds`) and the shipped transport it builds once per process.
+APP_MAY_IMPORT = ("providers", "providers.contract", "providers.transport")
+
+
+def _imports(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+
+
+def _allowed(name: str) -> bool:
+    return name == "providers" or any(name == allowed or name.startswith(allowed + ".")
+                                      for allowed in APP_MAY_IMPORT[1:])
+
+
+def _modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_provider_kinds_import_nothing_of_the_app() -> None:
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path in _modules("providers")
+                 for name in _imports(path) if name == "gateway" or name.startswith("gateway.")]
+
+    assert offenders == []
+
+
+def test_the_contract_imports_no_provider_kind() -> None:
+    offenders = [f"{path.relative_to(ROOT)}: {name}"
+                 for path in sorted((ROOT / "providers" / "contract").glob("*.py"))
+                 for name in _imports(path)
+                 if name.startswith("providers.") and not name.startswith("providers.contract")]
+
+    assert offenders == []
+
+
+def test_the_app_names_no_provider_kind_and_finds_them_through_entry_points() -> None:
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path in _modules("gateway")
+                 for name in _imports(path)
+                 if name.split(".")[0] == "providers" and not _allowed(name)]
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+
+    assert offenders == []
+    assert set(declared["llms_gateway.providers"]) >= {"openai", "anthropic", "google",
+                                                       "ollama", "pool"}
+
+
+def test_no_code_touches_a_server_s_private_internals() -> None:
+    for path in _modules("gateway") + _modules("providers"):
+        text = path.read_text()
+        assert "uvicorn.protocols" not in text, path
+        assert "__self__" not in text, path
+
+
+def test_the_hand_written_http_client_and_dns_cache_are_gone() -> None:
+    assert not (ROOT / "providers" / "wire.py").exists()
+    assert not (ROOT / "providers" / "resolver.py").exists()
