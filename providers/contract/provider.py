@@ -1,7 +1,7 @@
 """What every provider kind implements: send one request, or stream one.
 
 A kind turns the gateway's `Outgoing` request into its upstream's wire format and the answer back
-into OpenAI's. Failures are raised as `gateway.errors` types, so the router can decide failover
+into OpenAI's. Failures are raised as `providers.contract.errors` types, so the router can decide failover
 without knowing which kind it talked to.
 """
 
