@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
 import msgspec
 
 from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
@@ -25,6 +24,7 @@ from gateway.traffic import RecentTraffic
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Provider, ProviderDisabled
+from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
 ADMIN_DISABLED = "disabled by an admin"
@@ -51,14 +51,14 @@ def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None
                               f"type '{spec.kind}' (known: {known})")
 
 
-def build(snapshot: Snapshot, session: aiohttp.ClientSession,
+def build(snapshot: Snapshot, transport: Transport,
           kinds: Mapping[str, type[Provider]]) -> LiveConfig:
     """Instantiate every enabled provider; an unknown type or bad field is a ConfigError."""
     check_kinds(snapshot, kinds)
     providers: dict[str, Provider] = {}
     for spec in snapshot.enabled:
         try:
-            providers[spec.name] = kinds[spec.kind](spec, session)
+            providers[spec.name] = kinds[spec.kind](spec, transport)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {(spec.name, alias): model.price for spec in snapshot.providers
@@ -82,9 +82,9 @@ def model_card(alias: str, owner: str, created: int) -> dict[str, object]:
 class Services:
     """Holds the current LiveConfig; swapped atomically on reload."""
 
-    def __init__(self, session: aiohttp.ClientSession, kinds: Mapping[str, type[Provider]],
+    def __init__(self, transport: Transport, kinds: Mapping[str, type[Provider]],
                  request_log: RequestLog | None = None) -> None:
-        self.session = session
+        self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
         self.started = time.time()
@@ -92,7 +92,7 @@ class Services:
         self.limiter = RateLimiter()
         self.metrics = Metrics(self.health, inflight=lambda: self.inflight)
         self.traffic = RecentTraffic()
-        self.inflight = 0  # requests holding an upstream, for the concurrency cap
+        self.inflight = 0  # relay requests being served, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         self.responses = ResponseStore()
@@ -120,11 +120,12 @@ class Services:
         return self._bridged[1]
 
     def enter(self) -> None:
-        """A request now holds an upstream."""
+        """A relay request takes its in-flight slot (`front.Front`, the one caller)."""
         self.inflight += 1
         self.metrics.add_inflight(1)
 
     def leave(self) -> None:
+        """Its answer is sent, or abandoned: the slot is free."""
         self.inflight -= 1
         self.metrics.add_inflight(-1)
 
@@ -133,7 +134,7 @@ class Services:
         effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
-        live = build(effective, self.session, self.kinds)
+        live = build(effective, self.transport, self.kinds)
         self.configured = snapshot
         disabled = await _start_all(live, self.lasting)
         if disabled:

@@ -12,12 +12,12 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.http import HttpUpstream
 
@@ -307,15 +307,16 @@ class AnthropicProvider(Provider):
     kind = "anthropic"
     endpoints = frozenset({"chat/completions"})
 
-    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
-        super().__init__(spec, session)
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
+        super().__init__(spec, transport)
         self._url = f"{(spec.base_url or DEFAULT_BASE_URL).removesuffix('/v1')}/v1/messages"
-        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
-                   "anthropic-version": API_VERSION, **spec.headers}
+        headers = {"Content-Type": "application/json", "anthropic-version": API_VERSION,
+                   **spec.headers}
         secret = spec.api_key.reveal() if spec.api_key else None
         if secret:
             headers["x-api-key"] = secret
-        self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret)
+        self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret, transport,
+                                 spec.link_for(self._url))
 
     def _body(self, request: Outgoing, upstream_model: str) -> bytes:
         body = to_messages(request.json(), upstream_model)
@@ -323,9 +324,6 @@ class AnthropicProvider(Provider):
             body.pop(name, None)
         body.update(self.spec.params)
         return msgspec.json.encode(body)
-
-    async def close(self) -> None:
-        self.http.close()
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         payload, _ = await self.http.post(self._url, self._body(request, upstream_model))

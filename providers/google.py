@@ -16,12 +16,12 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import aiohttp
 import msgspec
 
 from providers.contract.errors import BadUpstreamResponse, ProviderRejected, UpstreamClientError
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.google_stream import SIGNATURE_KEY, StreamTranslator, to_chat_completion
 from providers.http import HttpUpstream
@@ -329,15 +329,15 @@ class GoogleProvider(Provider):
     kind = "google"
     endpoints = frozenset({"chat/completions"})
 
-    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
-        super().__init__(spec, session)
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
+        super().__init__(spec, transport)
         self._base_url = (spec.base_url or DEFAULT_BASE_URL).rstrip("/")
-        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
-                   **spec.headers}
+        headers = {"Content-Type": "application/json", **spec.headers}
         secret = spec.api_key.reveal() if spec.api_key else None
         if secret:
             headers["x-goog-api-key"] = secret
-        self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret)
+        self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret, transport,
+                                 spec.link_for(self._base_url))
 
     def _url(self, upstream_model: str, method: str) -> str:
         # "gemini-2.5-flash" and "models/gemini-2.5-flash" alike; a tuned model keeps its prefix.
@@ -352,9 +352,6 @@ class GoogleProvider(Provider):
             both = isinstance(value, dict) and isinstance(body.get(name), dict)
             body[name] = {**body[name], **value} if both else value
         return msgspec.json.encode(body)
-
-    async def close(self) -> None:
-        self.http.close()
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         with _key_rejections():

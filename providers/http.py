@@ -1,9 +1,9 @@
 """HTTP plumbing shared by every provider kind that talks to its upstream over HTTP.
 
-The wire (`providers.wire`) raises the gateway's own errors; here an upstream status becomes a
-failover decision (`error_for_status`), the four timeouts are enforced, and upstream error
-bodies are cut short and scrubbed of anything that looks like a credential before a client can
-see them.
+The transport (`contract.transport`) carries the bytes and raises the gateway's own errors; here
+an upstream status becomes a failover decision (`error_for_status`), the four timeouts are
+enforced, and upstream error bodies are cut short and scrubbed of anything that looks like a
+credential before a client can see them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from providers.contract.errors import (
     UpstreamClientError,
 )
 from providers.contract.spec import Timeouts
-from providers.wire import Client, Response, header_block
+from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 
 MAX_ERROR_MESSAGE = 500
 MAX_ERROR_BODY = 64 * 1024
@@ -112,7 +112,7 @@ def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[s
     if status == 429:
         hint = retry_after_seconds(headers.get("Retry-After"))
         return ProviderRateLimited(message, retry_after=hint)
-    if status in (401, 403, 404):
+    if status in (401, 403, 404, 407):  # 407: a proxy on the way wants other credentials
         return ProviderRejected(message, upstream_status=status)
     if status == 408:
         return ProviderTimeout(message, upstream_status=status)
@@ -163,7 +163,7 @@ class Deadline:
 
 
 class Body(Protocol):
-    """A body read as it arrives (`wire.Response`): what the stream timeouts act on."""
+    """A body read as it arrives (`HttpResponse`): what the stream timeouts act on."""
 
     def readany(self) -> Awaitable[bytes]: ...
 
@@ -236,36 +236,54 @@ class Watchdog:
                                          "limit"))
 
 
+def check_headers(headers: Mapping[str, str]) -> None:
+    """ValueError (a config error) on a header name or value that could split the request:
+    config and environment supply them."""
+    for name, value in headers.items():
+        if not name or ":" in name or any(c in name + value for c in "\r\n\0"):
+            raise ValueError(f"header {name!r} has a forbidden character")
+
+
 class HttpUpstream:
-    """Requests to one upstream with its headers and timeouts, over its own kept connections;
-    failures come out as gateway errors."""
+    """Requests to one upstream with its headers, timeouts and `Link`, through the process's
+    transport; failures come out as gateway errors."""
 
     def __init__(self, name: str, timeouts: Timeouts, headers: Mapping[str, str],
-                 secret: str | None) -> None:
+                 secret: str | None, transport: Transport, link: Link = DIRECT) -> None:
         self.name = name
         self.timeouts = timeouts
         self.secret = secret
-        self._headers = header_block(headers)  # ValueError (a config error) on CR/LF
-        self._wire = Client()
+        check_headers(headers)
+        transport.prepare(link, name)  # ValueError (a config error) on unusable TLS files
+        self._transport = transport
+        self._link = link
+        # Built once, not per request. Whole answers may come compressed (the transport decodes
+        # them); streams ask for none: a compressing server may hold events back to fill its
+        # buffer. A header the config sets wins either way.
+        self._headers = dict(headers)
+        chosen = any(key.lower() == "accept-encoding" for key in headers)
+        self._stream_headers = self._headers if chosen else {**headers,
+                                                             "Accept-Encoding": "identity"}
 
     def post(self, url: str, body: bytes) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
         """A whole 2xx answer and its headers, within `total` (to await)."""
-        return self._whole(b"POST", url, body)  # not a coroutine itself: one frame less to resume
+        return self._whole("POST", url, body)  # not a coroutine itself: one frame less to resume
 
     async def get_json(self, url: str) -> Any:
         """A GET answered with JSON (model listings), within `total`."""
-        payload, _ = await self._whole(b"GET", url, None)
+        payload, _ = await self._whole("GET", url, None)
         try:
             return msgspec.json.decode(payload)
         except msgspec.DecodeError as exc:
             raise BadUpstreamResponse(f"listing is not JSON: {exc}") from None
 
-    async def _whole(self, method: bytes, url: str, body: bytes | None
+    async def _whole(self, method: str, url: str, body: bytes | None
                      ) -> tuple[bytes, Mapping[str, str]]:
         try:
             async with asyncio.timeout(self.timeouts.total):
-                response = await self._wire.request(method, url, self._headers, body,
-                                                    self.timeouts.connect)
+                response = await self._transport.request(
+                    method, url, headers=self._headers, body=body, link=self._link,
+                    connect_timeout=self.timeouts.connect)
                 try:
                     payload = await response.read()
                 finally:
@@ -283,8 +301,9 @@ class HttpUpstream:
         limit, error = deadline.first_token()
         try:
             async with asyncio.timeout(limit):
-                response = await self._wire.request(b"POST", url, self._headers, body,
-                                                    self.timeouts.connect)
+                response = await self._transport.request(
+                    "POST", url, headers=self._stream_headers, body=body, link=self._link,
+                    connect_timeout=self.timeouts.connect, compressed=False)
         except TimeoutError:
             raise error(f"no response headers within {limit:g}s") from None
         try:
@@ -297,7 +316,7 @@ class HttpUpstream:
         finally:
             response.close()
 
-    async def _raise_for_status(self, response: Response, deadline: Deadline) -> None:
+    async def _raise_for_status(self, response: HttpResponse, deadline: Deadline) -> None:
         limit, _ = deadline.next_chunk()
         try:
             async with asyncio.timeout(limit):
@@ -305,7 +324,3 @@ class HttpUpstream:
         except (TimeoutError, ProviderError):
             body = b""
         raise error_for_status(self.name, response.status, body, response.headers, self.secret)
-
-    def close(self) -> None:
-        """Close the idle connections; those in use close when their answer is done."""
-        self._wire.close()

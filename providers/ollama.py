@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import aiohttp
-
 from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
 from providers.openai import OpenAIProvider
 
 DEFAULT_BASE_URL = "http://127.0.0.1:11434/v1"
@@ -17,10 +16,10 @@ class OllamaProvider(OpenAIProvider):
 
     kind = "ollama"
 
-    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         if not spec.base_url:
             spec = replace(spec, base_url=DEFAULT_BASE_URL)
-        super().__init__(spec, session)
+        super().__init__(spec, transport)
 
     async def list_models(self) -> list[str]:
         root = self._base_url.removesuffix("/v1")

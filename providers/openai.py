@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from providers.compat import (
@@ -25,6 +24,7 @@ from providers.compat import (
 from providers.contract.errors import BadUpstreamResponse
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.http import HttpUpstream
 
@@ -58,10 +58,8 @@ def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec,
 
 
 def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
-    """Headers sent with every request to this provider."""
-    # "identity": an upstream that compresses would make us inflate its stream (the wire can,
-    # for gzip and deflate, but it costs CPU per chunk for nothing on a local network).
-    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **spec.headers}
+    """Headers sent with every request to this provider (`HttpUpstream` chooses the encoding)."""
+    headers = {"Content-Type": "application/json", **spec.headers}
     if spec.api_key is not None:
         headers["Authorization"] = f"Bearer {spec.api_key.reveal()}"
     return headers
@@ -96,19 +94,17 @@ class OpenAIProvider(Provider):
 
     kind = "openai"
 
-    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
-        super().__init__(spec, session)
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
+        super().__init__(spec, transport)
         if not spec.base_url:
             raise ValueError(f"provider {spec.name!r} of type openai needs a base_url")
         self._base_url = spec.base_url
         self.http = HttpUpstream(spec.name, spec.timeouts, build_headers(spec),
-                                 spec.api_key.reveal() if spec.api_key else None)
+                                 spec.api_key.reveal() if spec.api_key else None, transport,
+                                 spec.link_for(spec.base_url))
         self.options = read_options(spec.raw)
         if self.options.responses:
             self.endpoints = self.endpoints | {"responses"}
-
-    async def close(self) -> None:
-        self.http.close()
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         body, headers = await self.http.post(

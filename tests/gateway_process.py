@@ -58,7 +58,10 @@ class GatewayProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.url}/v1"
         self.write_config(doc)
-        self._env = {**os.environ, **(env or {})}
+        # A developer's own proxy settings would send the fakes' loopback traffic to that proxy:
+        # proxies are what a test gives, nothing else.
+        inherited = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+        self._env = {**inherited, **(env or {})}
         self._args = extra_args
         self._open_files = open_files  # (soft, hard) RLIMIT_NOFILE to start with
         self.process: subprocess.Popen[bytes] | None = None

@@ -1,6 +1,6 @@
 """The stream watchdog (`providers.http.read_stream`): which timeout fires, and when it must not.
 
-Driven with aiohttp's StreamReader (it reads and fails like `wire.Response`) fed by the test, on a
+Driven with aiohttp's StreamReader (what the transport's answers read from) fed by the test, on a
 real event loop; times are short
 but the margins are several times the limits, so a slow machine does not flip them.
 """

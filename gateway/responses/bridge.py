@@ -22,7 +22,7 @@ class ResponsesBridge(Provider):
     endpoints = frozenset({"responses"})
 
     def __init__(self, inner: Provider, store: ResponseStore) -> None:
-        super().__init__(inner.spec, inner.session)
+        super().__init__(inner.spec, inner.transport)
         self.inner = inner
         self.store = store
 

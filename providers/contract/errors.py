@@ -7,7 +7,9 @@
      │    ├── ModelNotFound           404 model_not_found
      │    ├── ResponseNotFound        404 response_not_found (previous_response_id)
      │    ├── NotFound                404 not_found (a route or an unknown id)
+     │    ├── MethodNotAllowed        405 method_not_allowed
      │    ├── KeyRateLimited          429 rate_limit_exceeded: this key's per-minute limit
+     │    ├── RequestTimeout          408 request_timeout: the body did not arrive in time
      │    ├── HeadersTooLarge         431 headers_too_large
      │    ├── AuthenticationFailed    401 invalid_api_key
      │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
@@ -126,6 +128,13 @@ class KeyRateLimited(ClientError):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RequestTimeout(ClientError):
+    """The declared body did not arrive within `server.body_timeout`."""
+
+    http_status = 408
+    code = "request_timeout"
 
 
 class HeadersTooLarge(ClientError):

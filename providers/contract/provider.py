@@ -1,8 +1,9 @@
 """What every provider kind implements: send one request, or stream one.
 
 A kind turns the gateway's `Outgoing` request into its upstream's wire format and the answer back
-into OpenAI's. Failures are raised as `providers.contract.errors` types, so the router can decide failover
-without knowing which kind it talked to.
+into OpenAI's, over the process's one `Transport`. Failures are raised as
+`providers.contract.errors` types, so the router can decide failover without knowing which kind
+it talked to.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import aiohttp
 import msgspec
 
 from providers.contract.lasting import Lasting
 from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 
 
@@ -53,16 +54,17 @@ class ProviderDisabled(Exception):
 
 
 class Provider(ABC):
-    """One configured provider of some kind. Built per config snapshot; the session is shared."""
+    """One configured provider of some kind. Built per config snapshot; the transport is the
+    process's, shared by every provider."""
 
     kind: ClassVar[str]
     #: Endpoints this kind can serve natively.
     endpoints: frozenset[str] = frozenset({"chat/completions", "completions"})
 
-    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         self.spec = spec
         self.name = spec.name
-        self.session = session
+        self.transport = transport
 
     @abstractmethod
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:

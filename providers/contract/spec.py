@@ -9,10 +9,16 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from providers.contract.transport import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    Link,
+    ProxyEnvironment,
+    TlsOptions,
+)
 from providers.contract.usage import Price
 
 
@@ -56,6 +62,15 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     price: Price | None = None
 
 
+class TlsEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """`"tls"` as written: file paths may be `"$NAME"`."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+
+
 class ProviderEntry(msgspec.Struct, frozen=True):
     """The fields every provider kind shares; kinds read their own extras from `raw`."""
 
@@ -73,6 +88,10 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     headers: dict[str, str] = {}
     params: dict[str, Any] = {}
     drop_params: tuple[str, ...] = ()
+    # Absent (UNSET): the environment's proxy; null: none; a URL: that one.
+    proxy: str | msgspec.UnsetType | None = msgspec.UNSET
+    tls: TlsEntry | None = None
+    max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
 
 
 class Secret:
@@ -111,6 +130,20 @@ class ProviderSpec:
     drop_params: frozenset[str]
     raw: Mapping[str, Any] = field(repr=False)
     discovery: Discovery | None = None
+    # A proxy URL (may hold credentials: kept out of the repr), None to go direct, or the
+    # environment's settings, resolved per URL.
+    proxy: str | ProxyEnvironment | None = field(default=None, repr=False)
+    tls: TlsOptions | None = None
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+
+    def link_for(self, url: str | None) -> Link:
+        """How to reach `url` for this provider: its proxy (from llms.json, or the environment's
+        for that URL unless NO_PROXY says direct), TLS options and answer cap. With no URL the
+        environment is not consulted. ValueError when the proxy cannot be used."""
+        proxy = self.proxy
+        if isinstance(proxy, ProxyEnvironment):
+            proxy = proxy.proxy_for(url) if url else None
+        return Link(proxy, self.tls, self.max_answer_bytes)
 
 
 @dataclass(frozen=True, slots=True)

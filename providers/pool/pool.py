@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 
+from providers.contract.errors import GatewayError
 from providers.contract.log import get_logger
+from providers.contract.transport import Link, Transport
 from providers.pool.engines import WorkerPlan
 from providers.pool.picking import Load, Policy, PrefixTable, choose
 from providers.pool.process import WorkerProcess
@@ -35,7 +36,9 @@ from providers.pool.worker import Worker, WorkerState
 
 FAILED_CHECKS = 3  # health checks failed in a row before a ready worker counts as failed
 STABLE_AFTER = 60.0  # seconds ready after which the restart backoff starts over
-CHECK_TIMEOUT = aiohttp.ClientTimeout(total=5, sock_connect=2)
+CHECK_TIMEOUT = 5.0  # seconds for one health check or scrape, connect included
+CHECK_CONNECT = 2.0
+CHECK_HEADERS = {"Accept": "*/*"}
 LOADING_POLL = 0.5
 DRAIN_POLL = 0.05
 
@@ -68,11 +71,12 @@ class LeaderLock:
 class Pool:
     """A pool provider's workers, shared by every snapshot that uses the same pool config."""
 
-    def __init__(self, name: str, settings: PoolSettings, session: aiohttp.ClientSession,
+    def __init__(self, name: str, settings: PoolSettings, transport: Transport, link: Link,
                  plans: Sequence[WorkerPlan], engine: str | None) -> None:
         self.name = name
         self.settings = settings
-        self.session = session
+        self.transport = transport
+        self.link = link
         self.engine = engine
         self.plans = {plan.name: plan for plan in plans}
         self.workers = {plan.name: Worker(plan.name, plan.base_url, frozenset({plan.model}),
@@ -252,11 +256,17 @@ class Pool:
         return worker.failed_checks < FAILED_CHECKS
 
     async def _get(self, worker: Worker, path: str) -> bytes | None:
+        """The body of a 200 answer to GET `path` on `worker`, or None (any failure)."""
         try:
-            async with self.session.get(worker.root + path, timeout=CHECK_TIMEOUT) as response:
-                body = await response.read()
-                return body if response.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                response = await self.transport.request(
+                    "GET", worker.root + path, headers=CHECK_HEADERS, link=self.link,
+                    connect_timeout=CHECK_CONNECT)
+                try:
+                    return await response.read() if response.status == 200 else None
+                finally:
+                    response.close()
+        except (GatewayError, TimeoutError):
             return None
 
     async def _sleep(self, worker: Worker) -> None:

@@ -8,13 +8,12 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
-
 from providers.contract.errors import PoolNotReady, ProviderError
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
 from providers.openai import OpenAIProvider
 from providers.pool.picking import prefix_hashes, prompt_text
 from providers.pool.pool import Pool
@@ -28,16 +27,19 @@ class PoolProvider(Provider):
 
     kind = "pool"
 
-    def __init__(self, spec: ProviderSpec, session: aiohttp.ClientSession) -> None:
-        super().__init__(spec, session)
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
+        super().__init__(spec, transport)
         self.settings = read_settings(spec.raw)
+        # Workers are this deployment's own (most on loopback): the environment's proxy is not
+        # for them; a "proxy" or "tls" on the pool's entry applies to every worker.
+        self.link = spec.link_for(None)
         self.pool: Pool | None = None
         self._lasting: Lasting | None = None
         self._clients: dict[str, OpenAIProvider] = {}
 
     async def start(self, lasting: Lasting) -> None:
         async def build() -> Pool:
-            return await build_pool(self.name, self.settings, self.session)
+            return await build_pool(self.name, self.settings, self.transport, self.link)
 
         try:
             self.pool = await lasting.acquire(f"pool:{self.name}", fingerprint(self.settings),
@@ -117,6 +119,7 @@ class PoolProvider(Provider):
         """An OpenAI-kind client for one worker, with this provider's options and timeouts."""
         client = self._clients.get(worker.base_url)
         if client is None:
-            spec = replace(self.spec, kind="openai", base_url=worker.base_url, api_key=None)
-            client = self._clients[worker.base_url] = OpenAIProvider(spec, self.session)
+            spec = replace(self.spec, kind="openai", base_url=worker.base_url, api_key=None,
+                           proxy=self.link.proxy)
+            client = self._clients[worker.base_url] = OpenAIProvider(spec, self.transport)
         return client

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import aiohttp
-
 from providers.contract.log import get_logger
+from providers.contract.transport import Link, Transport
 from providers.pool import gpus
 from providers.pool.engines import choose_engine, installed_engines, plan
 from providers.pool.pool import Pool
@@ -19,8 +18,10 @@ class PoolUnavailable(Exception):
     """The pool cannot run on this machine; the message is the one log line saying why."""
 
 
-async def build_pool(name: str, settings: PoolSettings, session: aiohttp.ClientSession) -> Pool:
-    """A started pool; PoolUnavailable when it has nothing to run and no remote workers."""
+async def build_pool(name: str, settings: PoolSettings, transport: Transport, link: Link
+                     ) -> Pool:
+    """A started pool, checking its workers through `transport` over `link`; PoolUnavailable
+    when it has nothing to run and no remote workers."""
     log = get_logger().bind(pool=name)
     host = installed_engines(gpus.select(await gpus.discover(), "all"))
     spawns = any(model.source for model in settings.models.values())
@@ -40,7 +41,7 @@ async def build_pool(name: str, settings: PoolSettings, session: aiohttp.ClientS
             raise PoolUnavailable(f"pool cannot start: {exc}") from exc
         log.warning("pool_spawns_nothing", reason=str(exc), remote_workers=len(settings.workers))
         engine, plans = None, []
-    pool = Pool(name, settings, session, plans, engine)
+    pool = Pool(name, settings, transport, link, plans, engine)
     await pool.start()
     log.info("pool_started", engine=engine, gpus=list(host.gpus),
              workers=[p.name for p in plans], remote=list(settings.workers))
