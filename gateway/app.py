@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
@@ -25,6 +24,7 @@ import providers
 from gateway import admin, config, discovery, logs, relay, reload, status_page
 from gateway.config import Snapshot
 from gateway.front import Front
+from gateway.guard import Guard
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.redis_sync import RedisSync
 from gateway.responses.store import RedisResponseStore
@@ -39,16 +39,16 @@ from providers.contract.errors import (
     envelope,
 )
 from providers.contract.log import get_logger
+from providers.transport import AiohttpTransport
 
 JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 # The collector's thresholds: (young objects between collections, young collections per
 # middle one, middle collections per full one). Request paths leave no cycles (a test checks),
 # so collections find nothing and their cost is what they traverse: what lives longer than a
-# few ms, i.e. open streams. At 50,000 young objects, cycles the relay then left were freed in
-# one 63-86 ms pause (bench, 2026-11-23). With a middle collection every 20 young ones, a
-# 5,000-stream ramp paused up to 41 ms, growing as streams piled up; every 2 (and a full
-# collection as rarely as before: 2 x 500 = 20 x 50), 7-16 ms (bench capacity, GC probe).
+# few ms, i.e. open streams. Young collections are kept small and middle ones frequent (a
+# full one as rarely as Python's default: 2 x 500 = 20 x 50), so thousands of open streams
+# never pause the loop for long (the pauses measured are in docs/benchmarks.md, GC probe).
 GC_THRESHOLDS = (2_000, 2, 500)
 
 
@@ -156,18 +156,13 @@ def on_unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Resp
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Litestar) -> AsyncIterator[None]:
-    """Own the shared aiohttp session, the live config, and the reload watcher.
+    """Own the process's one upstream transport, the live config, and the reload watcher.
 
-    Relayed requests do not use the session: each provider keeps its own connections
-    (`providers.wire`). It serves the side traffic: pool workers' health checks."""
+    Every upstream call (relayed requests, discovery, pool workers' health checks) goes through
+    the transport; it is closed, with its kept connections, when the app stops."""
     snapshot: Snapshot = app.state.initial
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=75)
-    # No cookie jar: one session serves every client, so a cookie an upstream sets (OpenAI's
-    # edge sets __cf_bm on every answer) would ride along on other clients' requests. (The
-    # wire keeps no cookies at all.)
-    async with aiohttp.ClientSession(connector=connector,
-                                     cookie_jar=aiohttp.DummyCookieJar()) as session:
-        services = Services(session, providers.load_kinds(), app.state.request_log)
+    async with AiohttpTransport() as transport:
+        services = Services(transport, providers.load_kinds(), app.state.request_log)
         await services.apply(snapshot)
         app.state.services = services
         tasks = []
@@ -199,13 +194,13 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             await services.close()
 
 
-def create_app(snapshot: Snapshot | None = None) -> Front:
+def create_app(snapshot: Snapshot | None = None) -> Guard:
     """Build the app for `snapshot`, or for the config discovery finds: the relay routes served
     as plain ASGI (`front`), the rest by Litestar."""
     request_log = logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
-    return Front(Litestar(
+    return Guard.around(Front(Litestar(
         route_handlers=[list_models, retrieve_model,
                         health, ready, metrics, status_html, status_json,
                         admin.list_providers, admin.toggle_provider],
@@ -220,4 +215,4 @@ def create_app(snapshot: Snapshot | None = None) -> Front:
         debug=False,
         openapi_config=None,
         logging_config=None,
-    ))
+    )), snapshot.server)

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from gateway import config, openfiles
 from gateway.config import CONFIG_ENV, ConfigError, Snapshot
-from providers.contract.errors import GatewayError
+from providers.contract.errors import GatewayError, ProviderUnavailable
+from providers.contract.transport import HttpResponse, Link, ProxyEnvironment
+from providers.transport import AiohttpTransport
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 
@@ -78,9 +79,8 @@ def _load(path: str | None) -> tuple[Path, Snapshot]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     import providers
+    from gateway import serving
     from gateway.services import check_kinds
 
     path, snapshot = _load(args.config)
@@ -108,12 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
               f"open files'. Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker "
               f"--ulimit nofile=) or lower max_concurrency.", file=sys.stderr)
     print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
-    uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port,
-                workers=args.workers, loop="uvloop", http="httptools", access_log=False,
-                # Per-request header rewriting nothing needs: admin checks forwarding itself.
-                proxy_headers=False, server_header=False,
-                log_level="warning", timeout_graceful_shutdown=30,
-                timeout_keep_alive=int(snapshot.server.keep_alive))
+    serving.run(snapshot.server, host, port, args.workers, open_files)
     return 0
 
 
@@ -194,8 +189,8 @@ async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     from providers.contract.provider import Outgoing
 
     failures = 0
-    async with aiohttp.ClientSession() as session:
-        live = build(snapshot, session, providers.load_kinds())
+    async with AiohttpTransport() as transport:
+        live = build(snapshot, transport, providers.load_kinds())
         for spec in snapshot.providers:
             if spec.name not in names:
                 continue
@@ -225,39 +220,66 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 async def _stream_chat(url: str, key: str | None, model: str, prompt: str) -> int:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    # Through the same transport as the gateway's own upstream calls: one HTTP client in the
+    # project, and HTTPS_PROXY / NO_PROXY honoured as curl would for a remote gateway.
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     body = {"model": model, "stream": True, "messages": [{"role": "user", "content": prompt}]}
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-        f"{url}/chat/completions", json=body, headers=headers
-    ) as response:
-        if response.status != 200:
-            print(_error_text(await response.read()), file=sys.stderr)
-            return 1
-        async for line in response.content:
+    try:
+        async with AiohttpTransport() as transport:
+            response = await transport.request(
+                "POST", f"{url}/chat/completions", headers=headers,
+                body=msgspec.json.encode(body), link=_link_to(url), compressed=False)
+            try:
+                if response.status != 200:
+                    print(_error_text(await response.read()), file=sys.stderr)
+                    return 1
+                return await _print_stream(response)
+            finally:
+                response.close()
+    except GatewayError as exc:
+        print(f"llms-gateway: cannot reach {url}: {exc.message}", file=sys.stderr)
+        return 1
+
+
+async def _print_stream(response: HttpResponse) -> int:
+    """Write each content delta of an SSE chat stream as it arrives; 1 on an in-band error."""
+    pending = b""
+    while chunk := await response.readany():
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
-                break
+                sys.stdout.write("\n")
+                return 0
             event = msgspec.json.decode(payload)
             if "error" in event:
                 print(f"\nerror: {event['error'].get('message')}", file=sys.stderr)
                 return 1
             for choice in event.get("choices") or ():
-                delta = choice.get("delta") or {}
-                text = delta.get("content") or ""
-                sys.stdout.write(text)
+                sys.stdout.write((choice.get("delta") or {}).get("content") or "")
                 sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+def _link_to(url: str) -> Link:
+    """How the CLI reaches the gateway at `url`: the environment's proxy unless NO_PROXY."""
+    return Link(proxy=ProxyEnvironment.read(os.environ).proxy_for(url))
 
 
 def _usage(args: argparse.Namespace) -> int:
     from prometheus_client.parser import text_string_to_metric_families
 
     root = args.url.rstrip("/").removesuffix("/v1")
-    text = asyncio.run(_get_text(f"{root}/metrics"))
+    try:
+        text = asyncio.run(_get_text(f"{root}/metrics"))
+    except GatewayError as exc:
+        print(f"llms-gateway: cannot read {root}/metrics: {exc.message}", file=sys.stderr)
+        return 1
     totals: dict[tuple[str, str], dict[str, float]] = {}
     wanted = {"llms_requests_total": "requests", "llms_tokens_total": None,
               "llms_cost_usd_total": "cost"}
@@ -280,9 +302,16 @@ def _usage(args: argparse.Namespace) -> int:
 
 
 async def _get_text(url: str) -> str:
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        response.raise_for_status()
-        return await response.text()
+    """The body of a 200 answer to GET `url`; a GatewayError for anything else."""
+    async with AiohttpTransport() as transport:
+        response = await transport.request("GET", url, headers={}, link=_link_to(url))
+        try:
+            body = await response.read()
+        finally:
+            response.close()
+    if response.status != 200:
+        raise ProviderUnavailable(f"HTTP {response.status}")
+    return body.decode("utf-8", "replace")
 
 
 def _error_text(body: bytes) -> str:

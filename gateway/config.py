@@ -15,7 +15,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import yaml
@@ -30,6 +30,13 @@ from providers.contract.spec import (
     Retries,
     Secret,
     Timeouts,
+    TlsEntry,
+)
+from providers.contract.transport import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    ProxyEnvironment,
+    TlsOptions,
+    check_proxy,
 )
 
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
@@ -59,19 +66,27 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = 8000
     api_keys: tuple[str | KeyEntry, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_header_bytes: int = 64 * 1024
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
     max_concurrency: int = 10_000
     allow_unauthenticated: bool = False
     reload_interval: float = 1.0
+    # Seconds a connection may take to deliver a whole request head (a slow client holds a file
+    # descriptor all that time), and a declared body after it.
+    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    body_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     # Longer than clients keep idle connections (httpx and the OpenAI SDK: 5 s, aiohttp: 15 s):
     # were it equal, a client could reuse a connection just as the server closes it (a reset).
-    keep_alive: float = 75.0
+    # The server waits for the next request head at most this and `header_timeout` (granian has
+    # one timer for both), so an idle connection closes after the shorter of the two.
+    keepalive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 75.0
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeouts: dict[str, Any] = {}
     retries: dict[str, Any] = {}
     circuit: dict[str, Any] = {}
+    # The largest whole upstream answer, also once decompressed; a provider may set its own.
+    max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_BYTES
 
 
 class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -164,7 +179,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     retries = _merge(Retries(), file.defaults.retries, where, "defaults.retries")
     circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
     providers = tuple(
-        _provider(name, raw, timeouts, retries, circuit, environ, where)
+        _provider(name, raw, timeouts, retries, circuit, environ, where,
+                  file.defaults.max_answer_bytes)
         for name, raw in file.providers.items()
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
@@ -235,7 +251,8 @@ def _is_http_url(url: str) -> bool:
 
 
 def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
-              circuit: CircuitPolicy, environ: Mapping[str, str], file: str) -> ProviderSpec:
+              circuit: CircuitPolicy, environ: Mapping[str, str], file: str,
+              max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> ProviderSpec:
     where = f"providers.{name}"
     try:
         entry = msgspec.convert(raw, ProviderEntry)
@@ -258,7 +275,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
     if base_url and not _is_http_url(base_url):  # the value is not shown: it may hold a key
         raise ConfigError(f"{file}: {where}.base_url: must be an http:// or https:// URL "
                           "with a host")
-    return ProviderSpec(
+    spec = ProviderSpec(
         name=name,
         kind=entry.type,
         base_url=base_url.rstrip("/") if base_url else None,
@@ -274,7 +291,51 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         drop_params=frozenset(entry.drop_params),
         raw=raw,
         discovery=discovery,
+        proxy=_proxy(entry, environ, file, where),
+        tls=_tls(entry.tls, environ, file, where),
+        max_answer_bytes=entry.max_answer_bytes or max_answer_bytes,
     )
+    if spec.base_url and spec.enabled:
+        try:  # an environment proxy the transport cannot use, named with its variable
+            spec.link_for(spec.base_url)
+        except ValueError as exc:
+            raise ConfigError(f"{file}: {where}: {exc}") from None
+    return spec
+
+
+def _proxy(entry: ProviderEntry, environ: Mapping[str, str], file: str, where: str
+           ) -> str | ProxyEnvironment | None:
+    """`"proxy"`: absent (or a `"$NAME"` that is unset) means the environment's, null none."""
+    if entry.proxy is None:
+        return None
+    value = _expand(entry.proxy, environ) if isinstance(entry.proxy, str) else None
+    if value is None:
+        return ProxyEnvironment.read(environ)
+    try:
+        return check_proxy(value, f"{where}.proxy")
+    except ValueError as exc:
+        raise ConfigError(f"{file}: {exc}") from None
+
+
+def _tls(tls: TlsEntry | None, environ: Mapping[str, str], file: str, where: str
+         ) -> TlsOptions | None:
+    """`"tls"` with its paths expanded (relative ones from the config file's folder), each
+    file checked to exist."""
+    if tls is None:
+        return None
+    folder = Path(file).parent
+    paths: dict[str, str | None] = {}
+    for field_name in ("ca_file", "cert_file", "key_file"):
+        written = getattr(tls, field_name)
+        value = _expand(written, environ) if written else None
+        if value is not None:
+            value = str(folder / Path(value).expanduser())
+            if not Path(value).is_file():
+                raise ConfigError(f"{file}: {where}.tls.{field_name}: no such file: {value}")
+        paths[field_name] = value
+    if paths["key_file"] and not paths["cert_file"]:
+        raise ConfigError(f"{file}: {where}.tls.key_file: needs tls.cert_file beside it")
+    return TlsOptions(paths["ca_file"], paths["cert_file"], paths["key_file"], tls.verify)
 
 
 def _model(alias: str, raw: str | dict[str, Any], file: str, where: str) -> ModelEntry:
