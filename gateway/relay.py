@@ -26,7 +26,6 @@ from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
     GatewayError,
-    HeadersTooLarge,
     KeyRateLimited,
     Overloaded,
     ResponseNotFound,
@@ -176,11 +175,10 @@ class Admitted:
 
 async def _admit(request: Incoming, endpoint: str, services: Services,
                  exchange: Exchange) -> Admitted:
-    """Limits, key, body, routing: everything decided before an upstream is called."""
+    """Key, limits, body, routing: everything decided before an upstream is called (the head's
+    size and the body's deadline were checked by `guard`, in front of every route)."""
     live = services.live
     server = live.snapshot.server
-    if sum(len(k) + len(v) for k, v in request.scope["headers"]) > server.max_header_bytes:
-        raise HeadersTooLarge("Request headers are larger than the gateway accepts")
     key = auth.check(request.headers, live.snapshot.keys)
     if key is not None:
         exchange.key_id = key.limits.key_id
