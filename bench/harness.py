@@ -1,4 +1,4 @@
-"""Process and port helpers shared by the benchmark parts (run.py, scenarios.py, the guard)."""
+"""Process and port helpers shared by the benchmark parts (run.py, scenarios.py, stages.py)."""
 
 from __future__ import annotations
 
@@ -76,20 +76,41 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+def tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it: a server may serve from worker processes of
+    its own, and what they use is the gateway's too."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], ()))
+    return found
+
+
 def rss_mib(pid: int) -> float:
-    """VmRSS of a process from /proc, in MiB (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def target_pid(process: subprocess.Popen[bytes]) -> int:
-    """The pid of the real program: taskset execs it, so the Popen pid is the program's."""
-    return process.pid
+    """The memory of a process and its descendants, in MiB (0 when they are gone): the sum of
+    their PSS (`/proc/<pid>/smaps_rollup`), so pages a server's worker shares with the process
+    that started it count once; VmRSS where PSS cannot be read. Of one process alone, PSS is its
+    VmRSS less its share of library pages other processes map too (a few MiB)."""
+    total = 0
+    for member in tree(pid):
+        for path, field in ((f"/proc/{member}/smaps_rollup", "Pss:"),
+                            (f"/proc/{member}/status", "VmRSS:")):
+            try:
+                lines = Path(path).read_text().splitlines()
+            except OSError:
+                continue
+            found = [int(line.split()[1]) for line in lines if line.startswith(field)]
+            if found:
+                total += found[0]
+                break
+    return total / 1024
 
 
 def gateway_command(config: Path, port: int) -> list[str]:
@@ -112,12 +133,16 @@ def gateway_config(upstream_port: int, path: Path,
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far, from /proc (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time a process and its descendants have used so far, from /proc (0 for
+    those gone)."""
+    ticks = 0
+    for member in tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def core_busy_seconds(core: int) -> float:

@@ -2,12 +2,15 @@
 
     .venv/bin/python bench/inprocess.py [--stream [--chunks 2]] [--requests 10000] [--profile]
 
-Each request goes through `FastRelay` with a real uvicorn `RequestResponseCycle` over a
-transport that only counts writes, so the fast path (`write_to_uvicorn`, `stream_to_uvicorn`)
-is the one taken; the upstream call is replaced by the bench upstream's canned answer (a whole
-completion, or a stream of `--chunks` events, the last with finish_reason, each after a turn
-of the event loop as a chunk from a socket would be). Prints µs per request, best and all of five
-rounds; `--profile` adds cProfile's top functions. On this shared machine wrk's req/s moves
+The app `gateway serve` runs (`gateway.app.create_app()`) is called as a plain ASGI app with
+`scope`, `receive` and `send` written here: its lifespan through the ASGI lifespan messages,
+then POST /v1/chat/completions after POST, each body at hand at once, the answer's messages
+counted. The upstream is a `Transport` (the contract's interface) answering from memory with the
+bench upstream's canned completion, or a stream of `--chunks` events, the last with
+finish_reason, each after a turn of the event loop as a chunk from a socket would be. It takes
+the place of the app's own through public attributes: `Services.transport`, then
+`Services.apply`, which builds the providers anew on it. Prints µs per request, best and all of
+five rounds; `--profile` adds cProfile's top functions. On this shared machine wrk's req/s moves
 ±15% run to run; this moves a few %, which is what it is for: comparing a change before/after.
 """
 
@@ -15,106 +18,173 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
-import logging
 import pstats
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import uvloop
 from fake_upstream import CHUNK, COMPLETION, LAST  # run by path, bench/ is on sys.path
 from harness import gateway_config
-from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from multidict import CIMultiDict, CIMultiDictProxy
 
-import providers.http
 from gateway import config
-from gateway.app import create_app, lifespan
-from gateway.fastpath import FastRelay
+from gateway.app import create_app
+from providers.contract.transport import DIRECT, Link, Transport
 
-HEADERS = {"Content-Type": "application/json"}
-
-
-async def canned_whole(self: Any, method: str, url: str, body: bytes | None
-                       ) -> tuple[bytes, Mapping[str, str]]:
-    return COMPLETION, HEADERS
+App = Any  # an ASGI app: create_app()'s, whatever layers it puts in front of Litestar
 
 
-def canned_stream(chunks: int) -> Any:
-    async def stream(self: Any, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
-        for _ in range(chunks - 1):
-            yield CHUNK
-            await asyncio.sleep(0)  # the next chunk comes in a later turn of the loop
-        yield LAST
-    return stream
+class CannedAnswer:
+    """An upstream answer from memory, read as `contract.transport.HttpResponse` reads."""
 
+    def __init__(self, headers: Mapping[str, str], chunks: list[bytes]) -> None:
+        self.status = 200
+        self.headers = CIMultiDictProxy(CIMultiDict(headers))
+        self._chunks = chunks
+        self._next = 0
+        self._error: BaseException | None = None
 
-class CountingTransport:
-    """What uvicorn's cycle writes to: counts writes, never pauses, never closes."""
+    async def read(self, limit: int | None = None) -> bytes:
+        body = b"".join(self._chunks[self._next:])
+        self._next = len(self._chunks)
+        return body if limit is None else body[:limit]
 
-    writes = 0
+    async def readany(self) -> bytes:
+        if self._next:  # the next chunk comes in a later turn of the loop
+            await asyncio.sleep(0)
+        if self._error is not None:
+            raise self._error
+        if self._next == len(self._chunks):
+            return b""
+        self._next += 1
+        return self._chunks[self._next - 1]
 
-    def write(self, data: bytes) -> None:
-        CountingTransport.writes += 1
-
-    def is_closing(self) -> bool:
-        return False
+    def set_exception(self, exc: BaseException) -> None:
+        self._error = exc
 
     def close(self) -> None:
         pass
 
-    def pause_reading(self) -> None:
+
+class CannedTransport(Transport):
+    """Every upstream request answered at once from memory: a whole completion, or a stream."""
+
+    def __init__(self, chunks: int | None) -> None:
+        self.chunks = chunks
+        self.requests = 0
+
+    async def request(self, method: str, url: str, *, headers: Mapping[str, str],
+                      body: bytes | None = None, link: Link = DIRECT,
+                      connect_timeout: float = 10.0, compressed: bool = True) -> CannedAnswer:
+        self.requests += 1
+        if self.chunks is None:
+            return CannedAnswer({"Content-Type": "application/json"}, [COMPLETION])
+        return CannedAnswer({"Content-Type": "text/event-stream"},
+                            [CHUNK] * (self.chunks - 1) + [LAST])
+
+    async def close(self) -> None:
         pass
 
-    def resume_reading(self) -> None:
-        pass
+
+@contextlib.asynccontextmanager
+async def lifespan(app: App) -> AsyncIterator[None]:
+    """The app's startup and shutdown, through the ASGI lifespan messages."""
+    to_app: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    from_app: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    await to_app.put({"type": "lifespan.startup"})
+    running = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}},
+                                      to_app.get, from_app.put))
+    started = await from_app.get()
+    if started["type"] != "lifespan.startup.complete":
+        sys.exit(f"the app did not start: {started}")
+    try:
+        yield
+    finally:
+        await to_app.put({"type": "lifespan.shutdown"})
+        await from_app.get()
+        await running
 
 
-def one_request(app: FastRelay, body: bytes) -> Coroutine[Any, Any, None]:
-    """One POST /v1/chat/completions, its body already received, as uvicorn would run it."""
-    scope: Any = {
-        "type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"",
-        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
-        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
-        "asgi": {"version": "3.0"},
-        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"),
-                    (b"content-length", b"%d" % len(body))]}
-    transport: Any = CountingTransport()
-    arrived = asyncio.Event()
-    arrived.set()  # uvicorn sets it when the body is in
-    log = logging.getLogger("bench.inprocess")
-    cycle = RequestResponseCycle(scope, transport, FlowControl(transport), log, log, False, [],
-                                 arrived, False, True, lambda: None)
-    cycle.body, cycle.more_body = bytearray(body), False
-    receive: Any = cycle.receive  # uvicorn's and Litestar's ASGI types differ only in name
-    send: Any = cycle.send
-    return app(scope, receive, send)
+def services_of(app: App) -> Any:
+    """The live `Services` of a started app: on the state of the Litestar app behind `Front`."""
+    from litestar import Litestar
+
+    while not isinstance(app, Litestar):
+        app = app.app
+    return app.state.services
 
 
-async def measure(app: FastRelay, body: bytes, requests: int, profile: bool) -> None:
-    async with lifespan(app.app):
+class Client:
+    """One POST /v1/chat/completions at a time, as an ASGI server would call the app."""
+
+    def __init__(self, app: App, body: bytes) -> None:
+        self.app = app
+        self.body = {"type": "http.request", "body": body, "more_body": False}
+        self.scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+            "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+            "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"),
+                        (b"content-length", b"%d" % len(body))]}
+        self.statuses: dict[int, int] = {}
+        self.messages = 0
+        self.last_body = b""
+
+    async def request(self) -> None:
+        received = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal received
+            if not received:
+                received = True
+                return self.body
+            await asyncio.Future()  # the client stays until the answer ends
+            raise AssertionError  # not reached: the wait above is only ever cancelled
+
+        async def send(message: dict[str, Any]) -> None:
+            self.messages += 1
+            if message["type"] == "http.response.start":
+                self.statuses[message["status"]] = self.statuses.get(message["status"], 0) + 1
+            elif message.get("body"):
+                self.last_body = message["body"]
+
+        await self.app(dict(self.scope), receive, send)
+
+
+async def measure(app: App, client: Client, transport: CannedTransport, requests: int,
+                  profile: bool) -> None:
+    async with lifespan(app):
+        services = services_of(app)
+        services.transport = transport
+        await services.apply(services.configured)  # providers built anew on the canned one
         for _ in range(500):  # warm-up
-            await one_request(app, body)
-        if CountingTransport.writes < 500:
-            sys.exit("the fast path wrote nothing: is uvicorn's cycle still what fastpath expects?")
+            await client.request()
+        if client.statuses != {200: 500} or transport.requests != 500:
+            sys.exit(f"the warm-up was not 500 answers through the canned upstream: statuses "
+                     f"{client.statuses}, upstream requests {transport.requests}; last body "
+                     f"{client.last_body[:300]!r}")
         rounds = []
         for _ in range(5):
             started = time.perf_counter()
             for _ in range(requests):
-                await one_request(app, body)
+                await client.request()
             rounds.append((time.perf_counter() - started) / requests * 1e6)
         print(f"µs per request: best {min(rounds):.1f}, rounds "
-              + ", ".join(f"{r:.1f}" for r in rounds))
+              + ", ".join(f"{r:.1f}" for r in rounds)
+              + f" ({client.messages / client.statuses[200]:.1f} ASGI messages sent each)")
         if profile:
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(requests):
-                await one_request(app, body)
+                await client.request()
             profiler.disable()
             pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(40)
 
@@ -127,14 +197,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    providers.http.HttpUpstream._whole = canned_whole  # type: ignore[method-assign]
-    providers.http.HttpUpstream.stream = canned_stream(max(1, args.chunks))  # type: ignore[method-assign]
     path = Path(tempfile.mkdtemp(prefix="llms-inprocess-")) / "llms.json"
     gateway_config(9, path)  # the upstream is never called: port 9 (discard)
     app = create_app(config.load(path))
     body = json.dumps({"model": "bench-model", "stream": args.stream, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
-    uvloop.run(measure(app, body, args.requests, args.profile))
+    transport = CannedTransport(max(1, args.chunks) if args.stream else None)
+    uvloop.run(measure(app, Client(app, body), transport, args.requests, args.profile))
 
 
 if __name__ == "__main__":

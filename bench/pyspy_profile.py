@@ -32,6 +32,12 @@ from harness import (
 )
 from run import BODY, LUA, ensure_wrk
 
+# A sample of a process with no Python frame: a thread in native code only (granian's Rust
+# threads, C between callbacks). A Python leaf that awaits the server (an ASGI `send` or
+# `receive`) also holds the server's native work done in that call.
+NATIVE = "(no Python frame: native code)"
+_PROCESS = re.compile(r'process \d+:"[^"]*";?')
+
 
 def report(raw: Path, top: int) -> str:
     """Self time by module and by function from py-spy's raw (collapsed stacks) output."""
@@ -41,7 +47,10 @@ def report(raw: Path, top: int) -> str:
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         total += int(count)
-        leaf = re.sub(r"\(/\S*?site-packages/", "(", stack.split(";")[-1])
+        # --subprocesses puts the process (its command line) first in each stack.
+        frames = _PROCESS.sub("", stack)
+        leaf = re.sub(r"\(/\S*?site-packages/", "(", frames.split(";")[-1]) if frames \
+            else NATIVE
         by_function[leaf] += int(count)
         path = re.search(r"\((.*?):\d+\)", leaf)
         by_module[path.group(1) if path else leaf] += int(count)
@@ -89,8 +98,10 @@ def main() -> None:
         with (work / "load.out").open("w") as out:
             driver = subprocess.Popen(["taskset", "-c", "1", *load], stdout=out, cwd=BENCH)
             raw = work / "profile.txt"
-            subprocess.run([py_spy, "record", "-p", str(gateway.pid), "-d", f"{args.seconds:g}",
-                            "-r", "400", "-f", "raw", "-o", str(raw), "--nonblocking"],
+            # --subprocesses: the server may serve from worker processes of its own.
+            subprocess.run([py_spy, "record", "-p", str(gateway.pid), "--subprocesses",
+                            "-d", f"{args.seconds:g}", "-r", "400", "-f", "raw", "-o", str(raw),
+                            "--nonblocking"],
                            capture_output=True, check=True)
             driver.wait()
         print(report(raw, args.top))

@@ -4,29 +4,36 @@ The target under test runs pinned to core 0; the fake upstream and the load gene
 core 1. Parts (`--only NAME`, repeatable; all by default):
 
 - throughput: closed-loop req/s at 1, 10 and 50 clients, direct / minimal proxy / gateway, with
-  wrk (installed from Debian if missing) or, failing that, a Python load generator;
-- latency: open-loop load at a fixed 500 req/s, direct vs gateway (openloop.py), with the
-  minimal proxy and a byte forwarder (byte_forwarder.py: the socket floor) for context;
+  wrk (installed from Debian if missing) or, failing that, a Python load generator; then paired
+  rounds at 50 clients, minimal proxy then gateway;
+- latency: open-loop load at a fixed 500 req/s, direct, byte forwarder (byte_forwarder.py: the
+  socket floor), minimal proxy and gateway in turn, 4 rounds;
 - stages: the same load on the gateway under the stage probe (stages.py): where a request's
   time goes inside it;
-- streaming: 100 concurrent 200-chunk streams, per-chunk timings direct vs gateway;
+- streaming: 100 concurrent 200-chunk streams, per-chunk timings direct / minimal / gateway;
 - capacity: 5,000 concurrent slow streams through the gateway, its peak RSS;
 - failover: primary refuses connections, vs the secondary alone, at 1 client;
 - startup: spawn to /health 200, and idle RSS, with no pool provider.
 
-Results print as tables and are saved as JSON under bench/results/; a full run (not --only,
-not --quick) then renders docs/benchmarks.md's tables from that JSON. `render [FILE]` re-renders
-from a saved result (the newest full run by default).
-"""
+Every target is a ratio or a comparison against references measured in the same run (the
+minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
+absolute kept is failover's 2 ms. Results print as tables and are saved as JSON under
+bench/results/; a full run (not --only, not --quick) then renders docs/benchmarks.md's tables
+from that JSON. `render [FILE]` re-renders from a saved result (the newest full run by default).
 
+The regression guard: the run prints the targets it missed, and exits non-zero when the req/s
+ratio at 50 clients is under 0.75 (so `make bench` fails).
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -198,7 +205,9 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
     steps: dict[str, Callable[[], dict[str, Any]]] = {
         "curve": lambda: scenarios.load_curve(work, CURVE_RATES[1::3] if quick else CURVE_RATES,
                                               2 if quick else 4),
-        "latency": lambda: scenarios.latency_at_rate(work, 500, 3 if quick else 10, repeats),
+        # 4 rounds: the latency targets must hold in 3 of them.
+        "latency": lambda: scenarios.latency_at_rate(work, 500, 3 if quick else 10,
+                                                     1 if quick else 4),
         "stages": lambda: stages.gateway_stages(work, 500, 3 if quick else 10),
         # 20 s: ~1,200 streams a repeat, so a TTFT p99 is not the 5th-worst of ~490 streams.
         "streaming": lambda: scenarios.streaming(work, 100, 200, 0.01, 3 if quick else 20,
@@ -217,97 +226,125 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
     return data
 
 
-def _floor(latency: dict[str, Any]) -> str:
-    """The byte forwarder's added p50 / p99, where the run measured it (since 2026-11-24)."""
-    if "forwarder_added_p50_ms" not in latency:
-        return ""
-    return (f"; byte forwarder, no HTTP: {latency['forwarder_added_p50_ms']:.2f} / "
-            f"{latency['forwarder_added_p99_ms']:.2f}")
+RATIO = 0.75  # the gateway's req/s at 50 clients against the minimal proxy's, at least
+HELD = 0.75  # the share of latency rounds in which the gateway must be at or under the minimal
+# proxy: 3 of 4 in a full run
 
 
-def _rounds(latency: dict[str, Any]) -> str:
-    """Each round's added p50, so a reader sees how far one run's repeats spread."""
-    p50s = [f"{r['p50']:.2f}" for r in latency.get("added_runs_ms") or []]
-    return f" (rounds {', '.join(p50s)})" if len(p50s) > 1 else ""
+def _held_needed(rounds: int) -> int:
+    return math.ceil(HELD * rounds)
 
 
-# Each figure of issue 9: (label, target, measured text, pass) from a result file's data.
-def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    rows: list[tuple[str, str, str, bool | None]] = []
-    by = {(m["target"], m["concurrency"]): m for m in data.get("results", [])}
+def latency_rounds(lat: dict[str, Any], point: str) -> list[tuple[float, float]]:
+    """Each round's added `point` ("p50", "p99") over direct: (gateway, minimal proxy), in ms."""
+    return [(g[f"{point}_ms"] - d[f"{point}_ms"], m[f"{point}_ms"] - d[f"{point}_ms"])
+            for d, m, g in zip(lat["direct"], lat["minimal"], lat["gateway"], strict=True)]
+
+
+def _latency_row(lat: dict[str, Any], point: str) -> tuple[str, str, str, bool]:
+    rounds = latency_rounds(lat, point)
+    held = sum(gateway <= minimal for gateway, minimal in rounds)
+    needed = _held_needed(len(rounds))
+    floor = (f"; byte forwarder, no HTTP: {lat[f'forwarder_added_{point}_ms']:.2f}"
+             if f"forwarder_added_{point}_ms" in lat else "")
+    return (f"added {point} vs direct at a steady {lat['rate']:g} req/s (open loop)",
+            f"≤ the minimal proxy's added {point}, in ≥ {needed} of {len(rounds)} rounds",
+            f"held in {held} of {len(rounds)}: gateway "
+            + ", ".join(f"{g:.2f}" for g, _ in rounds) + " ms, minimal proxy "
+            + ", ".join(f"{m:.2f}" for _, m in rounds)
+            + f" (medians {lat[f'added_{point}_ms']:.2f} / {lat[f'minimal_added_{point}_ms']:.2f}"
+            + f"{floor})", held >= needed)
+
+
+def _throughput_row(data: dict[str, Any]) -> tuple[str, str, str, bool | None]:
     label = "non-streaming req/s, 50 clients, all features on"
+    target = f"≥ {RATIO:.2f}x the minimal proxy (median of paired rounds)"
     if paired := data.get("paired"):
         ratios = sorted(p["ratio"] for p in paired)
         ratio = float(statistics.median(ratios))
-        rows.append((label, "≥ 75% of the minimal proxy",
-                     f"{ratio:.0%}: median of {len(ratios)} rounds, each minimal then gateway "
-                     f"({', '.join(f'{r:.2f}' for r in ratios)}; gateway "
-                     f"{statistics.median(p['gateway'] for p in paired):,.0f} req/s)",
-                     ratio >= 0.75))
-    elif ("gateway", 50) in by and ("minimal", 50) in by:
-        g, mn = by["gateway", 50], by["minimal", 50]
-        ratio = g["rps"] / mn["rps"]
-        rows.append((label, "≥ 75% of the minimal proxy",
-                     f"{ratio:.0%} ({g['rps']:,.0f} vs {mn['rps']:,.0f} req/s)", ratio >= 0.75))
-    else:
-        rows.append((label, "≥ 75% of the minimal proxy", "not measured", None))
+        return (label, target,
+                f"{ratio:.2f}x: median of {len(ratios)} rounds, each minimal then gateway "
+                f"({', '.join(f'{r:.2f}' for r in ratios)}; gateway "
+                f"{statistics.median(p['gateway'] for p in paired):,.0f} req/s, minimal "
+                f"{statistics.median(p['minimal'] for p in paired):,.0f})", ratio >= RATIO)
+    return (label, target, "not measured", None)
+
+
+def req_ratio(data: dict[str, Any]) -> float | None:
+    """The figure `make bench` fails on: the median paired req/s ratio, if measured."""
+    if paired := data.get("paired"):
+        return float(statistics.median(p["ratio"] for p in paired))
+    return None
+
+
+def _streaming_rows(st: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    what = f"streaming, {st['chunks']}-chunk answers, {st['streams']} concurrent"
+    minimal = st["minimal_added_ms"]
+    rows: list[tuple[str, str, str, bool | None]] = []
+    for name, key, point in (("added TTFT p99", "added_ttft_p99_ms", "ttft"),
+                             ("per-chunk added latency p99", "added_chunk_p99_ms", "chunk")):
+        rows.append((f"{what}: {name}", "≤ the minimal proxy's",
+                     f"{st[key]:.2f} ms, minimal proxy {minimal[f'{point}_p99']:.2f} "
+                     f"(p50 {st[key.replace('p99', 'p50')]:.2f} / "
+                     f"{minimal[f'{point}_p50']:.2f}; medians of {st['repeats']} repeats)",
+                     st[key] <= minimal[f"{point}_p99"]))
+    frac = st["gateway_coalesced_fraction"]
+    rows.append((f"{what}: coalescing", "reads carrying > 1 chunk ≤ 1%",
+                 f"{frac:.2%} of reads (direct {st['direct_coalesced_fraction']:.2%}, minimal "
+                 f"proxy {st.get('minimal_coalesced_fraction', 0):.2%}); gap p50 "
+                 f"{st['gap_p50_ms']['gateway']:.2f} vs {st['gap_p50_ms']['direct']:.2f} ms",
+                 frac <= 0.01))
+    return rows
+
+
+# Each target (label, target, measured text, pass or None when not measured or not a target),
+# every one against references measured in the same run, from a result file's data.
+def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    rows = [_throughput_row(data)]
     if lat := data.get("latency"):
-        rows.append((f"added latency vs direct at a steady {lat['rate']:g} req/s (open loop)",
-                     "p50 ≤ 0.4 ms, p99 ≤ 1.5 ms",
-                     f"p50 {lat['added_p50_ms']:.3f} ms{_rounds(lat)}, "
-                     f"p99 {lat['added_p99_ms']:.3f} ms "
-                     f"(minimal proxy: {lat['minimal_added_p50_ms']:.2f} / "
-                     f"{lat['minimal_added_p99_ms']:.2f}{_floor(lat)})",
-                     lat["added_p50_ms"] <= 0.4 and lat["added_p99_ms"] <= 1.5))
+        rows += [_latency_row(lat, "p50"), _latency_row(lat, "p99")]
     else:
-        rows.append(("added latency vs direct at a steady 500 req/s (open loop)",
-                     "p50 ≤ 0.4 ms, p99 ≤ 1.5 ms", "not measured", None))
+        rows.append(("added p50 / p99 vs direct at a steady 500 req/s (open loop)",
+                     "≤ the minimal proxy's, in ≥ 3 of 4 rounds", "not measured", None))
     if st := data.get("streaming"):
-        what = f"streaming, {st['chunks']}-chunk answers, {st['streams']} concurrent"
-        rows.append((f"{what}: added TTFT p99", "≤ 1 ms",
-                     f"{st['added_ttft_p99_ms']:.2f} ms (p50 {st['added_ttft_p50_ms']:.2f}; "
-                     f"minimal proxy p99 {st['minimal_added_ms']['ttft_p99']:.2f})",
-                     st["added_ttft_p99_ms"] <= 1))
-        rows.append((f"{what}: per-chunk added latency p99", "≤ 0.2 ms",
-                     f"{st['added_chunk_p99_ms']:.2f} ms (p50 {st['added_chunk_p50_ms']:.2f}; "
-                     f"minimal proxy p99 {st['minimal_added_ms']['chunk_p99']:.2f})",
-                     st["added_chunk_p99_ms"] <= 0.2))
-        frac = st["gateway_coalesced_fraction"]
-        rows.append((f"{what}: coalescing", "none (reads carrying > 1 chunk ≤ 1%)",
-                     f"{frac:.2%} of reads (direct {st['direct_coalesced_fraction']:.2%}); "
-                     f"gap p50 {st['gap_p50_ms']['gateway']:.2f} vs "
-                     f"{st['gap_p50_ms']['direct']:.2f} ms", frac <= 0.01))
+        rows += _streaming_rows(st)
     else:
-        rows.append(("streaming: TTFT, per-chunk latency, coalescing", "see issue 9",
-                     "not measured", None))
+        rows.append(("streaming: added TTFT and per-chunk p99, coalescing",
+                     "≤ the minimal proxy's", "not measured", None))
     if cap := data.get("capacity"):
         ok = (cap["completed"] == cap["streams"] and cap["failed"] == 0
               and cap["rss_peak_mib"] < 600)
+        judged = cap["streams"] >= 5000  # a quick run holds 1,000: shown, not judged
         rows.append((f"concurrent open streams (1 chunk/{cap['chunk_delay_s']:g} s for "
                      f"{cap['chunks']} s)", "5,000 with gateway RSS < 600 MiB, none dropped",
                      f"{cap['streams']:,} opened, {cap['max_open']:,} open at once, "
                      f"{cap['completed']:,} completed, {cap['failed']:,} dropped; peak RSS "
-                     f"{cap['rss_peak_mib']:.0f} MiB", ok and cap["streams"] >= 5000))
+                     f"{cap['rss_peak_mib']:.0f} MiB" + ("" if judged else " (not 5,000: "
+                                                         "not judged)"),
+                     ok if judged else None))
     else:
         rows.append(("concurrent open streams (slow upstream)",
                      "5,000 with gateway RSS < 600 MiB, none dropped", "not measured", None))
     if fo := data.get("failover"):
         rows.append(("failover: primary refuses connections (1 client)",
-                     "≤ 2 ms added over the secondary alone",
+                     "≤ 2 ms added over the secondary alone, same run",
                      f"p50 {fo['added_p50_ms']:.2f} ms, p99 {fo['added_p99_ms']:.2f} ms, "
                      f"{fo['errors']} errors", fo["added_p50_ms"] <= 2 and fo["errors"] == 0))
     else:
-        rows.append(("failover: primary refuses connections", "≤ 2 ms added",
+        rows.append(("failover: primary refuses connections", "≤ 2 ms added, same run",
                      "not measured", None))
     if su := data.get("startup"):
-        rows.append(("gateway start to ready (no pool)", "< 1 s",
-                     f"{su['start_to_health_s']:.2f} s", su["start_to_health_s"] < 1))
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))
+        rows.append(("gateway start to ready (no pool)", "none: context (an absolute time)",
+                     f"{su['start_to_health_s']:.2f} s", None))
     else:
-        rows.append(("gateway start to ready / idle RSS (no pool)", "< 1 s / < 120 MiB",
-                     "not measured", None))
+        rows.append(("idle gateway process (no pool)", "RSS < 120 MiB", "not measured", None))
     return rows
+
+
+def failed_targets(data: dict[str, Any]) -> list[str]:
+    return [label for label, _, _, passed in figures(data) if passed is False]
 
 
 def targets_table(data: dict[str, Any]) -> str:
@@ -321,9 +358,10 @@ def targets_table(data: dict[str, Any]) -> str:
 
 def stages_table(part: dict[str, Any]) -> str:
     """Each span of a whole answer inside the gateway, from the stages part."""
+    dropped = part.get("dropped", part.get("dropped_overlapping", 0))  # the name until 11-24
     rows = [f"{part['requests']:,} requests at {part['rate']:g} req/s after the warm-up "
-            f"({part['dropped_overlapping']} that overlapped another dropped); p50 as the "
-            f"client saw it, probe included: {part['gateway_p50_ms']:.2f} ms.", "",
+            f"({dropped} dropped); p50 as the client saw it, probe included: "
+            f"{part['gateway_p50_ms']:.2f} ms.", "",
             "| span | p50 µs | p90 µs | p99 µs |", "|---|---|---|---|"]
     rows += [f"| {span['what']} | {span['p50']:.0f} | {span['p90']:.0f} | {span['p99']:.0f} |"
              for span in part["spans_us"].values()]
@@ -444,6 +482,12 @@ def main() -> None:
     print(f"\nraw results: {out.relative_to(ROOT)}")
     if full and not args.no_render:
         render(out)
+    if failed := failed_targets(data):
+        print("\ntargets failed in this run:\n" + "\n".join(f"- {label}" for label in failed))
+    ratio = req_ratio(data)
+    if ratio is not None and ratio < RATIO:  # the regression guard: `make bench` fails
+        sys.exit(f"req/s at {PAIRED_CLIENTS} clients is {ratio:.2f}x the minimal proxy's, "
+                 f"under {RATIO:.2f}x")
 
 
 if __name__ == "__main__":

@@ -3,22 +3,19 @@
     .venv/bin/python bench/stages.py [--rate 500] [--duration 8] [--repeats 2]
 
 The latency part's setup (fake upstream and load on core 1, the target on core 0), with the
-gateway started under `stage_probe/` (PYTHONPATH): open-loop load at `--rate` against direct,
-the byte forwarder and the gateway in turn, then the quantiles of each stage of the gateway's
-requests and of the added latency, printed as a table and as JSON. At a low rate the same code
-takes about twice its time at 2,000 req/s (caches gone cold between requests): compare
-`--rate 500` with `--rate 2000` to see it.
+gateway started by `stage_probe/serve.py`: the app `gateway serve` runs, on the same server with
+the same options, its `Services.trace` hook and aiohttp's client tracing stamping each stage
+(`stage_probe/probe.py`). Open-loop load at `--rate` against direct, the byte forwarder and the
+gateway in turn, then the quantiles of each span of the gateway's requests and of the added
+latency, printed as a table and as JSON. At a low rate the same code takes about twice its time
+at 2,000 req/s (caches gone cold between requests): compare `--rate 500` with `--rate 2000`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import itertools
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,26 +23,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import BENCH
+from harness import BENCH, PY
 from scenarios import Started, alternate, start_forwarder
+from stage_probe import probe
 
-PROBE = BENCH / "stage_probe"
-_spec = importlib.util.spec_from_file_location("stage_probe", PROBE / "sitecustomize.py")
-assert _spec is not None and _spec.loader is not None
-_probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_probe)  # without STAGE_PROBE_DIR it only defines STAGES
-STAGES: tuple[str, ...] = _probe.STAGES
-
-SPANS = (  # (from stage, to stage, what happens between)
-    ("received", "relay", "uvicorn parses the request, starts the ASGI task"),
-    ("relay", "admitted", "key, limits, body, parse, route"),
+SPANS = (  # (from stage, to stage, what happens between); those both stamped are shown
+    ("request", "admitted", "key, limits, body, parse, route"),
     ("admitted", "provider", "failover loop, disconnect guard, breaker"),
-    ("provider", "upstream_write", "provider builds the request, wire writes it"),
-    ("upstream_write", "upstream_data", "the upstream and two socket hops (not the gateway)"),
-    ("upstream_data", "reply", "wire parses the answer, provider checks it"),
-    ("reply", "answered", "answer's headers, written to the client"),
-    ("answered", "after_done", "after the answer: log line, metrics"),
-    ("received", "answered", "all of it, client's bytes in to answer out"),
+    ("provider", "upstream_sent", "provider builds the request, aiohttp sends it"),
+    ("upstream_sent", "upstream_head", "the upstream and two socket hops, aiohttp reads the head"),
+    ("upstream_head", "reply", "aiohttp reads the body, the provider checks it"),
+    ("provider", "reply", "the provider's call, the upstream included"),
+    ("reply", "answered", "the answer handed to the server (ASGI send)"),
+    ("answered", "logged", "after the answer: log line, metrics"),
+    ("request", "answered", "all of it in the app: the relay route called to answer sent"),
 )
 
 
@@ -54,32 +45,18 @@ def quantiles(values: list[float]) -> dict[str, float]:
     return {f"p{q}": ordered[int(q / 100 * (len(ordered) - 1))] for q in (10, 50, 90, 99)}
 
 
-def read_stamps(folder: Path) -> tuple[list[dict[str, int]], int]:
-    """Each request's stamps, and how many lines were dropped as overlapping another."""
-    rows, dropped = [], 0
-    for log in folder.glob("*.log"):
-        for line in log.read_text().splitlines():
-            stamps = [int(field) for field in line.split()]
-            if any(later < earlier for earlier, later in itertools.pairwise(stamps)):
-                dropped += 1
-                continue
-            rows.append(dict(zip(STAGES, stamps, strict=True)))
-    return rows, dropped
+def probed_command(probe_dir: Path) -> Callable[[Path, int], list[str]]:
+    """The command line that starts the gateway under the probe, logging to `probe_dir`."""
+    return lambda config, port: [PY, str(BENCH / "stage_probe" / "serve.py"), "--config",
+                                 str(config), "--port", str(port), "--out", str(probe_dir)]
 
 
-def _probed_gateway(started: Started, upstream: int, probe: Path
-                    ) -> tuple[int, subprocess.Popen[bytes]]:
-    """The gateway on core 0 under the stage probe, logging to `probe`; its port and process."""
-    os.environ.update(PYTHONPATH=str(PROBE), STAGE_PROBE_DIR=str(probe))
-    try:
-        return started.gateway(upstream)
-    finally:
-        del os.environ["PYTHONPATH"], os.environ["STAGE_PROBE_DIR"]
-
-
-def _spans(rows: list[dict[str, int]]) -> dict[str, dict[str, Any]]:
+def _spans(stages: tuple[str, ...], rows: list[dict[str, int]]) -> dict[str, dict[str, Any]]:
+    if not rows:
+        raise SystemExit("the stage probe recorded no request: see the gateway's log")
     return {f"{start}->{end}": {"what": what, **quantiles(
-        [(row[end] - row[start]) / 1000 for row in rows])} for start, end, what in SPANS}
+        [(row[end] - row[start]) / 1000 for row in rows])} for start, end, what in SPANS
+        if start in stages and end in stages}
 
 
 def _openloop(rate: float, duration: float, warmup: float
@@ -92,41 +69,43 @@ def _openloop(rate: float, duration: float, warmup: float
 def gateway_stages(work: Path, rate: float, duration: float) -> dict[str, Any]:
     """`make bench`'s stages part: the gateway alone under the probe at `rate`, open loop; each
     span's quantiles over the requests after the warm-up."""
-    probe = work / "stages"
-    probe.mkdir(exist_ok=True)
+    folder = work / "stages"
+    folder.mkdir(exist_ok=True)
     warmup = 2.0
     with Started(work) as started:
-        gateway, process = _probed_gateway(started, started.upstream(), probe)
+        gateway, process = started.gateway(started.upstream(), name="probed",
+                                           command=probed_command(folder))
         run = alternate(1, process.pid, {"gateway": gateway},
                         _openloop(rate, duration, warmup))["gateway"][0]
         time.sleep(0.5)
-    rows, dropped = read_stamps(probe)
-    measured = sorted(rows, key=lambda row: row["received"])[int(warmup * rate):]
+    stages, rows, dropped = probe.read(folder)
+    measured = sorted(rows, key=lambda row: row["request"])[int(warmup * rate):]
     return {"rate": rate, "duration_s": duration, "requests": len(measured),
-            "dropped_overlapping": dropped, "gateway_p50_ms": run["p50_ms"],
-            "spans_us": _spans(measured)}
+            "dropped": dropped, "gateway_p50_ms": run["p50_ms"],
+            "stages": stages, "spans_us": _spans(stages, measured)}
 
 
 def measure(rate: float, duration: float, repeats: int) -> dict[str, Any]:
     """Direct, byte forwarder and the probed gateway alternating; the spans of all the
     gateway's requests and each target's added p50."""
     with tempfile.TemporaryDirectory() as tmp:
-        work, probe = Path(tmp), Path(tmp) / "stages"
-        probe.mkdir()
+        work, folder = Path(tmp), Path(tmp) / "stages"
+        folder.mkdir()
         with Started(work) as started:
             upstream = started.upstream()
-            gateway, process = _probed_gateway(started, upstream, probe)
+            gateway, process = started.gateway(upstream, name="probed",
+                                               command=probed_command(folder))
             forwarder = start_forwarder(started, upstream)
             runs = alternate(repeats, process.pid, {"direct": upstream, "forwarder": forwarder,
                                                     "gateway": gateway},
                              _openloop(rate, duration, 2))
             time.sleep(0.5)
-        rows, dropped = read_stamps(probe)
+        stages, rows, dropped = probe.read(folder)
     p50 = {name: statistics.median(r["p50_ms"] for r in got) for name, got in runs.items()}
     return {
-        "rate": rate, "requests": len(rows), "dropped_overlapping": dropped,
+        "rate": rate, "requests": len(rows), "dropped": dropped,
         "added_p50_ms": {name: p50[name] - p50["direct"] for name in ("forwarder", "gateway")},
-        "spans_us": _spans(rows),
+        "stages": stages, "spans_us": _spans(stages, rows),
     }
 
 
@@ -139,7 +118,7 @@ def main() -> None:
     result = measure(args.rate, args.duration, args.repeats)
     added = result["added_p50_ms"]
     print(f"{result['rate']:.0f} req/s, {result['requests']} requests "
-          f"({result['dropped_overlapping']} overlapping, dropped); added p50: forwarder "
+          f"({result['dropped']} dropped: not whole answers); added p50: forwarder "
           f"{added['forwarder']:.2f} ms, gateway {added['gateway']:.2f} ms", file=sys.stderr)
     print(f"{'span (µs)':34} {'p10':>6} {'p50':>6} {'p90':>6} {'p99':>7}  what", file=sys.stderr)
     for span, q in result["spans_us"].items():

@@ -4,8 +4,11 @@
 
 Each process appends to GC_PROBE_DIR/<pid>.log its command line, then one line per collection:
 monotonic time, generation, pause in ms, objects collected. A file per process, written as it
-goes: uvicorn re-raises SIGTERM, so an exit hook would never run. With no GC_PROBE_DIR it does
-nothing. How the gateway's collector thresholds were chosen (gateway/app.py).
+goes: a server stopped by SIGTERM may never run exit hooks. `gateway serve` serves from a worker
+process granian spawns: the gateway's file is that worker's, whose command line is
+multiprocessing's `spawn_main` (the one saying `serve` is the supervisor's, nearly idle). With no
+GC_PROBE_DIR it does nothing. How the gateway's collector thresholds were chosen
+(gateway/app.py).
 """
 
 import gc

@@ -1,0 +1,109 @@
+"""`gateway serve` with the stage probe on: what `bench/stages.py` starts instead of it.
+
+    .venv/bin/python bench/stage_probe/serve.py --config llms.json --port 8000 --out DIR
+
+The app is `gateway.app.create_app()`, the factory `gateway serve` runs, served by the same
+server with the same options (`gateway.serving.run`, given this module's factory). The probe
+comes in through public hooks only: a Litestar startup hook (`Litestar.on_startup`, run once the
+app's lifespan has built its `Services`) sets `Services.trace` to a `probe.StageRecorder`, and a
+shutdown hook writes out the lines still held. Each server worker writes DIR/<pid>.log.
+
+The upstream side is one span (`provider` to `reply`): the transport (`AiohttpTransport`) takes
+no `aiohttp.TraceConfig` yet. When it does, pass it `StageRecorder.trace_config()` and build the
+recorder with `upstream=True`: the probe then splits the span at `upstream_sent` and
+`upstream_head`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar
+
+BENCH = Path(__file__).resolve().parent.parent
+if str(BENCH) not in sys.path:  # run by path: `stage_probe` is a folder of bench/
+    sys.path.insert(0, str(BENCH))
+
+from stage_probe.probe import StageRecorder  # noqa: E402
+
+OUT_ENV = "STAGE_PROBE_DIR"
+TARGET = "stage_probe.serve:create_probed_app"
+
+
+def create_probed_app() -> Any:
+    """The app `gateway serve` runs, its relay stages stamped into $STAGE_PROBE_DIR."""
+    from gateway.app import create_app
+
+    app = create_app()
+    litestar = app
+    while not isinstance(litestar, Litestar):  # the ASGI layers in front of Litestar
+        litestar = litestar.app
+    recorder = StageRecorder(Path(os.environ[OUT_ENV]), upstream=False)
+
+    def start(app: Litestar) -> None:
+        app.state.services.trace = recorder.trace
+
+    litestar.on_startup.append(start)
+    litestar.on_shutdown.append(recorder.close)
+    return app
+
+
+def main() -> int:
+    from gateway import config, openfiles, serving
+    from gateway.config import CONFIG_ENV
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="folder for the stamps")
+    args = parser.parse_args()
+    path = config.discover(args.config)
+    snapshot = config.load(path)
+    # As `gateway serve` does: the app factory reads the config's path from the environment.
+    os.environ.update({CONFIG_ENV: str(path.resolve()), OUT_ENV: str(args.out.resolve())})
+    # The server's workers import TARGET: bench/ must be on their path too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(BENCH),
+                                                             os.environ.get("PYTHONPATH"))))
+    open_files = openfiles.raise_limit()
+    host = snapshot.server.host
+    if "app" in inspect.signature(serving.run).parameters:
+        serving.run(snapshot.server, host, args.port, 1, open_files, app=TARGET)
+    else:
+        run_like_serving(snapshot.server, host, args.port, open_files)
+    return 0
+
+
+def run_like_serving(server: Any, host: str, port: int, open_files: int) -> None:
+    """`gateway.serving.run` with the probed app, for as long as it takes no app to run: the
+    same server with the same options, from its own constants and functions. (Kept in step with
+    it by hand: once `serving.run` takes `app=`, this goes.)"""
+    import functools
+    import multiprocessing
+
+    from granian import Granian
+    from granian.constants import HTTPModes, Interfaces, Loops
+    from granian.http import HTTP1Settings
+    from granian.log import LogLevels
+
+    from gateway import serving
+
+    multiprocessing.set_start_method("spawn", force=True)
+    Granian(
+        TARGET, factory=True, address=host, port=port, workers=1,
+        interface=Interfaces.ASGI, loop=Loops.uvloop, http=HTTPModes.http1, websockets=False,
+        http1_settings=HTTP1Settings(
+            header_read_timeout=max(1, int(serving.head_timeout(server) * 1000)),
+            keep_alive=True, max_buffer_size=serving.buffer_size(server)),
+        backpressure=min(max(1, open_files), serving.MAX_CONNECTIONS), backlog=2048,
+        log_level=LogLevels.warning, log_access=False,
+        respawn_failed_workers=True, workers_kill_timeout=serving.GRACEFUL_SHUTDOWN,
+    ).serve(target_loader=functools.partial(serving.load_in_worker, os.getpid()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
