@@ -1,4 +1,4 @@
-"""The HTTP surface: Litestar routes, the lifespan that owns the upstream session, one envelope.
+"""The HTTP surface: Litestar routes, the lifespan that owns the transport, one envelope.
 
 `create_app()` is the ASGI server's factory (one per worker process): it reads the config named
 by `$LLMS_CONFIG` (the CLI sets it) or found by discovery. The relay routes are served by
