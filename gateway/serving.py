@@ -48,9 +48,11 @@ def buffer_size(server: ServerConfig) -> int:
     return max(MIN_BUFFER, 2 * server.max_header_bytes)
 
 
-def run(server: ServerConfig, host: str, port: int, workers: int, open_files: int) -> None:
-    """Serve the app on `host:port` until SIGTERM or SIGINT (open requests get
-    `GRACEFUL_SHUTDOWN` seconds to finish); `open_files` is the process's descriptor limit."""
+def run(server: ServerConfig, host: str, port: int, workers: int, open_files: int,
+        app: str = APP) -> None:
+    """Serve the app factory `app` names on `host:port` until SIGTERM or SIGINT (open requests
+    get `GRACEFUL_SHUTDOWN` seconds to finish); `open_files` is the process's descriptor limit.
+    Profilers pass their own factory around the gateway's (bench/stage_probe/serve.py)."""
     from granian import Granian
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings
@@ -61,7 +63,7 @@ def run(server: ServerConfig, host: str, port: int, workers: int, open_files: in
     # before PROMETHEUS_MULTIPROC_DIR is).
     multiprocessing.set_start_method("spawn", force=True)
     Granian(
-        APP, factory=True, address=host, port=port, workers=workers,
+        app, factory=True, address=host, port=port, workers=workers,
         # `asgi`, not `asginl`: the app's lifespan owns its sessions and background tasks.
         interface=Interfaces.ASGI, loop=Loops.uvloop,
         # HTTP/1.1 only: every OpenAI client speaks it, and HTTP/2's header limits are other

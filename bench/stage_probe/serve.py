@@ -17,7 +17,6 @@ recorder with `upstream=True`: the probe then splits the span at `upstream_sent`
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 from pathlib import Path
@@ -71,38 +70,8 @@ def main() -> int:
                                                              os.environ.get("PYTHONPATH"))))
     open_files = openfiles.raise_limit()
     host = snapshot.server.host
-    if "app" in inspect.signature(serving.run).parameters:
-        serving.run(snapshot.server, host, args.port, 1, open_files, app=TARGET)
-    else:
-        run_like_serving(snapshot.server, host, args.port, open_files)
+    serving.run(snapshot.server, host, args.port, 1, open_files, app=TARGET)
     return 0
-
-
-def run_like_serving(server: Any, host: str, port: int, open_files: int) -> None:
-    """`gateway.serving.run` with the probed app, for as long as it takes no app to run: the
-    same server with the same options, from its own constants and functions. (Kept in step with
-    it by hand: once `serving.run` takes `app=`, this goes.)"""
-    import functools
-    import multiprocessing
-
-    from granian import Granian
-    from granian.constants import HTTPModes, Interfaces, Loops
-    from granian.http import HTTP1Settings
-    from granian.log import LogLevels
-
-    from gateway import serving
-
-    multiprocessing.set_start_method("spawn", force=True)
-    Granian(
-        TARGET, factory=True, address=host, port=port, workers=1,
-        interface=Interfaces.ASGI, loop=Loops.uvloop, http=HTTPModes.http1, websockets=False,
-        http1_settings=HTTP1Settings(
-            header_read_timeout=max(1, int(serving.head_timeout(server) * 1000)),
-            keep_alive=True, max_buffer_size=serving.buffer_size(server)),
-        backpressure=min(max(1, open_files), serving.MAX_CONNECTIONS), backlog=2048,
-        log_level=LogLevels.warning, log_access=False,
-        respawn_failed_workers=True, workers_kill_timeout=serving.GRACEFUL_SHUTDOWN,
-    ).serve(target_loader=functools.partial(serving.load_in_worker, os.getpid()))
 
 
 if __name__ == "__main__":
