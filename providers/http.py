@@ -258,12 +258,8 @@ class HttpUpstream:
         self._transport = transport
         self._link = link
         # Built once, not per request. Whole answers may come compressed (the transport decodes
-        # them); streams ask for none: a compressing server may hold events back to fill its
-        # buffer. A header the config sets wins either way.
+        # them); streams ask for none (`compressed=False`).
         self._headers = dict(headers)
-        chosen = any(key.lower() == "accept-encoding" for key in headers)
-        self._stream_headers = self._headers if chosen else {**headers,
-                                                             "Accept-Encoding": "identity"}
 
     def post(self, url: str, body: bytes) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
         """A whole 2xx answer and its headers, within `total` (to await)."""
@@ -302,7 +298,7 @@ class HttpUpstream:
         try:
             async with asyncio.timeout(limit):
                 response = await self._transport.request(
-                    "POST", url, headers=self._stream_headers, body=body, link=self._link,
+                    "POST", url, headers=self._headers, body=body, link=self._link,
                     connect_timeout=self.timeouts.connect, compressed=False)
         except TimeoutError:
             raise error(f"no response headers within {limit:g}s") from None

@@ -282,7 +282,9 @@ class AiohttpTransport(Transport):
                 route = self._route(link)
             except ValueError as exc:  # prepare() was skipped: say what is wrong with the link
                 raise ProviderUnavailable(str(exc)) from None
-        if not compressed and "Accept-Encoding" not in headers:
+        if not compressed and not any(name.lower() == "accept-encoding" for name in headers):
+            # A compressing server may hold events back to fill its buffer; a header the
+            # config sets wins.
             headers = {**headers, "Accept-Encoding": _IDENTITY}
         timeout = self._timeouts.get(connect_timeout)
         if timeout is None:

@@ -217,3 +217,29 @@ def test_header_values_that_could_split_a_request_are_refused_when_the_provider_
                 HttpUpstream("p", Timeouts(), {"X-Team": "a\r\nX-Injected: 1"}, None, transport)
 
     asyncio.run(scenario())
+
+
+def test_streams_ask_for_no_compression_unless_the_config_sets_accept_encoding() -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append((await _read_request(reader)).lower())
+        writer.write(ANSWER)
+        await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server, url = await _serve(record)
+        async with server, AiohttpTransport() as transport:
+            for headers in ({}, {"accept-encoding": "gzip"}):
+                response = await transport.request("POST", url, headers=headers, body=b"{}",
+                                                   compressed=False)
+                await response.read()
+                response.close()
+
+    asyncio.run(scenario())
+
+    plain, configured = seen
+    assert b"\r\naccept-encoding: identity\r\n" in plain
+    assert configured.count(b"accept-encoding") == 1
+    assert b"\r\naccept-encoding: gzip\r\n" in configured
