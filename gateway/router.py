@@ -106,6 +106,8 @@ def _with_retries(provider: Provider, plan: Planned, call: Call[T], failed: list
         try:
             result = await call(provider, route.upstream_model)
         except ProviderError as exc:
+            if exc.retry_after is not None:  # every provider's hint is bounded here, once
+                exc.retry_after = min(exc.retry_after, retries.max_retry_after)
             verdict = exc.trips_circuit  # otherwise the claim is only released (finally)
             failed.append(Attempt(provider.name, exc.upstream_status, exc.reason, exc.message,
                                   exc.retry_after))

@@ -9,6 +9,7 @@ credential before a client can see them.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Mapping
@@ -35,6 +36,8 @@ from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 
 MAX_ERROR_MESSAGE = 500
 MAX_ERROR_BODY = 64 * 1024
+# Longer than any HTTP date: a header that long is not a Retry-After.
+MAX_RETRY_AFTER_TEXT = 64
 
 # Looks like a credential: bearer tokens, "sk-..." style keys, key=... query parameters.
 _CREDENTIAL = re.compile(
@@ -90,16 +93,20 @@ def read_error(body: bytes) -> _ErrorBody:
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """Parse a Retry-After header: delta-seconds or an HTTP date."""
-    if not value:
+    """Parse a Retry-After header: delta-seconds or an HTTP date. What cannot be a wait (`inf`,
+    `nan`, a negative number, a date the parser rejects) counts as absent; how long a hint is
+    believed is capped where it is used (`Retries.max_retry_after`)."""
+    if not value or len(value) > MAX_RETRY_AFTER_TEXT:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
     try:
         when = parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
     return max(0.0, when - (time.time() if now is None else now))
 

@@ -38,6 +38,9 @@ class Retries(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backoff: float = 0.25
     max_backoff: float = 8.0
     retry_after_cap: float = 30.0
+    # The longest an upstream's Retry-After is believed (cooldowns, the hint relayed to
+    # clients): one answer must not take a provider out of service for longer.
+    max_retry_after: Annotated[float, msgspec.Meta(gt=0)] = 60.0
 
 
 class CircuitPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
