@@ -1,13 +1,11 @@
-"""Admin endpoints: list providers, enable or disable one at live. Behind the gateway key.
+"""Admin endpoints: list providers, enable or disable one at live.
 
-With no gateway keys configured they answer only clients on this machine, and not a request a
-local reverse proxy forwarded (it carries `Forwarded` or `X-Forwarded-For`): uvicorn's own
-proxy-header rewriting is off (`gateway.cli`), so this check is the one that matters.
+They need an admin key (`server.admin_keys`); with none configured they answer only requests
+from this machine that no proxy forwarded (`gateway.auth.check_admin`).
 """
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 import msgspec
@@ -16,27 +14,16 @@ from litestar import Request, Response, get, post
 from gateway import auth
 from gateway.services import Services
 from gateway.status_page import providers_view
-from providers.contract.errors import AuthenticationFailed, NotFound
+from providers.contract.errors import NotFound
 
 JSON = "application/json"
 
 
 def _authorized(request: Request[Any, Any, Any]) -> Services:
     services: Services = request.app.state.services
-    keys = services.live.snapshot.keys
-    if keys:
-        auth.check(request.headers, keys)
-    elif (not _is_local(request.client.host if request.client else "")
-          or "forwarded" in request.headers or "x-forwarded-for" in request.headers):
-        raise AuthenticationFailed("Admin endpoints need a gateway key (server.api_keys)")
+    auth.check_admin(request.headers, services.live.snapshot,
+                     request.client.host if request.client else "")
     return services
-
-
-def _is_local(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @get("/admin/providers")

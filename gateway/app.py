@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 import providers
-from gateway import admin, config, discovery, logs, relay, reload, status_page
+from gateway import admin, auth, config, discovery, logs, relay, reload, status_page
 from gateway.config import Snapshot
 from gateway.front import Front
 from gateway.guard import Guard
@@ -55,13 +56,13 @@ GC_THRESHOLDS = (2_000, 2, 500)
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every alias served by an enabled provider."""
-    return Response(_services(request).live.models_body, media_type=JSON)
+    return Response(_reader(request, "/v1/models").live.models_body, media_type=JSON)
 
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
     """One alias, or 404 model_not_found."""
-    live = _services(request).live
+    live = _reader(request, "/v1/models").live
     alias = model_id.lstrip("/")
     routes = live.snapshot.routes.get(alias)
     if not routes:
@@ -73,7 +74,8 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Resp
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text format, every worker's when there are several."""
-    return Response(_services(request).metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+    return Response(_reader(request, "/metrics").metrics.exposition(),
+                    media_type=METRICS_CONTENT_TYPE)
 
 
 @get("/")
@@ -85,7 +87,8 @@ async def status_html() -> Response[bytes]:
 @get("/status.json")
 async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     """What the status page shows, refreshed every two seconds."""
-    return Response(msgspec.json.encode(status_page.status(_services(request))), media_type=JSON)
+    return Response(msgspec.json.encode(status_page.status(_reader(request, "/status.json"))),
+                    media_type=JSON)
 
 
 @get("/health")
@@ -96,27 +99,36 @@ async def health() -> Response[bytes]:
 
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Readiness: a config is loaded and at least one provider is enabled."""
+    """Readiness: a config is loaded and at least one provider is enabled. Providers, circuits
+    and load are listed only for a request that may read them (`auth.authenticated`)."""
     services = _services(request)
     snapshot = services.live.snapshot
-    live = services.live.providers
-    listing = [{"name": p.name, "type": p.kind, "enabled": p.enabled,
-                "reason": p.disabled_reason,
-                **({"state": state} if p.name in live and (state := live[p.name].live_state())
-                   else {})}
-               for p in snapshot.providers]
     is_ready = any(p.enabled for p in snapshot.providers)
-    body: dict[str, Any] = {"status": "ready" if is_ready else "not_ready",
-                            "providers": listing, "inflight": services.inflight,
-                            "circuits": services.health.snapshot()}
+    body: dict[str, Any] = {"status": "ready" if is_ready else "not_ready"}
     if not is_ready:
         body["reason"] = "no provider is enabled"
+    if auth.authenticated(request.headers, snapshot):
+        live = services.live.providers
+        body["providers"] = [
+            {"name": p.name, "type": p.kind, "enabled": p.enabled, "reason": p.disabled_reason,
+             **({"state": state} if p.name in live and (state := live[p.name].live_state())
+                else {})}
+            for p in snapshot.providers]
+        body["inflight"] = services.inflight
+        body["circuits"] = services.health.snapshot()
     return Response(msgspec.json.encode(body), media_type=JSON,
                     status_code=200 if is_ready else 503)
 
 
 def _services(request: Request[Any, Any, Any]) -> Services:
     services: Services = request.app.state.services
+    return services
+
+
+def _reader(request: Request[Any, Any, Any], path: str) -> Services:
+    """The services, for a request allowed to read `path` (a key, or a public path)."""
+    services = _services(request)
+    auth.check_reader(request.headers, services.live.snapshot, path)
     return services
 
 
@@ -154,6 +166,15 @@ def on_unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Resp
     return _error_response(request, GatewayError("Internal gateway error"), 500)
 
 
+def _on_sighup() -> asyncio.Event:
+    """An event SIGHUP sets: the daemon convention, reload the config (the default action
+    would end this worker and cut its streams)."""
+    heard = asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not main thread
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, heard.set)
+    return heard
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: Litestar) -> AsyncIterator[None]:
     """Own the process's one upstream transport, the live config, and the reload watcher.
@@ -168,7 +189,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         tasks = []
         if snapshot.source is not None:
             tasks.append(asyncio.create_task(reload.watch(
-                snapshot.source, snapshot.server.reload_interval, services.apply)))
+                snapshot.source, snapshot.server.reload_interval, services, _on_sighup())))
         tasks.append(asyncio.create_task(discovery.watch(services)))
         shared = None
         if snapshot.state.backend == "redis":

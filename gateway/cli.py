@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import sys
 import tempfile
@@ -16,7 +15,7 @@ from typing import Any
 import msgspec
 
 from gateway import config, openfiles
-from gateway.config import CONFIG_ENV, ConfigError, Snapshot
+from gateway.config import BIND_ENV, CONFIG_ENV, OPEN_ENV, ConfigError, Snapshot, is_loopback
 from providers.contract.errors import GatewayError, ProviderUnavailable
 from providers.contract.transport import HttpResponse, Link, ProxyEnvironment
 from providers.transport import AiohttpTransport
@@ -92,6 +91,10 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or snapshot.server.host
     port = snapshot.server.port if args.port is None else args.port
     allowed = args.allow_unauthenticated or snapshot.server.allow_unauthenticated
+    # What each worker's reload checks a new config against (`config.weakening`).
+    os.environ[BIND_ENV] = host
+    if args.allow_unauthenticated:
+        os.environ[OPEN_ENV] = "1"
     if not snapshot.keys and not is_loopback(host) and not allowed:
         print(f"llms-gateway: refusing to serve {host} without API keys: anyone who can reach "
               f"it could spend your provider credits. Set server.api_keys (e.g. "
@@ -110,16 +113,6 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
     serving.run(snapshot.server, host, port, args.workers, open_files)
     return 0
-
-
-def is_loopback(host: str) -> bool:
-    """True for addresses only this machine can reach."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _ls(args: argparse.Namespace) -> int:

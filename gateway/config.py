@@ -9,6 +9,7 @@ hot path is a dict lookup. Every error names the file, the field and the problem
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import urllib.parse
@@ -40,7 +41,12 @@ from providers.contract.transport import (
 )
 
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
+# A config is a few KB; one this large is a mistake, and parsing it would hold a core.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 CONFIG_ENV = "LLMS_CONFIG"
+# Set by `serve` for its workers: the address bound, and whether --allow-unauthenticated was given.
+BIND_ENV = "LLMS_BIND_HOST"
+OPEN_ENV = "LLMS_ALLOW_UNAUTHENTICATED"
 CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -65,6 +71,11 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str | KeyEntry, ...] = ()
+    # Keys for the admin routes (and accepted wherever a client key is); none: admin routes
+    # answer only this machine.
+    admin_keys: tuple[str | KeyEntry, ...] = ()
+    # Read routes (/v1/models, /metrics, /status.json) that need no key even when keys are set.
+    public_paths: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
     max_concurrency: int = 10_000
@@ -131,6 +142,12 @@ class Snapshot:
     routes: Mapping[str, tuple[Route, ...]]
     state: StateConfig = field(default_factory=StateConfig)
     keys: tuple[GatewayKey, ...] = ()
+    admin_keys: tuple[GatewayKey, ...] = ()
+
+    @property
+    def any_keys(self) -> bool:
+        """Whether any key, client or admin, is configured: then reading needs one."""
+        return bool(self.keys or self.admin_keys)
 
     @property
     def enabled(self) -> tuple[ProviderSpec, ...]:
@@ -157,11 +174,19 @@ def _must_exist(path: Path, origin: str) -> Path:
 
 
 def load(path: Path, environ: Mapping[str, str] | None = None) -> Snapshot:
-    """Read and resolve the config file at `path`; raises ConfigError naming file and field."""
+    """Read and resolve the config file at `path`; raises ConfigError naming file and field.
+
+    Blocking (file I/O and parsing): the reload watcher runs it off the event loop."""
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size} bytes, over the {MAX_CONFIG_BYTES} a config file "
+                              "may have")
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 at byte {exc.start}") from None
     return parse(text, path, os.environ if environ is None else environ)
 
 
@@ -175,6 +200,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     where = str(path)
     server = _server(file.server, where)
     keys = _keys(server.api_keys, environ)
+    admin_keys = _keys(server.admin_keys, environ)
     timeouts = _merge(Timeouts(), file.defaults.timeouts, where, "defaults.timeouts")
     retries = _merge(Retries(), file.defaults.retries, where, "defaults.retries")
     circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
@@ -185,21 +211,24 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
-                    state=state, keys=keys)
+                    state=state, keys=keys, admin_keys=admin_keys)
 
 
 def _decode(text: str, path: Path) -> Any:
-    if path.suffix in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from exc
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                return yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
 
 
 def _invalid(file: str, field: str, exc: msgspec.ValidationError) -> ConfigError:
@@ -365,6 +394,36 @@ def _expand(value: str, environ: Mapping[str, str]) -> str | None:
     if value.startswith("$") and value[1:].replace("_", "").isalnum():
         return environ.get(value[1:]) or None
     return value
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def weakening(old: Snapshot, new: Snapshot, bind_host: str, allowed_open: bool = False
+              ) -> str | None:
+    """Why reloading `new` over `old` would weaken the gateway, or None: a reload never turns
+    authentication off (an unset or mistyped key variable resolves to no key), never leaves a
+    reachable address open unless that is allowed (`allowed_open`: `--allow-unauthenticated`),
+    and never leaves no provider."""
+    if old.keys and not new.keys:
+        return ("server.api_keys resolves to no key (is its variable unset or misspelt?) while "
+                "keys are in force")
+    if old.admin_keys and not new.admin_keys:
+        return ("server.admin_keys resolves to no key (is its variable unset or misspelt?) "
+                "while admin keys are in force")
+    if not (new.keys or is_loopback(bind_host) or new.server.allow_unauthenticated
+            or allowed_open):
+        return f"it would serve {bind_host} without server.api_keys"
+    if not new.providers:
+        return "providers is empty"
+    return None
 
 
 def _routes(providers: tuple[ProviderSpec, ...]) -> dict[str, tuple[Route, ...]]:

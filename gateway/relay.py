@@ -179,7 +179,7 @@ async def _admit(request: Incoming, endpoint: str, services: Services,
     size and the body's deadline were checked by `guard`, in front of every route)."""
     live = services.live
     server = live.snapshot.server
-    key = auth.check(request.headers, live.snapshot.keys)
+    key = auth.check(request.headers, live.snapshot)
     if key is not None:
         exchange.key_id = key.limits.key_id
         if (wait := services.limiter.admit(key.limits)) is not None:

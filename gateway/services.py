@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -98,6 +99,8 @@ class Services:
         self.responses = ResponseStore()
         self._bridged: tuple[LiveConfig, Mapping[str, Provider]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
+        # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
+        self.config_error: dict[str, Any] | None = None
         self.lasting = Lasting()  # what outlives snapshots: worker pools
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
         # profiler such as bench/stages.py; None in production, where it costs one check each.

@@ -46,6 +46,8 @@ def status(services: Services) -> dict[str, Any]:
     window = [row for row in series if row["rps"]]
     return {
         "uptime_s": round(time.time() - services.started),
+        "config": {"source": str(services.live.snapshot.source),
+                   "last_reload_error": services.config_error},
         "inflight": services.inflight,
         "providers": providers_view(services),
         "series": series,

@@ -17,6 +17,7 @@ from tests.upstream import FakeUpstream
 MESSAGES = [{"role": "user", "content": "hello"}]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 KEY = "admin-test-key-1"
+CLIENT_KEY = "client-test-key-1"
 
 
 @pytest.fixture
@@ -24,7 +25,10 @@ def three(start_gateway: Callable[..., GatewayProcess],
           upstream_factory: Callable[[str], FakeUpstream]) -> GatewayProcess:
     ups = [upstream_factory(name) for name in ("alpha", "beta", "gamma")]
     return start_gateway(config({up.name: provider(up.base_url, {"m": "m", up.name: "x"})
-                                 for up in ups}, server={"api_keys": [KEY]}))
+                                 for up in ups},
+                                # The page's browser sends no key: its JSON is opened explicitly.
+                                server={"api_keys": [CLIENT_KEY], "admin_keys": [KEY],
+                                        "public_paths": ["/status.json"]}))
 
 
 def admin(gateway: GatewayProcess, path: str, key: str | None = KEY) -> httpx.Response:
@@ -46,10 +50,11 @@ def test_without_keys_admin_answers_this_machine_but_not_what_a_proxy_forwarded(
     gateway = start_gateway(config({"alpha": provider(up.base_url, {"m": "m"})}))
 
     assert admin(gateway, "providers", key=None).status_code == 200
-    for forwarded in ({"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}):
+    for forwarded in ({"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"},
+                      {"X-Real-IP": "203.0.113.9"}):
         relayed = httpx.get(f"{gateway.url}/admin/providers", headers=forwarded)
-        assert relayed.status_code == 401, "a local reverse proxy must not open admin to all"
-        assert relayed.json()["error"]["code"] == "invalid_api_key"
+        assert relayed.status_code == 403, "a local reverse proxy must not open admin to all"
+        assert relayed.json()["error"]["code"] == "permission_denied"
 
 
 def test_admin_disables_a_provider_and_routing_follows_at_once(three: GatewayProcess) -> None:
@@ -65,7 +70,8 @@ def test_admin_disables_a_provider_and_routing_follows_at_once(three: GatewayPro
     listed = admin(three, "providers").json()["providers"]
     assert [(p["name"], p["enabled"]) for p in listed] == [
         ("alpha", False), ("beta", True), ("gamma", True)]
-    models = [m["id"] for m in httpx.get(f"{three.base_url}/models").json()["data"]]
+    models = [m["id"] for m in httpx.get(f"{three.base_url}/models", headers={
+        "Authorization": f"Bearer {CLIENT_KEY}"}).json()["data"]]
     assert "alpha" not in models
 
     admin(three, "providers/alpha/enable")

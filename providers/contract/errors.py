@@ -12,6 +12,7 @@
      │    ├── RequestTimeout          408 request_timeout: the body did not arrive in time
      │    ├── HeadersTooLarge         431 headers_too_large
      │    ├── AuthenticationFailed    401 invalid_api_key
+     │    ├── PermissionDenied        403 permission_denied: a valid key, not allowed here
      │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
      ├── Overloaded                   503 overloaded: the process is at its concurrency cap
      ├── ProviderError                one attempt at one provider failed; `retryable` says
@@ -150,6 +151,14 @@ class AuthenticationFailed(ClientError):
     http_status = 401
     error_type = "authentication_error"
     code = "invalid_api_key"
+
+
+class PermissionDenied(ClientError):
+    """The caller is known but may not use this route (a client key on an admin route)."""
+
+    http_status = 403
+    error_type = "permission_error"
+    code = "permission_denied"
 
 
 # The `type`s OpenAI's clients know; servers built on FastAPI (vLLM) send exception class names.
