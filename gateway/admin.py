@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, get, post
 
-from gateway import auth
+from gateway import auth, status_page
 from gateway.services import Services
 from gateway.status_page import providers_view
 from providers.contract.errors import NotFound
@@ -26,11 +25,15 @@ def _authorized(request: Request[Any, Any, Any]) -> Services:
     return services
 
 
+def _json(services: Services, body: Any) -> Response[bytes]:
+    return Response(status_page.encoded(services, body), media_type=JSON)
+
+
 @get("/admin/providers")
 async def list_providers(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Providers in file order with state, models and circuits."""
     services = _authorized(request)
-    return Response(msgspec.json.encode({"providers": providers_view(services)}), media_type=JSON)
+    return _json(services, {"providers": providers_view(services)})
 
 
 @post("/admin/providers/{name:str}/{action:str}", status_code=200)
@@ -44,4 +47,4 @@ async def toggle_provider(request: Request[Any, Any, Any], name: str,
         raise NotFound(f"No provider named '{name}'")
     await services.set_enabled(name, action == "enable")
     row = next(p for p in providers_view(services) if p["name"] == name)
-    return Response(msgspec.json.encode(row), media_type=JSON)
+    return _json(services, row)

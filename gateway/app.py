@@ -87,8 +87,8 @@ async def status_html() -> Response[bytes]:
 @get("/status.json")
 async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     """What the status page shows, refreshed every two seconds."""
-    return Response(msgspec.json.encode(status_page.status(_reader(request, "/status.json"))),
-                    media_type=JSON)
+    services = _reader(request, "/status.json")
+    return _json(services, status_page.status(services))
 
 
 @get("/health")
@@ -116,13 +116,17 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
             for p in snapshot.providers]
         body["inflight"] = services.inflight
         body["circuits"] = services.health.snapshot()
-    return Response(msgspec.json.encode(body), media_type=JSON,
-                    status_code=200 if is_ready else 503)
+    return _json(services, body, 200 if is_ready else 503)
 
 
 def _services(request: Request[Any, Any, Any]) -> Services:
     services: Services = request.app.state.services
     return services
+
+
+def _json(services: Services, body: Any, status: int = 200) -> Response[bytes]:
+    """A JSON answer about the gateway's state (it quotes upstream messages): redacted."""
+    return Response(status_page.encoded(services, body), media_type=JSON, status_code=status)
 
 
 def _reader(request: Request[Any, Any, Any], path: str) -> Services:
@@ -135,7 +139,11 @@ def _reader(request: Request[Any, Any, Any], path: str) -> Services:
 def _error_response(request: Request[Any, Any, Any], error: GatewayError, status: int,
                     headers: dict[str, str] | None = None) -> Response[bytes]:
     headers = {**(headers or {}), "x-request-id": relay.request_id(request.headers)}
-    return Response(envelope(error), status_code=status, media_type=JSON, headers=headers)
+    body = envelope(error)
+    services: Services | None = getattr(request.app.state, "services", None)
+    if services is not None:
+        body = services.live.redactor.encoded(body)
+    return Response(body, status_code=status, media_type=JSON, headers=headers)
 
 
 def on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:

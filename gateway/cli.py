@@ -144,9 +144,12 @@ def _live_providers(snapshot: Snapshot) -> dict[str, dict[str, Any]] | None:
     import urllib.request
 
     host = "127.0.0.1" if snapshot.server.host in ("0.0.0.0", "::") else snapshot.server.host
+    keys = snapshot.admin_keys + snapshot.keys  # /ready lists providers only to a key
+    headers = {"Authorization": f"Bearer {keys[0].secret.reveal()}"} if keys else {}
+    request = urllib.request.Request(f"http://{host}:{snapshot.server.port}/ready",
+                                     headers=headers)
     try:
-        with urllib.request.urlopen(f"http://{host}:{snapshot.server.port}/ready",
-                                    timeout=1) as response:
+        with urllib.request.urlopen(request, timeout=1) as response:
             body = msgspec.json.decode(response.read())
     except OSError as exc:  # 503 (no provider enabled) still carries the listing
         body = _http_error_body(exc)
@@ -204,7 +207,8 @@ async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
                     failures += 1
                     outcome = f"error: {exc.status} {exc.message}"
                 elapsed = (time.perf_counter() - started) * 1000
-                print(f"{spec.name:<14} {alias:<28} {elapsed:8.0f} ms  {outcome}")
+                print(live.redactor.text(
+                    f"{spec.name:<14} {alias:<28} {elapsed:8.0f} ms  {outcome}"))
     return 1 if failures else 0
 
 

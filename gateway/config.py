@@ -22,6 +22,7 @@ import msgspec
 import yaml
 
 from gateway.limits import KeyLimits
+from providers.contract.redact import url_secrets
 from providers.contract.spec import (
     CircuitPolicy,
     Discovery,
@@ -394,6 +395,26 @@ def _expand(value: str, environ: Mapping[str, str]) -> str | None:
     if value.startswith("$") and value[1:].replace("_", "").isalnum():
         return environ.get(value[1:]) or None
     return value
+
+
+def secrets(snapshot: Snapshot) -> list[str]:
+    """Every credential the config holds, resolved: the gateway's keys, providers' keys and
+    header values, credentials in their URLs and proxies, and in the Redis URL. What
+    `Redactor` removes from everything that leaves the process."""
+    found = [key.secret.reveal() for key in snapshot.keys + snapshot.admin_keys]
+    found += url_secrets(snapshot.state.url)
+    for spec in snapshot.providers:
+        if spec.api_key is not None:
+            found.append(spec.api_key.reveal())
+        for value in spec.headers.values():
+            found += [value, value.rsplit(" ", 1)[-1]]  # "Bearer <token>": the token alone too
+        if spec.base_url:
+            found += url_secrets(spec.base_url)
+        if isinstance(spec.proxy, str):
+            found += url_secrets(spec.proxy)
+        elif isinstance(spec.proxy, ProxyEnvironment):
+            found += [secret for _, url, _ in spec.proxy.entries for secret in url_secrets(url)]
+    return found
 
 
 def is_loopback(host: str) -> bool:

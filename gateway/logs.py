@@ -17,6 +17,7 @@ import msgspec
 import structlog
 
 from providers.contract.log import get_logger
+from providers.contract.redact import Redactor
 
 _LEVEL_NAMES = {"warn": "warning", "exception": "error"}  # as structlog's add_log_level
 
@@ -29,8 +30,9 @@ def configure(level: str | None = None, json: bool | None = None) -> RequestLog:
     pid = os.getpid()  # with --workers N, says which worker wrote the line
     logger_factory: Any
     threshold = logging.getLevelName(level.upper())
-    line = JsonLine(pid) if as_json else None
-    request_log = RequestLog(line, sys.stderr.buffer, enabled=threshold <= logging.INFO)
+    redaction = LogRedaction()
+    line = JsonLine(pid, redaction) if as_json else None
+    request_log = RequestLog(line, sys.stderr.buffer, redaction, enabled=threshold <= logging.INFO)
     if line is not None:
         processors: list[structlog.typing.Processor] = [
             structlog.processors.format_exc_info, line]
@@ -44,7 +46,7 @@ def configure(level: str | None = None, json: bool | None = None) -> RequestLog:
         processors = [structlog.processors.add_log_level, add_pid,
                       structlog.processors.TimeStamper(fmt="iso", utc=True),
                       structlog.processors.format_exc_info,
-                      structlog.dev.ConsoleRenderer(colors=False)]
+                      structlog.dev.ConsoleRenderer(colors=False), redaction]
         logger_factory = structlog.PrintLoggerFactory(sys.stderr)
     structlog.configure(
         processors=processors,
@@ -56,20 +58,37 @@ def configure(level: str | None = None, json: bool | None = None) -> RequestLog:
 
 
 
+class LogRedaction:
+    """The redactor every log line passes, swapped with the config (`Services.apply`): log
+    lines carry upstream messages, which may echo a configured secret. On a terminal, the last
+    processor."""
+
+    __slots__ = ("redactor",)
+
+    def __init__(self) -> None:
+        self.redactor = Redactor()
+
+    def __call__(self, _: Any, __: str, line: Any) -> Any:
+        # `Any`: structlog's processor signature, though the renderer before it hands a str.
+        return self.redactor.text(line)
+
+
 class JsonLine:
-    """The last processor: adds level, pid and an ISO UTC timestamp, returns the JSON line."""
+    """The last processor: adds level, pid and an ISO UTC timestamp, returns the JSON line with
+    every configured secret removed."""
 
-    __slots__ = ("_pid", "_second")
+    __slots__ = ("_pid", "_redaction", "_second")
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, redaction: LogRedaction) -> None:
         self._pid = pid
+        self._redaction = redaction
         self._second: tuple[int, str] = (-1, "")  # one attribute: threads may log too
 
     def __call__(self, _: Any, method: str, event: structlog.typing.EventDict) -> bytes:
         event["level"] = _LEVEL_NAMES.get(method, method)
         event["pid"] = self._pid
         event["timestamp"] = self.timestamp(time.time())
-        return msgspec.json.encode(event, enc_hook=str)
+        return self._redaction.redactor.encoded(msgspec.json.encode(event, enc_hook=str))
 
     def timestamp(self, now: float) -> str:
         """`2026-11-23T16:53:22.123456Z`; the part up to the second is formatted once a second."""
@@ -87,12 +106,14 @@ class RequestLog:
     the processor chain) was 3-5% of the gateway's req/s at 50 clients. On a terminal it goes
     through structlog like everything else."""
 
-    __slots__ = ("_enabled", "_line", "_stream")
+    __slots__ = ("_enabled", "_line", "_stream", "redaction")
 
-    def __init__(self, line: JsonLine | None, stream: BinaryIO, enabled: bool = True) -> None:
+    def __init__(self, line: JsonLine | None, stream: BinaryIO,
+                 redaction: LogRedaction | None = None, enabled: bool = True) -> None:
         self._line = line
         self._stream = stream
         self._enabled = enabled
+        self.redaction = redaction or LogRedaction()  # shared with the structlog chain
 
     def write(self, fields: dict[str, Any]) -> None:
         """Log `fields` as the `request` event at info level."""

@@ -255,7 +255,8 @@ def _stream(exchange: Exchange, opened: router.Served[OpenedStream],
         exchange.finish(outcome)
 
     return Streamed(relay(opened.result, opened.provider, on_end=ended,
-                          strip_usage=not outgoing.client_wants_usage),
+                          strip_usage=not outgoing.client_wants_usage,
+                          redactor=exchange.services.live.redactor),
                     {**exchange.headers(), **STREAM_HEADERS})
 
 
@@ -301,6 +302,7 @@ def _error(exc: GatewayError, exchange: Exchange) -> Whole:
         headers["Retry-After"] = "1"
     elif isinstance(exc, KeyRateLimited):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    return Whole(envelope(exc), headers, status=exc.status,
-                  after=partial(exchange.finish, "error", error=exc.code))
+    body = exchange.services.live.redactor.encoded(envelope(exc))
+    return Whole(body, headers, status=exc.status,
+                 after=partial(exchange.finish, "error", error=exc.code))
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
+from gateway.config import secrets as config_secrets
 from gateway.health import ProviderHealth
 from gateway.limits import RateLimiter
 from gateway.logs import RequestLog
@@ -25,6 +26,7 @@ from gateway.traffic import RecentTraffic
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Provider, ProviderDisabled
+from providers.contract.redact import Redactor
 from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
@@ -41,6 +43,8 @@ class LiveConfig:
     providers: Mapping[str, Provider]
     models_body: bytes
     prices: Mapping[tuple[str, str], Price]
+    # Removes this config's secrets from everything that leaves the process.
+    redactor: Redactor
 
 
 def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None:
@@ -64,7 +68,8 @@ def build(snapshot: Snapshot, transport: Transport,
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {(spec.name, alias): model.price for spec in snapshot.providers
               for alias, model in spec.models.items() if model.price is not None}
-    return LiveConfig(snapshot, providers, models_list(snapshot), prices)
+    return LiveConfig(snapshot, providers, models_list(snapshot), prices,
+                      Redactor.of(config_secrets(snapshot)))
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
@@ -145,8 +150,9 @@ class Services:
                 effective = with_provider_disabled(effective, name, reason)
             live = LiveConfig(effective, {n: p for n, p in live.providers.items()
                                           if n not in disabled}, models_list(effective),
-                              live.prices)
+                              live.prices, live.redactor)
         previous, self._live = self._live, live
+        self.request_log.redaction.redactor = live.redactor
         log = get_logger()
         for spec in effective.providers:
             if not spec.enabled:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
+
 from gateway.services import Services
+
+
+def encoded(services: Services, body: Any) -> bytes:
+    """The gateway's state as JSON for a client: it quotes upstream messages, so it passes the
+    live config's redactor."""
+    return services.live.redactor.encoded(msgspec.json.encode(body))
 
 
 def providers_view(services: Services) -> list[dict[str, Any]]:

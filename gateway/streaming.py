@@ -24,6 +24,7 @@ from providers.contract.errors import (
     ProviderUnavailable,
     sse_error_event,
 )
+from providers.contract.redact import Redactor, mask_credentials
 from providers.contract.usage import Usage, from_payload
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -32,6 +33,7 @@ _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 _RESPONSE_ENDED = re.compile(rb'^\{\s*"type"\s*:\s*"response\.(completed|incomplete|failed)"')
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
+MAX_EVENT_TEXT = 4096  # of an upstream error event, what is read for the failover's reason
 # How long the relay waits, after the upstream's last event, for the end of its body.
 END_OF_BODY_GRACE = 0.25
 
@@ -102,10 +104,10 @@ async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
             head += chunk
             if watch.garbage:
                 raise BadUpstreamResponse("stream is not server-sent events")
-            if watch.error_event is not None:
-                raise ProviderUnavailable(
-                    "stream began with an error event: " + watch.error_event[:200].decode(
-                        "utf-8", "replace"))
+            if watch.error_event is not None:  # it may echo the request's headers
+                said = mask_credentials(watch.error_event[:MAX_EVENT_TEXT].decode("utf-8",
+                                                                                  "replace"))
+                raise ProviderUnavailable("stream began with an error event: " + said[:300])
             if watch.data_events:
                 return OpenedStream(head, chunks, watch)
         raise BadUpstreamResponse("stream ended before its first event")
@@ -116,12 +118,14 @@ async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
 
 async def relay(opened: OpenedStream, provider: str,
                 on_end: Callable[[str, Usage | None], None] | None = None,
-                strip_usage: bool = False) -> AsyncGenerator[bytes, None]:
+                strip_usage: bool = False,
+                redactor: Redactor | None = None) -> AsyncGenerator[bytes, None]:
     """Pass the stream through; end it with `[DONE]` or an in-band error, never silently.
 
     `on_end` hears how it ended ("completed", "error" or "client_disconnected") and the
     `usage` the stream reported, if any. `strip_usage` drops the usage-only event the gateway
-    asked for on the client's behalf.
+    asked for on the client's behalf. The in-band error passes `redactor` (it carries upstream
+    text); the upstream's own bytes are relayed as they are.
     """
     watch = opened.watch
     outcome = "client_disconnected"
@@ -149,7 +153,8 @@ async def relay(opened: OpenedStream, provider: str,
                 _mid_stream(provider, ProviderUnavailable("stream ended before it finished")))
     except ProviderError as exc:
         outcome = "error"
-        yield sse_error_event(_mid_stream(provider, exc))
+        event = sse_error_event(_mid_stream(provider, exc))
+        yield redactor.encoded(event) if redactor is not None else event
     finally:
         await close_quietly(opened.rest)
         if on_end is not None:

@@ -19,7 +19,7 @@ from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
-from providers.http import HttpUpstream
+from providers.http import HttpUpstream, scrub
 
 API_VERSION = "2023-06-01"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -267,7 +267,8 @@ class StreamTranslator:
                 "model": self.model, "choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n")
         if kind == "error":
             error = payload.get("error") or {}
-            raise ProviderUnavailable(f"{error.get('type', 'error')}: {error.get('message')}")
+            said = f"{error.get('type', 'error')}: {error.get('message')}"
+            raise ProviderUnavailable(scrub(said))  # it may echo the request's headers
         return b""  # ping, content_block_stop
 
     def _block_start(self, index: int, block: Mapping[str, Any]) -> bytes:

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.http import scrub
 
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
                   "RECITATION": "content_filter", "BLOCKLIST": "content_filter",
@@ -156,7 +157,8 @@ class StreamTranslator:
         if not isinstance(payload, dict):
             raise BadUpstreamResponse("stream event is not a JSON object")
         if isinstance(error := payload.get("error"), dict):
-            raise ProviderUnavailable(f"{error.get('status', 'error')}: {error.get('message')}")
+            said = f"{error.get('status', 'error')}: {error.get('message')}"
+            raise ProviderUnavailable(scrub(said))  # it may echo the request's headers
         self.id = self.id or completion_id(payload)
         self.model = payload.get("modelVersion") or self.model
         self.usage = payload.get("usageMetadata") or self.usage

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Mapping
 from email.utils import parsedate_to_datetime
@@ -31,6 +30,7 @@ from providers.contract.errors import (
     TotalTimeout,
     UpstreamClientError,
 )
+from providers.contract.redact import mask_credentials
 from providers.contract.spec import Timeouts
 from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 
@@ -39,23 +39,12 @@ MAX_ERROR_BODY = 64 * 1024
 # Longer than any HTTP date: a header that long is not a Retry-After.
 MAX_RETRY_AFTER_TEXT = 64
 
-# Looks like a credential: bearer tokens, "sk-..." style keys, key=... query parameters.
-_CREDENTIAL = re.compile(
-    r"(?i)(bearer\s+)[\w.\-~+/=]{8,}|\b(sk|pk|rk|gsk|xai|key)-[\w\-]{8,}|([?&](?:api_)?key=)[^&\s\"']+"
-)
-
-
 def scrub(text: str, secret: str | None = None) -> str:
     """Cut `text` short and mask credentials, including the provider's own key if given."""
     if secret:
         text = text.replace(secret, "***")
-    text = _CREDENTIAL.sub(_mask, text)
+    text = mask_credentials(text)
     return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 1] + "…"
-
-
-def _mask(match: re.Match[str]) -> str:
-    prefix = match.group(1) or match.group(3)
-    return f"{prefix}***" if prefix else "***"
 
 
 class _ErrorBody(msgspec.Struct):
