@@ -305,6 +305,10 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
     if base_url and not _is_http_url(base_url):  # the value is not shown: it may hold a key
         raise ConfigError(f"{file}: {where}.base_url: must be an http:// or https:// URL "
                           "with a host")
+    if base_url and api_key and urllib.parse.urlsplit(base_url).password is not None:
+        # Both would be sent, and clients refuse two sets of credentials in one request.
+        raise ConfigError(f"{file}: {where}.base_url: carries credentials (user:password@) "
+                          "and api_key is set too: keep one")
     spec = ProviderSpec(
         name=name,
         kind=entry.type,

@@ -135,6 +135,8 @@ async def relay(opened: OpenedStream, provider: str,
         if not watch.done:
             async for chunk in opened.rest:
                 watch.feed(chunk)
+                if watch.error_event is not None:  # the upstream's own error event: it may
+                    chunk = _scrubbed(chunk, redactor)  # quote the request's credentials
                 if strip_usage and b'"usage"' in chunk:
                     chunk = drop_usage_events(chunk)
                 if chunk:
@@ -182,6 +184,11 @@ def drop_usage_events(chunk: bytes) -> bytes:
     kept = [e for e in events if not (b'"usage"' in e and _USAGE_ONLY.search(e)
                                       and e.lstrip().startswith(b"data:"))]
     return b"\n\n".join(kept) if len(kept) != len(events) else chunk
+
+
+def _scrubbed(chunk: bytes, redactor: Redactor | None) -> bytes:
+    text = mask_credentials(chunk.decode("utf-8", "replace")).encode()
+    return redactor.encoded(text) if redactor is not None else text
 
 
 def _mid_stream(provider: str, exc: ProviderError) -> GatewayError:

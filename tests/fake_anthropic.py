@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.upstream import FakeUpstream, Mode, _error, _words
+from tests.upstream import FakeUpstream, Mode, _error, _words, echoed
 
 OVERLOADED = json.dumps({"type": "error", "error": {"type": "overloaded_error",
                                                     "message": "Overloaded"}})
@@ -26,6 +26,8 @@ class FakeAnthropic(FakeUpstream):
         try:
             if mode.kind == "status":
                 return _error(mode.code, mode.message, mode.retry_after, mode.body)
+            if mode.kind == "echo" and not (body.get("stream") and mode.message != "whole"):
+                return _error(mode.code, f"debug: {echoed(request)}")
             if mode.kind == "hang":
                 await asyncio.sleep(3600)
             if body.get("stream"):
@@ -92,6 +94,10 @@ class FakeAnthropic(FakeUpstream):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         events = self._events(mode, body)
+        if mode.kind == "echo":  # an error event quoting the request's headers
+            kept = events[:1] if mode.message == "open" else events[:3]
+            events = [*kept, {"type": "error", "error": {"type": "api_error",
+                                                         "message": f"debug: {echoed(request)}"}}]
         if mode.kind == "cut":  # Anthropic reports trouble mid-stream with an error event
             kept = events[:mode.after_chunks + 2] if mode.after_chunks else []
             events = [*kept, {"type": "error", "error": {"type": "overloaded_error",

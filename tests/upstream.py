@@ -75,6 +75,18 @@ def status(code: int, message: str | None = None, retry_after: float | str | Non
     return Mode("status", code=code, message=message, retry_after=retry_after, body=raw)
 
 
+def echo_headers(code: int = 400, at: str = "whole") -> Mode:
+    """Fail echoing every request header (a provider's credentials among them), as some
+    upstreams' debug errors do: as an HTTP `code` error (`at="whole"`), or on a stream as its
+    opening event (`at="open"`) or after one chunk (`at="mid"`)."""
+    return Mode("echo", code=code, message=at)
+
+
+def echoed(request: web.Request) -> str:
+    """The request's headers as an echoing upstream quotes them."""
+    return "; ".join(f"{name}={value}" for name, value in request.headers.items())
+
+
 def hang() -> Mode:
     """Accept the request and never answer."""
     return Mode("hang")
@@ -382,6 +394,8 @@ class FakeUpstream:
             await _forever()
         if mode.kind == "status":
             return _error(mode.code, mode.message, mode.retry_after, mode.body)
+        if mode.kind == "echo":
+            return await _echo(request, mode, shape, body)
         if mode.kind == "invalid_json" or (mode.kind == "sse_garbage" and not streaming):
             return web.Response(body=NOT_JSON, content_type="application/json")
         if mode.kind == "sse_garbage":
@@ -397,6 +411,21 @@ class FakeUpstream:
 
 
 # -- writing answers -------------------------------------------------------------------------
+
+
+async def _echo(request: web.Request, mode: Mode, shape: _Shape,
+                body: dict[str, Any]) -> web.StreamResponse:
+    error = {"error": {"message": f"debug: {echoed(request)}", "type": "server_error"}}
+    if mode.message == "whole" or not body.get("stream"):
+        return _error(mode.code, error["error"]["message"])
+    first = [_sse(shape.events(body, ["Hi"], ok())[0])] if mode.message == "mid" else []
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for event in [*first, _sse(error)]:
+        await response.write(event)
+        await asyncio.sleep(0.05)
+    await response.write_eof()
+    return response
 
 
 async def _forever() -> NoReturn:

@@ -1,9 +1,9 @@
 """What must never leave the process: the configured secrets, and anything shaped like a key.
 
 Two tools, for two kinds of text:
-- `mask_credentials` masks what looks like a credential (`Bearer …`, `sk-…`, `x-api-key: …`,
-  `key=…`, a URL's `user:pass@`). Upstream text (error bodies, stream error events) passes it
-  where it enters, since an upstream may echo any header it was sent.
+- `mask_credentials` masks what looks like a credential (`Bearer …`, `Basic …`, `sk-…`,
+  `x-api-key: …`, `key=…`, a URL's `user:pass@`). Upstream text (error bodies, stream error
+  events) passes it where it enters, since an upstream may echo any header it was sent.
 - `Redactor` removes every configured secret (provider keys, header values, proxy and URL
   credentials, the gateway's own keys). Every string that leaves passes one: error envelopes,
   in-band stream errors, log lines, the status and admin JSON, the CLI's output.
@@ -11,6 +11,7 @@ Two tools, for two kinds of text:
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ MASK = "***"
 MIN_SECRET = 6
 
 _CREDENTIAL = re.compile(
-    r"(?i)(bearer\s+)[\w.\-~+/=]{8,}"
+    r"(?i)((?:bearer|basic)\s+)[\w.\-~+/=]{8,}"
     r"|\b(?:sk|pk|rk|gsk|xai|key)-[\w\-]{8,}"
     r"|((?:x-api-key|x-goog-api-key|api-key|authorization)[\"']?\s*[:=]\s*[\"']?)"
     r"(?!bearer\s)[\w.\-~+/=]{6,}"
@@ -50,6 +51,9 @@ def url_secrets(url: str) -> list[str]:
     except ValueError:
         return []
     found = [unquote(v) for v in (parts.username, parts.password) if v]
+    if parts.password:  # as a client sends them: `Authorization: Basic base64(user:pass)`
+        pair = f"{unquote(parts.username or '')}:{unquote(parts.password)}"
+        found.append(base64.b64encode(pair.encode()).decode())
     found += [value for name, value in parse_qsl(parts.query)
               if "key" in name.lower() or "token" in name.lower()]
     return found

@@ -1,0 +1,146 @@
+"""No configured secret leaves the process, whatever an upstream echoes back.
+
+Canary values stand in for every kind of secret a config holds (provider keys, configured header
+values, URL and proxy credentials, the gateway's own keys). Upstreams of every kind echo the
+request's headers back in errors, whole and streamed, opening and mid-way; the canaries must
+appear in no answer, no in-band stream error, no log line, no status or admin page, no CLI line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from providers.contract.redact import Redactor, mask_credentials, url_secrets
+from tests.fake_anthropic import FakeAnthropic
+from tests.fake_gemini import FakeGemini
+from tests.gateway_process import ROOT, GatewayProcess, config, free_port
+from tests.upstream import FakeUpstream, Mode, echo_headers
+
+CANARIES = {
+    "CANARY_API_KEY": "canary-apikey-7f3a9c",  # not key-shaped: only the config knows it
+    "CANARY_ORG": "canary-orgtoken-51be",
+    "CANARY_URL_PASS": "canary-urlpass-88c1",
+    "CANARY_PROXY_PASS": "canary-proxypass-22d0",
+    "CANARY_GATEWAY": "canary-gatewaykey-19e4",
+    "CANARY_ADMIN": "canary-adminkey-6a0f",
+}
+GATEWAY_KEY, ADMIN_KEY = CANARIES["CANARY_GATEWAY"], CANARIES["CANARY_ADMIN"]
+KINDS = ("openai", "anthropic", "google", "ollama")
+ALIASES = {**{kind: f"{kind}-m" for kind in KINDS}, "urlcreds": "urlcreds-m"}
+
+
+def _entry(kind: str, base_url: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "base_url": base_url, "api_key": "$CANARY_API_KEY",
+            "headers": {"X-Org-Token": "$CANARY_ORG"}, "models": {f"{kind}-m": "m"}, **extra}
+
+
+@pytest.fixture
+def upstreams() -> Iterator[dict[str, FakeUpstream]]:
+    made = {"openai": FakeUpstream(name="oa"), "anthropic": FakeAnthropic(name="an"),
+            "google": FakeGemini(name="gm"), "ollama": FakeUpstream(name="ol")}
+    for upstream in made.values():
+        upstream.start()
+    yield made
+    for upstream in made.values():
+        upstream.stop()
+
+
+@pytest.fixture
+def canary_gateway(start_gateway: Callable[..., GatewayProcess],
+                   upstreams: dict[str, FakeUpstream]) -> GatewayProcess:
+    providers = {kind: _entry(kind, upstream.base_url) for kind, upstream in upstreams.items()}
+    # Credentials in the URL instead of a key: the client sends them as Basic auth.
+    with_credentials = upstreams["openai"].base_url.replace(
+        "http://", f"http://canaryuser:{CANARIES['CANARY_URL_PASS']}@")
+    providers["urlcreds"] = {"type": "openai", "base_url": with_credentials,
+                             "models": {"urlcreds-m": "m"}}
+    # A proxy with credentials that refuses connections: its URL may reach an error message.
+    proxied = f"http://proxyuser:{CANARIES['CANARY_PROXY_PASS']}@127.0.0.1:{free_port()}"
+    providers["proxied"] = {**_entry("openai", upstreams["openai"].base_url, proxy=proxied),
+                            "models": {"proxied-m": "m"}}
+    doc = config(providers, server={"api_keys": ["$CANARY_GATEWAY"],
+                                    "admin_keys": ["$CANARY_ADMIN"]})
+    return start_gateway(doc, env=CANARIES)
+
+
+def _post(gateway: GatewayProcess, model: str, stream: bool) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    response = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
+    return f"{response.status_code} {response.headers} {response.text}"
+
+
+def _leaks(text: str) -> list[str]:
+    return [name for name, value in CANARIES.items()
+            if value in text and name not in ("CANARY_GATEWAY",)] + (
+        ["base64 URL credentials"] if url_secrets(
+            f"http://canaryuser:{CANARIES['CANARY_URL_PASS']}@h")[-1] in text else [])
+
+
+SCENARIOS: list[tuple[str, Mode, bool]] = [
+    ("a 400 echoing the headers, relayed to the client", echo_headers(400), False),
+    ("a 500 echoing the headers, in attempts", echo_headers(500), False),
+    ("a stream opening with an echoing error event", echo_headers(200, at="open"), True),
+    ("a stream failing mid-way with an echoing error event", echo_headers(200, at="mid"), True),
+]
+
+
+def test_no_canary_leaves_through_answers_streams_logs_status_or_the_cli(
+        canary_gateway: GatewayProcess, upstreams: dict[str, FakeUpstream],
+        tmp_path: Path) -> None:
+    seen: list[str] = []
+    for name, alias in ALIASES.items():
+        for story, mode, stream in SCENARIOS:
+            if name == "google" and mode.message in ("open", "mid"):
+                continue  # Gemini's fake has no error events; its error bodies are covered
+            upstreams.get(name, upstreams["openai"]).set_mode(mode)
+            answer = _post(canary_gateway, alias, stream)
+            assert not _leaks(answer), f"{name}: {story}: {answer}"
+            seen.append(answer)
+    seen.append(_post(canary_gateway, "proxied-m", False))
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for path in ("/status.json", "/ready", "/admin/providers", "/metrics"):
+        seen.append(httpx.get(f"{canary_gateway.url}{path}", headers=admin).text)
+    cli = [subprocess.run([sys.executable, "-m", "gateway", command, "--config",
+                           str(canary_gateway.config_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **CANARIES})
+           for command in ("ls", "check")]
+    canary_gateway.wait_for_log("request", count=len(seen) - 4)  # every relayed request
+
+    for kind in ("openai", "anthropic", "ollama"):  # the upstreams did get the secrets
+        assert any(r.headers.get("x-org-token") == CANARIES["CANARY_ORG"]
+                   for r in upstreams[kind].requests)
+    assert "debug: " in seen[0] and "***" in seen[0]  # the echo reached the client, redacted
+    assert "x-org-token=***" in seen[0].lower()
+    assert "debug: " in cli[1].stdout  # check quoted the upstream's echo, redacted
+    for text in [*seen, canary_gateway.logs(), *(r.stdout + r.stderr for r in cli)]:
+        assert not _leaks(text), text[:2000]
+
+
+@pytest.mark.parametrize(("text", "masked"), [
+    ("Authorization=Bearer sk-abcdef0123456789", "Authorization=Bearer ***"),
+    ("x-api-key: abcdef0123456789xyz", "x-api-key: ***"),
+    ("url https://api.example/v1?key=AIzaSyAbc123&x=1", "url https://api.example/v1?key=***&x=1"),
+    ("proxy http://bob:hunter22@proxy:3128 down", "proxy http://***@proxy:3128 down"),
+    ("authorization: Basic Ym9iOmh1bnRlcjIy", "authorization: Basic ***"),
+    ("token sk-proj-0123456789abcdef", "token ***"),
+    ("nothing secret in model gpt-4o-mini", "nothing secret in model gpt-4o-mini"),
+])
+def test_key_shaped_tokens_in_upstream_text_are_masked(text: str, masked: str) -> None:
+    assert mask_credentials(text) == masked
+
+
+def test_the_redactor_removes_configured_secrets_longest_first_and_ignores_short_values() -> None:
+    redactor = Redactor.of(["abcdef1234", "abcdef1234-longer", "on", ""])
+
+    assert redactor.text("a abcdef1234-longer b abcdef1234 c on") == "a *** b *** c on"
+    assert redactor.encoded(b'{"m":"abcdef1234"}') == b'{"m":"***"}'
+    assert Redactor.of([]).text("abcdef1234") == "abcdef1234"
