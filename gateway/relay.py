@@ -31,6 +31,7 @@ from providers.contract.errors import (
     ResponseNotFound,
     envelope,
 )
+from providers.contract.log import get_logger
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.usage import Usage
 from providers.contract.usage import cost as cost_of
@@ -238,6 +239,10 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
         exchange.status = 499
         exchange.finish("client_disconnected")
         return Whole(b"", {}, status=499)
+    except Exception:  # a bug: logged with its traceback and counted, as every request is
+        get_logger().exception("unhandled_error", request_id=exchange.request_id,
+                               endpoint=endpoint)
+        return _error(GatewayError("Internal gateway error"), exchange)
     if not exchange.stream:
         exchange.served(answered)
         exchange.used(answered.result.usage)

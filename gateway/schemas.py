@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -12,11 +11,63 @@ from providers.contract.errors import InvalidRequest
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
 
+# The shapes the provider kinds' translators read (Anthropic's, Gemini's, the Responses
+# bridge's): checked here, once, so a wrong type is a 400 naming its place, never a 500 in a
+# translator. Only types are checked; unknown fields and values pass through untouched.
+Content = str | list[dict[str, Any]] | None
+
+
+class FunctionCall(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall
+    id: str | None = None
+    type: str | None = None
+
+
 class Message(msgspec.Struct):
-    """A chat message; only its role is checked here, the provider checks the rest."""
+    """A chat message: its role, and the types of what translators read."""
 
     role: NonEmptyStr
-    content: Any = None
+    content: Content = None
+    tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(msgspec.Struct):
+    type: str = "function"
+    function: FunctionDefinition | None = None
+
+
+class NamedFunction(msgspec.Struct):
+    name: str
+
+
+class ToolChoice(msgspec.Struct):
+    type: str | None = None
+    function: NamedFunction | None = None
+
+
+class JsonSchema(msgspec.Struct):
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    type: str
+    json_schema: JsonSchema | None = None
 
 
 class StreamOptions(msgspec.Struct):
@@ -37,6 +88,10 @@ class ChatHead(msgspec.Struct):
     stop: Stop = None
     n: Choices = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | ToolChoice | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # msgspec allows one array-like per union: the element union covers strings, token ids and
@@ -56,20 +111,60 @@ class CompletionHead(msgspec.Struct):
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
 
 
+class InputItem(msgspec.Struct):
+    """A Responses `input` item, of any type: the fields the bridge reads, by type."""
+
+    type: str = "message"
+    role: str | None = None
+    content: Content = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ResponsesTool(msgspec.Struct):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class TextConfig(msgspec.Struct):
+    format: dict[str, Any] | None = None
+
+
+class ReasoningConfig(msgspec.Struct):
+    effort: str | None = None
+
+
 class ResponsesHead(msgspec.Struct):
-    """What routing needs from a Responses API body."""
+    """What routing needs from a Responses API body, and the types the bridge reads."""
 
     model: NonEmptyStr
-    input: str | list[dict[str, Any]] | None = None
+    input: str | list[InputItem] | None = None
     stream: bool | None = False
     previous_response_id: str | None = None
     store: bool | None = True
+    tools: list[ResponsesTool] | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    instructions: str | None = None
+
+    def __post_init__(self) -> None:
+        for number, item in enumerate(self.input if isinstance(self.input, list) else ()):
+            for field_name in _ITEM_NEEDS.get(item.type, ()):
+                if getattr(item, field_name) is None:
+                    raise msgspec.ValidationError(
+                        f"Object missing required field `{field_name}` - at "
+                        f"`$.input[{number}]`")
+
+
+# What the bridge needs of each input item type (`gateway.responses.request`).
+_ITEM_NEEDS = {"message": ("role",), "function_call": ("call_id", "name"),
+               "function_call_output": ("call_id",)}
 
 
 Head = TypeVar("Head", bound=msgspec.Struct)
-
-_FIELD = re.compile(r"`\$\.(\w+)|required field `(\w+)`")
-
 
 def merge_extra_body(raw: bytes) -> bytes:
     """A literal `extra_body` object is merged into the top level, as the OpenAI SDK does."""
@@ -94,12 +189,11 @@ def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
     try:
         return msgspec.json.decode(raw, type=head), raw
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        found = _FIELD.search(message)
-        param = (found.group(1) or found.group(2)) if found else None
-        raise InvalidRequest(f"Invalid request: {message}", param=param) from None
+        raise InvalidRequest.from_msgspec(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"Request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:  # msgspec's own, for bytes inside a string
+        raise InvalidRequest(f"Request body is not UTF-8 (byte {exc.start})") from None
     except RecursionError:
         # msgspec stops at the interpreter's recursion limit (about 1,000 levels).
         raise InvalidRequest("Request body is nested too deeply") from None

@@ -10,12 +10,14 @@ truncation. The watcher parses only what that needs: event boundaries, `[DONE]`,
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 
 from providers.contract.errors import (
     BadUpstreamResponse,
@@ -24,13 +26,13 @@ from providers.contract.errors import (
     ProviderUnavailable,
     sse_error_event,
 )
+from providers.contract.log import get_logger
 from providers.contract.redact import Redactor, mask_credentials
 from providers.contract.usage import Usage, from_payload
 
 DONE_EVENT = b"data: [DONE]\n\n"
-_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
 # A Responses API stream is over once the response completed, stopped short, or failed.
-_RESPONSE_ENDED = re.compile(rb'^\{\s*"type"\s*:\s*"response\.(completed|incomplete|failed)"')
+_RESPONSE_ENDED = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
 MAX_EVENT_TEXT = 4096  # of an upstream error event, what is read for the failover's reason
@@ -38,20 +40,56 @@ MAX_EVENT_TEXT = 4096  # of an upstream error event, what is read for the failov
 END_OF_BODY_GRACE = 0.25
 
 
+class _Choice(msgspec.Struct):
+    index: int = 0
+    finish_reason: str | None = None
+
+
+class _Event(msgspec.Struct):
+    """What the watch reads of a data event; checking these types checks the whole event is
+    JSON (raw fields are scanned, not built)."""
+
+    choices: list[_Choice] | None = None
+    type: str | None = None
+    object: str | None = None
+    error: msgspec.Raw = msgspec.Raw()
+
+
+_EVENTS = msgspec.json.Decoder(_Event)
+_UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+
 @dataclass(slots=True)
 class SSEWatch:
-    """Reads an SSE byte stream alongside the relay, line by line, without changing it."""
+    """Reads an SSE byte stream alongside the relay, line by line, without changing it.
+
+    It is checked as it goes: bytes that are not UTF-8, a data event that is not a JSON object
+    of the expected shape (`malformed`), lines that are not SSE (`garbage`). A stream is
+    `finished` once every choice it started has a `finish_reason`."""
 
     data_events: int = 0
     done: bool = False
-    finished: bool = False
     error_event: bytes | None = None
     garbage: bool = False
+    malformed: bool = False
     usage: Usage | None = None
     _partial: bytes = field(default=b"", repr=False)
+    _started: set[int] = field(default_factory=set, repr=False)
+    _ended: set[int] = field(default_factory=set, repr=False)
+    _utf8: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(), repr=False)
+
+    @property
+    def finished(self) -> bool:
+        """Every choice seen has ended."""
+        return bool(self._started) and self._started <= self._ended
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk of the stream."""
+        try:
+            self._utf8.decode(chunk)
+        except UnicodeDecodeError:
+            self.malformed = True
         buffer = self._partial + chunk if self._partial else chunk
         lines = buffer.split(b"\n")
         self._partial = lines.pop()
@@ -68,19 +106,26 @@ class SSEWatch:
             self.garbage = True
             return
         if not line.startswith(b"data:"):
-            return
+            return  # a comment, an event name: no progress, no content
         payload = line[5:].lstrip()
         self.data_events += 1
         if payload == b"[DONE]":
             self.done = True
             return
-        if payload.startswith(b'{"error"') or payload.startswith(b'{"object":"error"'):
+        try:
+            event = _EVENTS.decode(payload)
+        except _UNREADABLE:
+            self.malformed = True
+            return
+        if len(event.error) or event.object == "error":
             self.error_event = payload
             return
-        if b'"response.' in payload[:40] and _RESPONSE_ENDED.match(payload):
+        if event.type is not None and event.type in _RESPONSE_ENDED:
             self.done = True
-        elif _FINISHED.search(payload):
-            self.finished = True
+        for choice in event.choices or ():
+            self._started.add(choice.index)
+            if choice.finish_reason is not None:
+                self._ended.add(choice.index)
         if b'"usage"' in payload and (usage := from_payload(payload)) is not None:
             self.usage = usage
 
@@ -104,6 +149,9 @@ async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
             head += chunk
             if watch.garbage:
                 raise BadUpstreamResponse("stream is not server-sent events")
+            if watch.malformed:
+                raise BadUpstreamResponse("stream event is not a JSON answer chunk (or not "
+                                          "UTF-8)")
             if watch.error_event is not None:  # it may echo the request's headers
                 said = mask_credentials(watch.error_event[:MAX_EVENT_TEXT].decode("utf-8",
                                                                                   "replace"))
@@ -134,33 +182,53 @@ async def relay(opened: OpenedStream, provider: str,
         yield drop_usage_events(head) if strip_usage and b'"usage"' in head else head
         if not watch.done:
             async for chunk in opened.rest:
-                watch.feed(chunk)
-                if watch.error_event is not None:  # the upstream's own error event: it may
-                    chunk = _scrubbed(chunk, redactor)  # quote the request's credentials
-                if strip_usage and b'"usage"' in chunk:
-                    chunk = drop_usage_events(chunk)
-                if chunk:
-                    yield chunk
+                if sent := _passed(chunk, watch, strip_usage, redactor):
+                    yield sent
                 if watch.done:
                     break
         if watch.done:
             await read_to_end(opened.rest)
-        if watch.done or (watch.finished and not watch.garbage):
-            if not watch.done:
-                yield DONE_EVENT
-            outcome = "completed"
-        else:
-            outcome = "error"
-            yield sse_error_event(
-                _mid_stream(provider, ProviderUnavailable("stream ended before it finished")))
+        outcome, last = ending(watch, provider)
+        if last:
+            yield last
     except ProviderError as exc:
         outcome = "error"
         event = sse_error_event(_mid_stream(provider, exc))
         yield redactor.encoded(event) if redactor is not None else event
+    except Exception:  # a bug: the client still learns the stream did not finish
+        outcome = "error"
+        get_logger().exception("unhandled_stream_error", provider=provider)
+        yield sse_error_event(GatewayError("Internal gateway error"))
     finally:
         await close_quietly(opened.rest)
         if on_end is not None:
             on_end(outcome, watch.usage)
+
+
+def _passed(chunk: bytes, watch: SSEWatch, strip_usage: bool, redactor: Redactor | None
+            ) -> bytes:
+    """An upstream chunk as the client gets it, once the watch has read it; never what the
+    client could not parse."""
+    watch.feed(chunk)
+    if watch.malformed:
+        raise BadUpstreamResponse("stream event is not a JSON answer chunk (or not UTF-8)")
+    if watch.error_event is not None:  # the upstream's own error event: it may quote the
+        chunk = _scrubbed(chunk, redactor)  # request's credentials
+    if strip_usage and b'"usage"' in chunk:
+        chunk = drop_usage_events(chunk)
+    return chunk
+
+
+def ending(watch: SSEWatch, provider: str) -> tuple[str, bytes]:
+    """How a stream whose upstream body is over ended, and the last bytes the client gets:
+    `[DONE]` when the upstream finished but did not say so, an in-band error when it had not
+    finished."""
+    if watch.done:
+        return "completed", b""
+    if watch.finished and not watch.garbage:
+        return "completed", DONE_EVENT
+    return "error", sse_error_event(
+        _mid_stream(provider, ProviderUnavailable("stream ended before it finished")))
 
 
 async def read_to_end(rest: AsyncIterator[bytes]) -> None:

@@ -22,7 +22,7 @@ from providers.compat import (
     used_legacy_functions,
 )
 from providers.contract.errors import BadUpstreamResponse
-from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.provider import Outgoing, Provider, Reply, decode_body
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
@@ -45,7 +45,7 @@ def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec,
             and not add_usage and not translate):
         return request.raw
     if translate:  # translation changes nested messages: work on a fresh copy
-        body: dict[str, Any] = translate_request(msgspec.json.decode(request.raw), options)
+        body: dict[str, Any] = translate_request(decode_body(request.raw), options)
     else:
         body = dict(request.json())
     body["model"] = upstream_model

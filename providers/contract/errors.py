@@ -36,6 +36,7 @@ Every `ProviderError` moves the request to the next candidate; the envelope is b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -76,6 +77,20 @@ class ClientError(GatewayError):
 
 class InvalidRequest(ClientError):
     """The body is not JSON, has wrong types, or misses a required field."""
+
+    @classmethod
+    def from_msgspec(cls, exc: Exception) -> InvalidRequest:
+        """The error for msgspec's complaint about the body, its `param` the place it names
+        (`messages[0].content`, `n`)."""
+        message = str(exc)
+        at = _AT.search(message)
+        missing = _MISSING.search(message)
+        parts = [p for p in (at.group(1) if at else "", missing.group(1) if missing else "") if p]
+        return cls(f"Invalid request: {message}", param=".".join(parts) or None)
+
+
+_AT = re.compile(r"- at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"required field `(\w+)`")
 
 
 class RequestTooLarge(ClientError):

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from providers.contract.errors import InvalidRequest
 from providers.contract.lasting import Lasting
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
@@ -36,8 +37,20 @@ class Outgoing:
     def json(self) -> dict[str, Any]:
         """The body as a dict, decoded once; callers copy before changing it."""
         if self._json is None:
-            self._json = msgspec.json.decode(self.raw)
+            self._json = decode_body(self.raw)
         return self._json
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """A client's body, whole, for a kind that translates it. The gateway checked its head;
+    a value past what it can hold (an integer past 64 bits in any field) is the client's."""
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest.from_msgspec(exc) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("Request body is not a JSON object")
+    return body
 
 
 @dataclass(frozen=True, slots=True)
