@@ -6,14 +6,16 @@ the request heads (`schemas`) and in the provider kinds, not here.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+import msgspec
 from litestar.types import Receive
 
 from gateway import auth, router, schemas
@@ -25,6 +27,7 @@ from gateway.streaming import OpenedStream, open_stream, relay
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
+    BadUpstreamResponse,
     GatewayError,
     KeyRateLimited,
     Overloaded,
@@ -277,8 +280,25 @@ async def _check_previous_response(services: Services, head: Any, routes: tuple[
         raise ResponseNotFound(previous)
 
 
+# What a kind's translation of an upstream answer raises when the answer has a shape it did
+# not expect (a list where an object belongs): the answer is bad, so it is a failover.
+_UNREADABLE = (TypeError, ValueError, KeyError, AttributeError, IndexError,
+               msgspec.MsgspecError)
+
+
+@contextlib.contextmanager
+def _reading(provider: Provider) -> Iterator[None]:
+    try:
+        yield
+    except _UNREADABLE as exc:
+        get_logger().warning("upstream_answer_unreadable", provider=provider.name,
+                             error=type(exc).__name__, exc_info=True)
+        raise BadUpstreamResponse(f"answer could not be read ({type(exc).__name__})") from None
+
+
 async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str) -> OpenedStream:
-    return await open_stream(provider.stream(outgoing, upstream_model))
+    with _reading(provider):
+        return await open_stream(provider.stream(outgoing, upstream_model))
 
 
 async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
@@ -288,7 +308,8 @@ async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
         trace("provider")
     started = time.perf_counter()
     try:
-        return await provider.send(outgoing, upstream_model)
+        with _reading(provider):
+            return await provider.send(outgoing, upstream_model)
     finally:  # the last try is the one that answered: its time is the upstream's share
         exchange.upstream_time = time.perf_counter() - started
         if trace is not None:

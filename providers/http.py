@@ -171,7 +171,7 @@ async def read_stream(response: Body, deadline: Deadline) -> AsyncIterator[bytes
     watchdog = Watchdog(response, deadline)
     try:
         while chunk := await response.readany():
-            watchdog.got_chunk()
+            watchdog.got_chunk(chunk)
             yield chunk
             watchdog.waiting()
     finally:
@@ -181,23 +181,33 @@ async def read_stream(response: Body, deadline: Deadline) -> AsyncIterator[bytes
 class Watchdog:
     """Fails a stream's pending read with the timeout that names what stalled.
 
+    Only data events count as progress: an SSE comment (`: ping`) or a line trickled a byte at
+    a time proves nothing, so neither stops the first-token clock nor restarts the idle one.
     One timer per stream, re-armed only when it fires: a timeout around each read cost a timer
     and a context manager per chunk, ~10% of the gateway's work per chunk. The idle clock runs
     only while the gateway waits on the upstream, not while the client is slow to take a chunk.
     """
 
-    __slots__ = ("_deadline", "_handle", "_loop", "_reader", "_started", "_waiting_since")
+    __slots__ = ("_deadline", "_handle", "_idle_from", "_loop", "_reader", "_started", "_tail",
+                 "_waiting")
 
     def __init__(self, reader: Body, deadline: Deadline) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = reader
         self._deadline = deadline
-        self._started = False  # no chunk yet: the first-token limit applies
-        self._waiting_since: float | None = self._loop.time()
+        self._started = False  # no data event yet: the first-token limit applies
+        self._waiting = True
+        self._idle_from: float | None = None  # since the last data event, once waiting again
+        self._tail = b""  # the end of the last chunk: "data:" may straddle two
         self._handle = self._loop.call_at(self._due()[0], self._check)
 
-    def got_chunk(self) -> None:
-        self._waiting_since = None
+    def got_chunk(self, chunk: bytes) -> None:
+        self._waiting = False
+        seen = self._tail + chunk if self._tail else chunk
+        self._tail = chunk[-4:]
+        if b"data:" not in seen:
+            return
+        self._idle_from = None
         if not self._started:  # from the first-token limit to the idle one: re-arm, once
             self._started = True
             self._handle.cancel()
@@ -205,7 +215,9 @@ class Watchdog:
 
     def waiting(self) -> None:
         now = self._loop.time()
-        self._waiting_since = now
+        self._waiting = True
+        if self._idle_from is None:
+            self._idle_from = now
         if now >= self._deadline.total_at:
             self._expire(TotalTimeout)
 
@@ -216,13 +228,13 @@ class Watchdog:
         deadline = self._deadline
         if not self._started:
             return deadline.capped(deadline.first_token_at, FirstTokenTimeout)
-        since = self._loop.time() if self._waiting_since is None else self._waiting_since
+        since = self._loop.time() if self._idle_from is None else self._idle_from
         return deadline.capped(since + deadline.idle, IdleTimeout)
 
     def _check(self) -> None:
         at, error = self._due()
         now = self._loop.time()
-        if self._waiting_since is not None and now >= at:
+        if self._waiting and now >= at:
             self._expire(error)
             return
         self._handle = self._loop.call_at(max(at, now + 0.001), self._check)

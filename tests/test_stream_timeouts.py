@@ -19,6 +19,8 @@ from providers.contract.errors import FirstTokenTimeout, IdleTimeout, ProviderTi
 from providers.contract.spec import Timeouts
 from providers.http import Deadline, read_stream
 
+EVENT = b'data: {"choices": []}\n\n'
+
 
 def _upstream() -> tuple[Any, aiohttp.StreamReader]:
     """A response whose body the test feeds, over a connection that stays open."""
@@ -46,9 +48,14 @@ async def _fed(reader: aiohttp.StreamReader, chunks: list[bytes], gap: float) ->
 
 @pytest.mark.parametrize(("timeouts", "feed", "expected"), [
     (Timeouts(first_token=0.1, idle=5, total=5), [], FirstTokenTimeout),
-    (Timeouts(first_token=5, idle=0.1, total=5), [b"a"], IdleTimeout),
-    (Timeouts(first_token=5, idle=5, total=0.3), [b"a"] * 50, TotalTimeout),
-])
+    (Timeouts(first_token=5, idle=0.1, total=5), [EVENT], IdleTimeout),
+    (Timeouts(first_token=5, idle=5, total=0.3), [EVENT] * 50, TotalTimeout),
+    # Comments and a line trickled a byte at a time are no first token, nor progress after one.
+    (Timeouts(first_token=0.3, idle=5, total=5), [b": ping\n\n"] * 50, FirstTokenTimeout),
+    (Timeouts(first_token=0.3, idle=5, total=5), [bytes([b]) for b in EVENT * 4],
+     FirstTokenTimeout),
+    (Timeouts(first_token=5, idle=0.3, total=5), [EVENT] + [b": ping\n\n"] * 50, IdleTimeout),
+], ids=["no-first-token", "idle", "total", "pings-only", "trickle", "pings-after-data"])
 def test_a_stalled_upstream_ends_with_the_timeout_that_names_the_phase(
         timeouts: Timeouts, feed: list[bytes], expected: type[ProviderTimeout]) -> None:
     async def scenario() -> None:
@@ -67,7 +74,7 @@ def test_a_stalled_upstream_ends_with_the_timeout_that_names_the_phase(
 def test_a_slow_client_does_not_count_against_the_upstream_idle_limit() -> None:
     async def scenario() -> list[bytes]:
         response, reader = _upstream()
-        for chunk in (b"a", b"b", b"c"):
+        for chunk in (b"data: a\n\n", b"data: b\n\n", b"data: c\n\n"):
             reader.feed_data(chunk)
             await asyncio.sleep(0)
         reader.feed_eof()
@@ -75,15 +82,15 @@ def test_a_slow_client_does_not_count_against_the_upstream_idle_limit() -> None:
         # never made the gateway wait.
         return await _read_all(response, Timeouts(first_token=5, idle=0.1, total=5), pause=0.25)
 
-    assert b"".join(asyncio.run(scenario())) == b"abc"
+    assert b"".join(asyncio.run(scenario())) == b"data: a\n\ndata: b\n\ndata: c\n\n"
 
 
 def test_a_steady_stream_runs_past_the_idle_limit_many_times_over() -> None:
     async def scenario() -> list[bytes]:
         response, reader = _upstream()
-        feeder = asyncio.create_task(_fed(reader, [b"x"] * 20, 0.03))
+        feeder = asyncio.create_task(_fed(reader, [EVENT] * 20, 0.03))
         got = await _read_all(response, Timeouts(first_token=5, idle=0.15, total=5))
         await feeder
         return got
 
-    assert len(b"".join(asyncio.run(scenario()))) == 20
+    assert b"".join(asyncio.run(scenario())) == EVENT * 20
