@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -179,6 +180,19 @@ def merge_extra_body(raw: bytes) -> bytes:
     return msgspec.json.encode(body)
 
 
+# Twenty digits: past any 64-bit integer. Cheaper to look for than to decode every body whole.
+_LONG_DIGITS = re.compile(rb"[0-9]{20}")
+
+
+def _check_unread(raw: bytes) -> None:
+    """What the typed decode skips must still be what every kind can read: UTF-8 throughout
+    (msgspec does not check the strings it skips), and no integer past 64 bits anywhere."""
+    if not raw.isascii():
+        raw.decode("utf-8")  # UnicodeDecodeError: answered as a 400 by `parse`
+    if _LONG_DIGITS.search(raw):  # inside a string, or a number no kind could hold?
+        msgspec.json.decode(raw)
+
+
 def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
     """Decode and check `raw` as `head`, returning the body to forward (extra_body merged);
     InvalidRequest names the field that is wrong."""
@@ -187,7 +201,9 @@ def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
     if b'"extra_body"' in raw:
         raw = merge_extra_body(raw)
     try:
-        return msgspec.json.decode(raw, type=head), raw
+        parsed = msgspec.json.decode(raw, type=head)
+        _check_unread(raw)
+        return parsed, raw
     except msgspec.ValidationError as exc:
         raise InvalidRequest.from_msgspec(exc) from None
     except msgspec.DecodeError as exc:

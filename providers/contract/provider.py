@@ -48,6 +48,8 @@ def decode_body(raw: bytes) -> dict[str, Any]:
         body = msgspec.json.decode(raw)
     except msgspec.ValidationError as exc:
         raise InvalidRequest.from_msgspec(exc) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"Request body is not UTF-8 (byte {exc.start})") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request body is not a JSON object")
     return body
