@@ -84,7 +84,8 @@ def test_bytes_that_are_not_utf8_and_numbers_past_64_bits_are_400s(
         mixed: GatewayProcess, endpoint: str, model: str) -> None:
     head = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "prompt": "x", ' \
            b'"input": "x"' % model.encode()
-    for body in (head + b', "user": "m\xff"}', head + b', "seed": ' + b"9" * 100_000 + b"}"):
+    for body in (head + b', "user": "m\xff"}', head + b', "seed": ' + b"9" * 100_000 + b"}",
+                 head + b', "metadata": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
         response = httpx.post(f"{mixed.base_url}/{endpoint}", content=body,
                               headers={"Content-Type": "application/json"})
         assert response.status_code == 400, response.text

@@ -50,6 +50,8 @@ def decode_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest.from_msgspec(exc) from None
     except UnicodeDecodeError as exc:
         raise InvalidRequest(f"Request body is not UTF-8 (byte {exc.start})") from None
+    except RecursionError:  # in a field the gateway's own check skipped
+        raise InvalidRequest("Request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request body is not a JSON object")
     return body
