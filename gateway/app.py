@@ -22,7 +22,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 import providers
-from gateway import admin, auth, config, discovery, logs, relay, reload, status_page
+from gateway import admin, auth, config, discovery, logs, openapi, relay, reload, status_page
 from gateway.config import Snapshot
 from gateway.front import Front
 from gateway.guard import Guard
@@ -44,6 +44,7 @@ from providers.transport import AiohttpTransport
 
 JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
+OPENAPI = msgspec.json.encode(openapi.document())
 # The collector's thresholds: (young objects between collections, young collections per
 # middle one, middle collections per full one). Request paths leave no cycles (a test checks),
 # so collections find nothing and their cost is what they traverse: what lives longer than a
@@ -89,6 +90,12 @@ async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     """What the status page shows, refreshed every two seconds."""
     services = _reader(request, "/status.json")
     return _json(services, status_page.status(services))
+
+
+@get("/openapi.json")
+async def openapi_document() -> Response[bytes]:
+    """The relay routes' OpenAPI document (their request bodies as the gateway checks them)."""
+    return Response(OPENAPI, media_type=JSON)
 
 
 @get("/health")
@@ -231,7 +238,7 @@ def create_app(snapshot: Snapshot | None = None) -> Guard:
         snapshot = config.load(config.discover())
     return Guard.around(Front(Litestar(
         route_handlers=[list_models, retrieve_model,
-                        health, ready, metrics, status_html, status_json,
+                        health, ready, metrics, status_html, status_json, openapi_document,
                         admin.list_providers, admin.toggle_provider],
         lifespan=[lifespan],
         exception_handlers={
