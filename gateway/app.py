@@ -28,7 +28,7 @@ from gateway.front import Front
 from gateway.guard import Guard
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.redis_sync import RedisSync
-from gateway.responses.store import RedisResponseStore
+from gateway.responses.store import RedisResponseStore, ResponseStore
 from gateway.services import Services, model_card
 from providers.contract.errors import (
     GatewayError,
@@ -210,7 +210,12 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         if snapshot.state.backend == "redis":
             shared = RedisSync(snapshot.state, services.health, services.limiter)
             tasks.append(asyncio.create_task(shared.run()))
-            services.responses = RedisResponseStore(snapshot.state.url, snapshot.state.prefix)
+            services.responses = RedisResponseStore(
+                snapshot.state.url, snapshot.state.prefix, snapshot.responses.store_max_bytes,
+                snapshot.responses.store_max_entry_bytes)
+        else:
+            services.responses = ResponseStore(snapshot.responses.store_max_bytes,
+                                               snapshot.responses.store_max_entry_bytes)
         # Startup objects never become garbage: park them outside the collector.
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)

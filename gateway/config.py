@@ -22,6 +22,8 @@ import msgspec
 import yaml
 
 from gateway.limits import KeyLimits
+from gateway.responses.store import DEFAULT_MAX_BYTES as DEFAULT_STORE_MAX_BYTES
+from gateway.responses.store import DEFAULT_MAX_ENTRY_BYTES as DEFAULT_STORE_MAX_ENTRY_BYTES
 from providers.contract.redact import url_secrets
 from providers.contract.spec import (
     CircuitPolicy,
@@ -110,11 +112,20 @@ class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sync_interval: float = 0.5
 
 
+class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What `/v1/responses` keeps for `previous_response_id` (in each process; restart to
+    change)."""
+
+    store_max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_STORE_MAX_BYTES
+    store_max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_STORE_MAX_ENTRY_BYTES
+
+
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     providers: dict[str, dict[str, Any]]
     server: dict[str, Any] = {}
     defaults: _Defaults = _Defaults()
     state: StateConfig = StateConfig()
+    responses: ResponsesConfig = ResponsesConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +155,7 @@ class Snapshot:
     state: StateConfig = field(default_factory=StateConfig)
     keys: tuple[GatewayKey, ...] = ()
     admin_keys: tuple[GatewayKey, ...] = ()
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
 
     @property
     def any_keys(self) -> bool:
@@ -212,7 +224,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
-                    state=state, keys=keys, admin_keys=admin_keys)
+                    state=state, keys=keys, admin_keys=admin_keys, responses=file.responses)
 
 
 def _decode(text: str, path: Path) -> Any:

@@ -9,8 +9,8 @@ import msgspec
 
 from gateway.responses import reply
 from gateway.responses.events import ResponseEvents
-from gateway.responses.request import to_chat
-from gateway.responses.store import ResponseStore
+from gateway.responses.request import input_messages, to_chat
+from gateway.responses.store import ResponseStore, StoredTurn
 from providers.contract.errors import ProviderError, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
 
@@ -35,25 +35,34 @@ class ResponsesBridge(Provider):
                             request.stream, request.request_id, client_wants_usage=True)
         return body, outgoing
 
-    async def _remember(self, body: dict[str, Any], chat: Outgoing,
-                        response: dict[str, Any]) -> None:
-        if body.get("store", True):
-            sent = chat.json()["messages"]
-            await self.store.put(response["id"],
-                                 sent + reply.output_as_messages(response["output"]))
+    def _turn(self, body: dict[str, Any], response: dict[str, Any]) -> bytes | None:
+        """This response's turn encoded for the store, or None when it is not to be stored:
+        the client said `store: false`, or it is too large (then the answer says so)."""
+        if not body.get("store", True):
+            return None
+        turn = StoredTurn(input_messages(body.get("input"))
+                          + reply.output_as_messages(response["output"]),
+                          body.get("previous_response_id"))
+        encoded = self.store.encode(turn)
+        if encoded is None:
+            response["store"] = False
+        return encoded
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         body, chat = await self._chat(request)
         answer = await self.inner.send(chat, upstream_model)
         response = reply.to_response(msgspec.json.decode(answer.body), body,
                                      reply.new_id("resp"))
-        await self._remember(body, chat, response)
+        if (turn := self._turn(body, response)) is not None:
+            await self.store.put(response["id"], turn)
         return Reply(msgspec.json.encode(response), usage=answer.usage)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         body, chat = await self._chat(request)
         chunks = self.inner.stream(chat, upstream_model)
         events = ResponseEvents(body, reply.new_id("resp"))
+        turns: list[bytes | None] = []  # decided as the stream ends, before its last event
+        events.before_end = lambda response: turns.append(self._turn(body, response))
         buffer = b""
         sent = False
         try:
@@ -78,8 +87,8 @@ class ResponsesBridge(Provider):
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
-        if events.response["status"] != "failed":
-            await self._remember(body, chat, events.response)
+        if events.response["status"] != "failed" and turns and turns[0] is not None:
+            await self.store.put(events.response["id"], turns[0])
 
 
 def _translate(events: ResponseEvents, event: bytes) -> bytes:

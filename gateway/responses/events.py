@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -41,6 +42,9 @@ class ResponseEvents:
         self.calls: dict[int, _Item] = {}
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        # Hears the finished response just before response.completed carries it (the store
+        # decides there whether it can keep it, and the answer says so).
+        self.before_end: Callable[[dict[str, Any]], None] | None = None
 
     def _start(self) -> bytes:
         if self.started:
@@ -78,6 +82,8 @@ class ResponseEvents:
         reply.finish(self.response, self.finish_reason)
         if (counted := reply.usage(self.usage)) is not None:
             self.response["usage"] = counted
+        if self.before_end is not None:
+            self.before_end(self.response)
         kind = "response.completed" if self.response["status"] == "completed" \
             else "response.incomplete"
         return out + self._event(kind, response=self.response)

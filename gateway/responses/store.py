@@ -1,8 +1,15 @@
 """Recent responses, so a follow-up turn can say `previous_response_id`.
 
-In memory (bounded) by default; with the Redis state backend also in Redis, so any worker or
-replica can continue a conversation another one started. Redis trouble never fails a request:
-the local copy still answers, and a miss is a miss.
+Each stored response keeps only what it added to its conversation (its input and its output, as
+chat messages) and the id of the response before it: a long conversation costs each turn once,
+not its whole history again at every turn. `get` walks the chain back; if any link was evicted,
+the conversation cannot be rebuilt and it is a miss, never a silently shortened history.
+
+Bounded by bytes (`responses.store_max_bytes`, oldest evicted first), and a turn larger than
+`responses.store_max_entry_bytes` is not stored at all (the answer says `store: false`). With
+the Redis state backend turns are also kept in Redis, so any worker or replica can continue a
+conversation another one started. Redis trouble never fails a request, and a value there that
+is not a stored turn is a miss.
 """
 
 from __future__ import annotations
@@ -15,53 +22,106 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-DEFAULT_CAPACITY = 10_000
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_ENTRY_BYTES = 16 * 1024 * 1024
+# Turns walked back from one response: a conversation longer than this is not continued.
+MAX_CHAIN = 10_000
 REDIS_TTL = 7 * 24 * 3600
 
 
+class StoredTurn(msgspec.Struct, frozen=True):
+    """What one response added to its conversation, and the response it continued."""
+
+    messages: list[dict[str, Any]]
+    previous: str | None = None
+
+
+_TURNS = msgspec.json.Decoder(StoredTurn)
+
+
 class ResponseStore:
-    """The conversation up to and including each stored response, as chat messages."""
+    """Stored turns, encoded, in memory: at most `max_bytes` of them, oldest evicted first."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.capacity = capacity
-        self._turns: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.max_entry_bytes = min(max_entry_bytes, max_bytes)
+        self.bytes = 0
+        self._turns: OrderedDict[str, bytes] = OrderedDict()
 
-    async def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        self._turns[response_id] = messages
-        self._turns.move_to_end(response_id)
-        while len(self._turns) > self.capacity:
-            self._turns.popitem(last=False)
+    def encode(self, turn: StoredTurn) -> bytes | None:
+        """The turn as it would be stored, or None when it is too large to be."""
+        encoded = msgspec.json.encode(turn)
+        return encoded if len(encoded) <= self.max_entry_bytes else None
+
+    async def put(self, response_id: str, encoded: bytes) -> None:
+        """Keep an encoded turn (`encode`), evicting the oldest past the byte bound."""
+        self._keep(response_id, encoded)
+
+    def _keep(self, response_id: str, encoded: bytes) -> None:
+        if (old := self._turns.pop(response_id, None)) is not None:
+            self.bytes -= len(old)
+        self._turns[response_id] = encoded
+        self.bytes += len(encoded)
+        while self.bytes > self.max_bytes:
+            _, evicted = self._turns.popitem(last=False)
+            self.bytes -= len(evicted)
 
     async def get(self, response_id: str) -> list[dict[str, Any]] | None:
-        return self._turns.get(response_id)
+        """The whole conversation up to and including `response_id`, or None if any of its
+        turns is not held."""
+        turns: list[StoredTurn] = []
+        at: str | None = response_id
+        while at is not None and len(turns) < MAX_CHAIN:
+            turn = await self._turn(at)
+            if turn is None:
+                return None
+            turns.append(turn)
+            at = turn.previous
+        if at is not None:
+            return None
+        return [message for turn in reversed(turns) for message in turn.messages]
+
+    async def _turn(self, response_id: str) -> StoredTurn | None:
+        encoded = self._turns.get(response_id)
+        return _decoded(encoded) if encoded is not None else None
 
     async def close(self) -> None:
         """Release connections, if any."""
 
 
-class RedisResponseStore(ResponseStore):
-    """Also keeps each conversation in Redis for a week, shared by every gateway process."""
+def _decoded(encoded: bytes) -> StoredTurn | None:
+    try:
+        return _TURNS.decode(encoded)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
-    def __init__(self, url: str, prefix: str, capacity: int = DEFAULT_CAPACITY) -> None:
-        super().__init__(capacity)
+
+class RedisResponseStore(ResponseStore):
+    """Also keeps each turn in Redis for a week, shared by every gateway process."""
+
+    def __init__(self, url: str, prefix: str, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
+        super().__init__(max_bytes, max_entry_bytes)
         self.prefix = f"{prefix}response:"
         self._client = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
 
-    async def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        await super().put(response_id, messages)
+    async def put(self, response_id: str, encoded: bytes) -> None:
+        self._keep(response_id, encoded)
         # On failure the local copy still serves this process; the state sync logs the outage.
         with contextlib.suppress(RedisError, OSError):
-            await self._client.set(self.prefix + response_id, msgspec.json.encode(messages),
-                                   ex=REDIS_TTL)
+            await self._client.set(self.prefix + response_id, encoded, ex=REDIS_TTL)
 
-    async def get(self, response_id: str) -> list[dict[str, Any]] | None:
-        if (found := await super().get(response_id)) is not None:
+    async def _turn(self, response_id: str) -> StoredTurn | None:
+        if (found := await super()._turn(response_id)) is not None:
             return found
         try:
             stored = await self._client.get(self.prefix + response_id)
         except (RedisError, OSError):
             return None
-        return msgspec.json.decode(stored) if stored else None
+        if not isinstance(stored, bytes) or len(stored) > self.max_entry_bytes:
+            return None
+        return _decoded(stored)
 
     async def close(self) -> None:
         await self._client.aclose()
