@@ -201,15 +201,16 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         services = Services(transport, providers.load_kinds(), app.state.request_log)
         await services.apply(snapshot)
         app.state.services = services
-        tasks = []
+        supervisor = services.supervisor
         if snapshot.source is not None:
-            tasks.append(asyncio.create_task(reload.watch(
-                snapshot.source, snapshot.server.reload_interval, services, _on_sighup())))
-        tasks.append(asyncio.create_task(discovery.watch(services)))
+            source, sighup = snapshot.source, _on_sighup()
+            supervisor.start("config_reload", lambda: reload.watch(
+                source, snapshot.server.reload_interval, services, sighup))
+        supervisor.start("model_discovery", lambda: discovery.watch(services))
         shared = None
         if snapshot.state.backend == "redis":
             shared = RedisSync(snapshot.state, services.health, services.limiter)
-            tasks.append(asyncio.create_task(shared.run()))
+            supervisor.start("shared_state", shared.run)
             services.responses = RedisResponseStore(
                 snapshot.state.url, snapshot.state.prefix, snapshot.responses.store_max_bytes,
                 snapshot.responses.store_max_entry_bytes)
@@ -225,14 +226,13 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if shared is not None:
-                await shared.close()
-            await services.responses.close()
-            await services.close()
+            await supervisor.stop()
+            cleanups = [shared.close] if shared is not None else []
+            for cleanup in (*cleanups, services.responses.close, services.close):
+                try:  # each runs, whatever the one before did
+                    await cleanup()
+                except Exception:
+                    get_logger().exception("shutdown_cleanup_failed")
 
 
 def create_app(snapshot: Snapshot | None = None) -> Guard:

@@ -106,7 +106,13 @@ class RedisSync:
         now = time.time()
         expired = []
         for field, value in stored.items():
-            change = decode(field, value)
+            try:
+                change = decode(field, value)
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+                # Not what any gateway writes: skipped (and dropped), never a crash.
+                get_logger().warning("shared_state_value_ignored", field=repr(field)[:100])
+                expired.append(field)
+                continue
             if change.until > now:
                 self.health.apply_remote(change)
             else:

@@ -22,6 +22,7 @@ from gateway.logs import RequestLog
 from gateway.metrics import Metrics
 from gateway.responses.bridge import ResponsesBridge
 from gateway.responses.store import ResponseStore
+from gateway.supervise import Supervisor
 from gateway.traffic import RecentTraffic
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
@@ -107,6 +108,7 @@ class Services:
         # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
         self.config_error: dict[str, Any] | None = None
         self.lasting = Lasting()  # what outlives snapshots: worker pools
+        self.supervisor = Supervisor()  # the background tasks, restarted when they fail
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
         # profiler such as bench/stages.py; None in production, where it costs one check each.
         self.trace: Callable[[str], None] | None = None

@@ -56,6 +56,7 @@ def status(services: Services) -> dict[str, Any]:
         "uptime_s": round(time.time() - services.started),
         "config": {"source": str(services.live.snapshot.source),
                    "last_reload_error": services.config_error},
+        "tasks": services.supervisor.view(),
         "inflight": services.inflight,
         "providers": providers_view(services),
         "series": series,

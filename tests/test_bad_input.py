@@ -3,8 +3,6 @@ and a 500 that a bug still causes is never invisible (logged with its request id
 
 from __future__ import annotations
 
-import os
-import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import plugins
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream
@@ -95,9 +94,7 @@ def test_bytes_that_are_not_utf8_and_numbers_past_64_bits_are_400s(
 BUGGY_KIND = """
     from providers.contract.provider import Provider
 
-    class BuggyProvider(Provider):
-        kind = "buggy"
-
+    class Kind(Provider):
         async def send(self, request, upstream_model):
             raise RuntimeError("a bug in a plug-in")
 
@@ -107,23 +104,10 @@ BUGGY_KIND = """
 """
 
 
-@pytest.fixture
-def buggy_plugin(tmp_path: Path) -> dict[str, str]:
-    """A provider kind installed as a plug-in (an entry point), with a bug in it."""
-    (tmp_path / "buggy_kind.py").write_text(textwrap.dedent(BUGGY_KIND))
-    info = tmp_path / "buggy_kind-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: buggy-kind\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[llms_gateway.providers]\nbuggy = buggy_kind:BuggyProvider\n")
-    return {"PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
-
-
 def test_a_500_from_a_bug_is_logged_with_its_request_id_and_counted(
-        start_gateway: Callable[..., GatewayProcess], buggy_plugin: dict[str, str]) -> None:
+        start_gateway: Callable[..., GatewayProcess], tmp_path: Path) -> None:
     gateway = start_gateway(config({"b": {"type": "buggy", "models": {"m": "m"}}}),
-                            env=buggy_plugin)
+                            env=plugins.install(tmp_path, "buggy", BUGGY_KIND))
 
     response = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": "m",
                                                                        "messages": HI})
