@@ -201,6 +201,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         services = Services(transport, providers.load_kinds(), app.state.request_log)
         await services.apply(snapshot)
         app.state.services = services
+        services.drain.listen(snapshot.server.drain_timeout)
         supervisor = services.supervisor
         if snapshot.source is not None:
             source, sighup = snapshot.source, _on_sighup()

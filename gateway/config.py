@@ -93,6 +93,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The server waits for the next request head at most this and `header_timeout` (granian has
     # one timer for both), so an idle connection closes after the shorter of the two.
     keepalive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 75.0
+    # Seconds open streams get to finish after SIGTERM; then each ends with an in-band error
+    # (`gateway.drain`), before the server's own patience (a few seconds more) ends.
+    drain_timeout: Annotated[float, msgspec.Meta(gt=0)] = 25.0
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -10,6 +10,8 @@ are touched, so any ASGI server runs it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 
 from litestar import Litestar
@@ -17,9 +19,17 @@ from litestar.types import Message, Receive, Scope, Send
 
 from gateway import relay
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
+from gateway.drain import Drain
 from gateway.services import Services
 from gateway.streaming import close_quietly
-from providers.contract.errors import GatewayError, MethodNotAllowed, RequestTooLarge, envelope
+from providers.contract.errors import (
+    GatewayError,
+    MethodNotAllowed,
+    RequestTooLarge,
+    ShuttingDown,
+    envelope,
+    sse_error_event,
+)
 from providers.contract.log import get_logger
 
 RELAY_PATHS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
@@ -96,7 +106,7 @@ class Front:
             answer = relay.Whole(envelope(GatewayError("Internal gateway error")),
                                  {"x-request-id": relay.request_id(request.headers)}, 500)
         if isinstance(answer, relay.Streamed):
-            await send_stream(answer, request.receive, send)
+            await send_stream(answer, request.receive, send, services.drain)
             return
         try:
             await send_whole(answer, send)
@@ -126,27 +136,47 @@ async def send_whole(answer: relay.Whole, send: Send) -> None:
     await send({"type": "http.response.body", "body": answer.body, "more_body": False})
 
 
-async def send_stream(answer: relay.Streamed, receive: Receive, send: Send) -> None:
+async def send_stream(answer: relay.Streamed, receive: Receive, send: Send,
+                      drain: Drain | None = None) -> None:
     """Relay a stream's chunks as they come, one ASGI message each.
 
     The stream has already produced its first chunk (`relay` peeks before it commits), so its
     generator is started and its own `finally` (the log line, metrics, closing the upstream)
     runs once it is closed here, whether it ended, failed or the client left. A client that
     leaves is seen at the next write, or while the upstream is quiet by the disconnect guard,
-    which cancels the wait.
+    which cancels the wait. A shutdown whose drain time runs out (`drain`) ends the stream with
+    the in-band error, never a silent cut.
     """
     chunks = answer.chunks
     head: Message | None = _head(answer.status, answer.media_type, answer.headers, None)
     try:
-        async with DisconnectGuard(receive):
-            async for chunk in chunks:  # the first chunk is at hand: the stream has begun
-                if head is not None:
-                    await send(head)
-                    head = None
-                if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        tracked = drain.tracking(answer.interrupted) if drain is not None else None
+        with tracked or contextlib.nullcontext():
+            async with DisconnectGuard(receive):
+                async for chunk in chunks:  # the first chunk is at hand: the stream has begun
+                    if head is not None:
+                        await send(head)
+                        head = None
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
     except (ClientDisconnected, OSError):
         pass  # the client is gone: the stream's own ending records it
+    except asyncio.CancelledError:
+        if drain is None or not drain.was_cut():
+            raise
+        await _cut_short(head, send)
     finally:
         await close_quietly(chunks)
+
+
+async def _cut_short(head: Message | None, send: Send) -> None:
+    error = ShuttingDown("The gateway is shutting down and its drain time ran out; the "
+                         "answer is incomplete: retry it")
+    with contextlib.suppress(OSError):
+        if head is not None:
+            await send(head)
+        await send({"type": "http.response.body", "body": sse_error_event(error),
+                    "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -72,6 +72,8 @@ class Streamed:
     headers: Mapping[str, str]
     status: int = 200
     media_type: str = "text/event-stream"
+    # Told why, when the gateway itself ends the stream early (a shutdown's drain ran out).
+    interrupted: Callable[[str], None] | None = None
 
 
 def request_id(headers: Mapping[str, str]) -> str:
@@ -265,7 +267,8 @@ def _stream(exchange: Exchange, opened: router.Served[OpenedStream],
     return Streamed(relay(opened.result, opened.provider, on_end=ended,
                           strip_usage=not outgoing.client_wants_usage,
                           redactor=exchange.services.live.redactor),
-                    {**exchange.headers(), **STREAM_HEADERS})
+                    {**exchange.headers(), **STREAM_HEADERS},
+                    interrupted=lambda reason: exchange.finish("error", reason=reason))
 
 
 async def _check_previous_response(services: Services, head: Any, routes: tuple[Route, ...],

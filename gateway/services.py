@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
 from gateway.config import secrets as config_secrets
+from gateway.drain import Drain
 from gateway.health import ProviderHealth
 from gateway.limits import RateLimiter
 from gateway.logs import RequestLog
@@ -109,6 +110,7 @@ class Services:
         self.config_error: dict[str, Any] | None = None
         self.lasting = Lasting()  # what outlives snapshots: worker pools
         self.supervisor = Supervisor()  # the background tasks, restarted when they fail
+        self.drain = Drain()  # open streams, ended in-band if still open late in a shutdown
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
         # profiler such as bench/stages.py; None in production, where it costs one check each.
         self.trace: Callable[[str], None] | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import math
 import multiprocessing
 import os
 import signal
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
     from gateway.config import ServerConfig
 
 APP = "gateway.app:create_app"
-# A shutting-down worker gets this long for the requests it has (open streams) to finish.
-GRACEFUL_SHUTDOWN = 30
+# After `server.drain_timeout` the gateway ends the streams still open itself (in-band error,
+# `gateway.drain`); the server kills a worker still running this much later.
+KILL_MARGIN = 5
 # hyper's smallest read buffer.
 MIN_BUFFER = 8192
 PR_SET_PDEATHSIG = 1
@@ -51,7 +53,7 @@ def buffer_size(server: ServerConfig) -> int:
 def run(server: ServerConfig, host: str, port: int, workers: int, open_files: int,
         app: str = APP) -> None:
     """Serve the app factory `app` names on `host:port` until SIGTERM or SIGINT (open requests
-    get `GRACEFUL_SHUTDOWN` seconds to finish); `open_files` is the process's descriptor limit.
+    get `server.drain_timeout` seconds to finish); `open_files` is the process's descriptor limit.
     Profilers pass their own factory around the gateway's (bench/stage_probe/serve.py)."""
     from granian import Granian
     from granian.constants import HTTPModes, Interfaces, Loops
@@ -77,7 +79,8 @@ def run(server: ServerConfig, host: str, port: int, workers: int, open_files: in
         backpressure=min(max(1, open_files), MAX_CONNECTIONS), backlog=2048,
         log_level=LogLevels.warning, log_access=False,
         # A worker that dies is replaced; one that dies again at once stops the server.
-        respawn_failed_workers=True, workers_kill_timeout=GRACEFUL_SHUTDOWN,
+        respawn_failed_workers=True,
+        workers_kill_timeout=math.ceil(server.drain_timeout) + KILL_MARGIN,
     ).serve(target_loader=functools.partial(load_in_worker, os.getpid()))
 
 

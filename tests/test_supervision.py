@@ -3,6 +3,9 @@ restarted, and shown on the status page, and the rest of the gateway carries on.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +17,7 @@ import redis
 from gateway.supervise import MAX_BACKOFF, backoff
 from tests import plugins
 from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream
+from tests.upstream import FakeUpstream, ok
 
 # A third-party kind whose model listing has a bug: discovery calls it on a timer.
 CRASHING_DISCOVERY = """
@@ -93,3 +96,28 @@ def test_a_malformed_field_in_redis_is_skipped_not_a_crash_of_every_workers_sync
 def test_the_backoff_doubles_from_half_a_second_and_is_capped() -> None:
     assert [backoff(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
     assert backoff(50) == MAX_BACKOFF
+
+
+def test_sigterm_ends_a_stream_longer_than_the_drain_with_an_in_band_error_and_says_why(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    up.set_mode(ok(content=" ".join(["word"] * 100), delay_between_chunks=0.1))  # 10 s
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})},
+                                   server={"drain_timeout": 1}))
+    assert gateway.process is not None
+
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=30,
+                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                            "stream": True}) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        os.killpg(gateway.process.pid, signal.SIGTERM)
+        rest = [line for line in lines if line]
+
+    assert "[DONE]" not in rest[-1]
+    assert json.loads(rest[-1][6:])["error"]["code"] == "server_shutting_down"
+    assert gateway.process.wait(timeout=15) in (0, -signal.SIGTERM)
+    assert gateway.log_events("shutdown_cutting_streams")
+    request = gateway.log_events("request")[-1]
+    assert (request["outcome"], request["reason"]) == ("error", "shutdown")

@@ -15,6 +15,7 @@
      │    ├── PermissionDenied        403 permission_denied: a valid key, not allowed here
      │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
      ├── Overloaded                   503 overloaded: the process is at its concurrency cap
+     ├── ShuttingDown                 503 server_shutting_down: a stream the drain ended
      ├── ProviderError                one attempt at one provider failed; `retryable` says
      │    │                           whether the same provider may be tried again
      │    ├── ProviderUnavailable     refused / reset connection, 5xx
@@ -219,6 +220,13 @@ class Overloaded(GatewayError):
 
     http_status = 503
     code = "overloaded"
+
+
+class ShuttingDown(GatewayError):
+    """The worker is stopping and its drain time ran out: sent in-band to a cut stream."""
+
+    http_status = 503
+    code = "server_shutting_down"
 
 
 class ProviderError(GatewayError):
