@@ -79,10 +79,9 @@ def _post(gateway: GatewayProcess, model: str, stream: bool) -> str:
 
 
 def _leaks(text: str) -> list[str]:
-    return [name for name, value in CANARIES.items()
-            if value in text and name not in ("CANARY_GATEWAY",)] + (
-        ["base64 URL credentials"] if url_secrets(
-            f"http://canaryuser:{CANARIES['CANARY_URL_PASS']}@h")[-1] in text else [])
+    """The canaries `text` carries, the URL's credentials in their Basic form among them."""
+    basic = url_secrets(f"http://canaryuser:{CANARIES['CANARY_URL_PASS']}@h")[-1]
+    return [name for name, value in {**CANARIES, "basic": basic}.items() if value in text]
 
 
 SCENARIOS: list[tuple[str, Mode, bool]] = [
