@@ -9,12 +9,23 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll `condition` until it holds; AssertionError after `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {within}s")
 
 
 def free_port() -> int:

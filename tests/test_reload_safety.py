@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, ok
 
 KEY = "gw-key-00000001"
@@ -36,15 +36,6 @@ def _write_bytes(gateway: GatewayProcess, data: bytes) -> None:
     scratch = gateway.config_path.with_suffix(".tmp")
     scratch.write_bytes(data)
     scratch.replace(gateway.config_path)
-
-
-def _wait_for(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _keyed(a: FakeUpstream, b: FakeUpstream, key_ref: str = "$GW_KEY",
@@ -71,7 +62,7 @@ def test_a_misspelt_key_variable_is_refused_and_the_gateway_still_demands_the_ke
 
     gateway.write_config(config({"b": provider(b.base_url, {"m": "m"})},
                                 server={"api_keys": ["$GW_KEY"]}))
-    _wait_for(lambda: _chat(gateway).headers.get("x-llms-provider") == "b")
+    wait_until(lambda: _chat(gateway).headers.get("x-llms-provider") == "b")
     assert _status(gateway)["config"]["last_reload_error"] is None
 
 
@@ -119,7 +110,7 @@ def test_unreadable_edits_are_refused_and_the_watcher_keeps_watching(
     assert "nested too deeply" in errors[1]
     gateway.write_config(config({"b": provider(b.base_url, {"m": "m"})},
                                 server={"api_keys": ["$GW_KEY"]}))
-    _wait_for(lambda: _chat(gateway).headers.get("x-llms-provider") == "b")
+    wait_until(lambda: _chat(gateway).headers.get("x-llms-provider") == "b")
 
 
 def _stream_text(gateway: GatewayProcess, into: list[str]) -> None:
@@ -157,5 +148,5 @@ def test_sighup_reloads_the_config_and_an_open_stream_still_finishes(
     assert "".join(
         json.loads(line[6:])["choices"][0]["delta"].get("content", "")
         for line in lines[:-1] if json.loads(line[6:])["choices"]) == "one two three four"
-    _wait_for(lambda: _chat(gateway).headers.get("x-llms-provider") == "b")
+    wait_until(lambda: _chat(gateway).headers.get("x-llms-provider") == "b")
     assert gateway.process.poll() is None

@@ -16,7 +16,7 @@ import redis
 
 from gateway.supervise import MAX_BACKOFF, backoff
 from tests import plugins
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, ok
 
 # A third-party kind whose model listing has a bug: discovery calls it on a timer.
@@ -40,15 +40,6 @@ def _status(gateway: GatewayProcess) -> dict[str, Any]:
     return httpx.get(f"{gateway.url}/status.json").json()
 
 
-def _wait_for(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
-
-
 def test_a_crashing_task_is_logged_restarted_and_shown_while_the_gateway_carries_on(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
@@ -62,14 +53,14 @@ def test_a_crashing_task_is_logged_restarted_and_shown_while_the_gateway_carries
 
     assert failed[0]["task"] == "model_discovery" and "listing bug" in failed[0]["error"]
     assert "Traceback" in failed[0]["exception"]
-    _wait_for(lambda: any(t["name"] == "model_discovery" and t["restarts"] >= 2
+    wait_until(lambda: any(t["name"] == "model_discovery" and t["restarts"] >= 2
                           for t in _status(gateway)["tasks"]))
     tasks = {t["name"]: t for t in _status(gateway)["tasks"]}
     assert "listing bug" in tasks["model_discovery"]["last_error"]
     assert tasks["config_reload"]["restarts"] == 0
     # The gateway still answers, and still reloads its config.
     gateway.write_config(config({"b": provider(b.base_url, {"m": "m"}), "flaky": discovering}))
-    _wait_for(lambda: httpx.post(f"{gateway.base_url}/chat/completions", json={
+    wait_until(lambda: httpx.post(f"{gateway.base_url}/chat/completions", json={
         "model": "m", "messages": [{"role": "user", "content": "hi"}]}).headers.get(
         "x-llms-provider") == "b")
 
