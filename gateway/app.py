@@ -14,15 +14,28 @@ import gc
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.types import ASGIApp
+from starlette.middleware.cors import CORSMiddleware
 
 import providers
-from gateway import admin, auth, config, discovery, logs, openapi, relay, reload, status_page
+from gateway import (
+    admin,
+    auth,
+    config,
+    discovery,
+    logs,
+    openapi,
+    relay,
+    reload,
+    router,
+    status_page,
+)
 from gateway.config import Snapshot
 from gateway.front import Front
 from gateway.guard import Guard
@@ -34,7 +47,6 @@ from providers.contract.errors import (
     GatewayError,
     InvalidRequest,
     MethodNotAllowed,
-    ModelNotFound,
     NotFound,
     RequestTooLarge,
     envelope,
@@ -45,6 +57,9 @@ from providers.transport import AiohttpTransport
 JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 OPENAPI = msgspec.json.encode(openapi.document())
+# What a browser's script may read of an answer besides the CORS-safelisted headers.
+EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-attempts", "x-llms-cost",
+                   "retry-after")
 # The collector's thresholds: (young objects between collections, young collections per
 # middle one, middle collections per full one). Request paths leave no cycles (a test checks),
 # so collections find nothing and their cost is what they traverse: what lives longer than a
@@ -65,9 +80,7 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Resp
     """One alias, or 404 model_not_found."""
     live = _reader(request, "/v1/models").live
     alias = model_id.lstrip("/")
-    routes = live.snapshot.routes.get(alias)
-    if not routes:
-        raise ModelNotFound(alias)
+    routes = router.candidates(live.snapshot, alias)
     card = model_card(alias, routes[0].provider, int(_services(request).started))
     return Response(msgspec.json.encode(card), media_type=JSON)
 
@@ -236,13 +249,14 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                     get_logger().exception("shutdown_cleanup_failed")
 
 
-def create_app(snapshot: Snapshot | None = None) -> Guard:
+def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     """Build the app for `snapshot`, or for the config discovery finds: the relay routes served
-    as plain ASGI (`front`), the rest by Litestar."""
+    as plain ASGI (`front`), the rest by Litestar; with `server.cors_origins`, CORS around it
+    all (errors, streams and the guard's own answers included)."""
     request_log = logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
-    return Guard.around(Front(Litestar(
+    guarded = Guard.around(Front(Litestar(
         route_handlers=[list_models, retrieve_model,
                         health, ready, metrics, status_html, status_json, openapi_document,
                         admin.list_providers, admin.toggle_provider],
@@ -258,3 +272,11 @@ def create_app(snapshot: Snapshot | None = None) -> Guard:
         openapi_config=None,
         logging_config=None,
     )), snapshot.server)
+    if not snapshot.server.cors_origins:
+        return guarded
+    # Starlette and Litestar spell the same ASGI callable with types of their own.
+    cors = CORSMiddleware(cast(Any, guarded), allow_origins=list(snapshot.server.cors_origins),
+                          allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                          allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS),
+                          max_age=600)
+    return cast(ASGIApp, cors)

@@ -79,6 +79,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admin_keys: tuple[str | KeyEntry, ...] = ()
     # Read routes (/v1/models, /metrics, /status.json) that need no key even when keys are set.
     public_paths: tuple[str, ...] = ()
+    # Browser origins allowed to call the gateway (`"*"` for any); none: no CORS headers.
+    cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
     max_concurrency: int = 10_000

@@ -32,8 +32,9 @@ from providers.contract.errors import (
 )
 from providers.contract.log import get_logger
 
-RELAY_PATHS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions",
-               "/v1/responses": "responses"}
+_ENDPOINTS = ("chat/completions", "completions", "responses")
+# With and without the /v1 prefix, as vLLM and LiteLLM answer them.
+RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS}}
 
 
 class RawRequest:

@@ -34,8 +34,9 @@ T = TypeVar("T")
 def candidates(snapshot: Snapshot, model: str) -> tuple[Route, ...]:
     """The enabled providers serving `model`, in file order; ModelNotFound if none."""
     routes = snapshot.routes.get(model)
-    if not routes:
-        raise ModelNotFound(model)
+    if not routes:  # say who would serve it, had they not been disabled (an unset key, say)
+        raise ModelNotFound(model, [(p.name, p.disabled_reason) for p in snapshot.providers
+                                    if not p.enabled and model in p.models])
     return routes
 
 

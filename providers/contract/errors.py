@@ -107,8 +107,13 @@ class ModelNotFound(ClientError):
     http_status = 404
     code = "model_not_found"
 
-    def __init__(self, model: str) -> None:
-        super().__init__(f"Model '{model}' not found in any enabled provider", param="model")
+    def __init__(self, model: str, disabled: Sequence[tuple[str, str | None]] = ()) -> None:
+        """`disabled`: the providers that list the model but are disabled, and why."""
+        message = f"Model '{model}' not found in any enabled provider"
+        if disabled:
+            why = ", ".join(f"{name} ({reason or 'disabled'})" for name, reason in disabled)
+            message += f"; it is listed by disabled providers: {why}"
+        super().__init__(message, param="model")
 
 
 class ResponseNotFound(ClientError):
