@@ -232,8 +232,10 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
                             client_wants_usage=bool(options and options.include_usage))
         async with DisconnectGuard(request.receive):
             if exchange.stream:
-                opened = await router.attempt(head.model, routes, providers,
-                                              lambda p, m: _open(p, outgoing, m), services.health)
+                choices = getattr(head, "n", None) or 1
+                opened = await router.attempt(
+                    head.model, routes, providers,
+                    lambda p, m: _open(p, outgoing, m, choices), services.health)
             else:
                 answered = await router.attempt(head.model, routes, providers,
                                                 lambda p, m: _send(p, outgoing, m, exchange),
@@ -299,9 +301,10 @@ def _reading(provider: Provider) -> Iterator[None]:
         raise BadUpstreamResponse(f"answer could not be read ({type(exc).__name__})") from None
 
 
-async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str) -> OpenedStream:
+async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str,
+                choices: int) -> OpenedStream:
     with _reading(provider):
-        return await open_stream(provider.stream(outgoing, upstream_model))
+        return await open_stream(provider.stream(outgoing, upstream_model), choices)
 
 
 async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,

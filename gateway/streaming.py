@@ -65,8 +65,10 @@ class SSEWatch:
 
     It is checked as it goes: bytes that are not UTF-8, a data event that is not a JSON object
     of the expected shape (`malformed`), lines that are not SSE (`garbage`). A stream is
-    `finished` once every choice it started has a `finish_reason`."""
+    `finished` once every choice it started, and each of the `choices` the request asked for,
+    has a `finish_reason`."""
 
+    choices: int = 1  # the request's `n`: choices the stream owes even if it never starts them
     data_events: int = 0
     done: bool = False
     error_event: bytes | None = None
@@ -82,7 +84,8 @@ class SSEWatch:
     @property
     def finished(self) -> bool:
         """Every choice seen has ended."""
-        return bool(self._started) and self._started <= self._ended
+        return (bool(self._started) and self._started <= self._ended
+                and len(self._ended) >= self.choices)
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk of the stream."""
@@ -139,9 +142,10 @@ class OpenedStream:
     watch: SSEWatch
 
 
-async def open_stream(chunks: AsyncIterator[bytes]) -> OpenedStream:
-    """Read until the first data event; anything wrong until then is a `ProviderError`."""
-    watch = SSEWatch()
+async def open_stream(chunks: AsyncIterator[bytes], choices: int = 1) -> OpenedStream:
+    """Read until the first data event; anything wrong until then is a `ProviderError`.
+    `choices` is the request's `n`: the stream is finished only when that many have ended."""
+    watch = SSEWatch(choices=choices)
     head = b""
     try:
         async for chunk in chunks:
@@ -177,32 +181,40 @@ async def relay(opened: OpenedStream, provider: str,
     """
     watch = opened.watch
     outcome = "client_disconnected"
+    sent = b""
     try:
         head = opened.head  # may hold the whole answer when the upstream was quick
-        yield drop_usage_events(head) if strip_usage and b'"usage"' in head else head
+        yield (sent := drop_usage_events(head) if strip_usage and b'"usage"' in head else head)
         if not watch.done:
             async for chunk in opened.rest:
-                if sent := _passed(chunk, watch, strip_usage, redactor):
-                    yield sent
+                if passed := _passed(chunk, watch, strip_usage, redactor):
+                    sent = passed  # only its end is kept: see _own_line
+                    yield passed
                 if watch.done:
                     break
         if watch.done:
             await read_to_end(opened.rest)
         outcome, last = ending(watch, provider)
         if last:
-            yield last
+            yield (_own_line(sent) if outcome == "error" else b"") + last
     except ProviderError as exc:
         outcome = "error"
         event = sse_error_event(_mid_stream(provider, exc))
-        yield redactor.encoded(event) if redactor is not None else event
+        yield _own_line(sent) + (redactor.encoded(event) if redactor is not None else event)
     except Exception:  # a bug: the client still learns the stream did not finish
         outcome = "error"
         get_logger().exception("unhandled_stream_error", provider=provider)
-        yield sse_error_event(GatewayError("Internal gateway error"))
+        yield _own_line(sent) + sse_error_event(GatewayError("Internal gateway error"))
     finally:
         await close_quietly(opened.rest)
         if on_end is not None:
             on_end(outcome, watch.usage)
+
+
+def _own_line(sent: bytes) -> bytes:
+    """What starts the gateway's own event on a line of its own, after what was relayed last
+    (half an upstream line the gateway could not yet judge, when the upstream lied)."""
+    return b"" if not sent or sent.endswith(b"\n\n") else b"\n\n"
 
 
 def _passed(chunk: bytes, watch: SSEWatch, strip_usage: bool, redactor: Redactor | None

@@ -153,3 +153,34 @@ def test_keep_alive_comments_are_no_first_token_and_the_next_provider_answers_in
 
     assert lines[-1] == "data: [DONE]"
     assert elapsed < 6, "waited past first_token (1 s) for a provider that only pinged"
+
+
+def test_with_two_choices_asked_a_stream_that_never_starts_the_second_is_not_complete(
+        start_gateway: Callable[..., GatewayProcess], scripted: Scripted,
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    liar_url, _ = scripted(_stream([_chunk(0), _chunk(0, None, "stop")]))
+    gateway = _gateway(start_gateway, liar_url, upstream_factory("honest"))
+
+    body, lines = _streamed(gateway, n=2)
+
+    assert "[DONE]" not in body.decode()
+    assert "stream ended before it finished" in lines[-1]
+
+
+def test_a_malformed_event_split_across_writes_still_ends_with_an_error_the_client_can_read(
+        start_gateway: Callable[..., GatewayProcess], scripted: Scripted,
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    # On /completions chunks pass as they come: the first half of the bad line is relayed
+    # before the gateway can know it is bad.
+    liar_url, _ = scripted(_stream([_chunk(), b"data: {not", b" json\n\n", _chunk(finish="stop"),
+                                    b"data: [DONE]\n\n"]))
+    gateway = _gateway(start_gateway, liar_url, upstream_factory("honest"))
+
+    with httpx.stream("POST", f"{gateway.base_url}/completions", timeout=30,
+                      json={"model": "m", "prompt": "hello", "stream": True}) as response:
+        body = response.read()
+
+    events = [event for event in body.decode("utf-8").split("\n\n") if event.strip()]
+    assert "[DONE]" not in body.decode()
+    assert events[-1].startswith("data: ") and "error" in json.loads(events[-1][6:])
+    assert gateway.wait_for_log("request")[-1]["outcome"] == "error"
