@@ -21,7 +21,6 @@ from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp
-from starlette.middleware.cors import CORSMiddleware
 
 import providers
 from gateway import (
@@ -274,6 +273,8 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     )), snapshot.server)
     if not snapshot.server.cors_origins:
         return guarded
+    from starlette.middleware.cors import CORSMiddleware  # only a gateway that uses it pays
+
     # Starlette and Litestar spell the same ASGI callable with types of their own.
     cors = CORSMiddleware(cast(Any, guarded), allow_origins=list(snapshot.server.cors_origins),
                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
