@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-import msgspec
 from litestar.types import Receive
 
 from gateway import auth, router, schemas
@@ -23,11 +22,10 @@ from gateway.config import Route
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.responses.bridge import ResponsesBridge
 from gateway.services import Services
-from gateway.streaming import OpenedStream, open_stream, relay
+from gateway.streaming import UNREADABLE_ANSWER, OpenedStream, open_stream, relay, unreadable
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
-    BadUpstreamResponse,
     GatewayError,
     KeyRateLimited,
     Overloaded,
@@ -285,20 +283,12 @@ async def _check_previous_response(services: Services, head: Any, routes: tuple[
         raise ResponseNotFound(previous)
 
 
-# What a kind's translation of an upstream answer raises when the answer has a shape it did
-# not expect (a list where an object belongs): the answer is bad, so it is a failover.
-_UNREADABLE = (TypeError, ValueError, KeyError, AttributeError, IndexError,
-               msgspec.MsgspecError)
-
-
 @contextlib.contextmanager
 def _reading(provider: Provider) -> Iterator[None]:
     try:
         yield
-    except _UNREADABLE as exc:
-        get_logger().warning("upstream_answer_unreadable", provider=provider.name,
-                             error=type(exc).__name__, exc_info=True)
-        raise BadUpstreamResponse(f"answer could not be read ({type(exc).__name__})") from None
+    except UNREADABLE_ANSWER as exc:
+        raise unreadable(provider.name, exc) from None
 
 
 async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str,

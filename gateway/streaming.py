@@ -197,8 +197,10 @@ async def relay(opened: OpenedStream, provider: str,
         outcome, last = ending(watch, provider)
         if last:
             yield (_own_line(sent) if outcome == "error" else b"") + last
-    except ProviderError as exc:
+    except (ProviderError, *UNREADABLE_ANSWER) as exc:
         outcome = "error"
+        if not isinstance(exc, ProviderError):  # a kind could not translate what came
+            exc = unreadable(provider, exc)
         event = sse_error_event(_mid_stream(provider, exc))
         yield _own_line(sent) + (redactor.encoded(event) if redactor is not None else event)
     except Exception:  # a bug: the client still learns the stream did not finish
@@ -215,6 +217,19 @@ def _own_line(sent: bytes) -> bytes:
     """What starts the gateway's own event on a line of its own, after what was relayed last
     (half an upstream line the gateway could not yet judge, when the upstream lied)."""
     return b"" if not sent or sent.endswith(b"\n\n") else b"\n\n"
+
+
+# What a kind's translation of an upstream answer raises when the answer has a shape it did
+# not expect (a list where an object belongs): the upstream's fault, not the gateway's.
+UNREADABLE_ANSWER = (TypeError, ValueError, KeyError, AttributeError, IndexError,
+                     msgspec.MsgspecError)
+
+
+def unreadable(provider: str, exc: BaseException) -> BadUpstreamResponse:
+    """The failover error for an answer a kind could not read; its traceback is logged."""
+    get_logger().warning("upstream_answer_unreadable", provider=provider,
+                         error=type(exc).__name__, exc_info=exc)
+    return BadUpstreamResponse(f"answer could not be read ({type(exc).__name__})")
 
 
 def _passed(chunk: bytes, watch: SSEWatch, strip_usage: bool, redactor: Redactor | None

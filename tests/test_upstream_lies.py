@@ -184,3 +184,31 @@ def test_a_malformed_event_split_across_writes_still_ends_with_an_error_the_clie
     assert "[DONE]" not in body.decode()
     assert events[-1].startswith("data: ") and "error" in json.loads(events[-1][6:])
     assert gateway.wait_for_log("request")[-1]["outcome"] == "error"
+
+
+def _anthropic_event(payload: dict[str, Any]) -> bytes:
+    return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+def test_an_anthropic_event_of_the_wrong_shape_mid_stream_is_the_upstreams_fault_in_band(
+        start_gateway: Callable[..., GatewayProcess], scripted: Scripted,
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    start = {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 1}}}
+    block = {"type": "content_block_start", "index": 0,
+             "content_block": {"type": "text", "text": ""}}
+    text = {"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "Hi"}}
+    liar_url, _ = scripted(_stream([_anthropic_event(e) for e in (
+        start, block, text, {"type": "content_block_delta", "index": 0, "delta": "x"})]))
+    gateway = start_gateway(config({
+        "liar": {"type": "anthropic", "base_url": liar_url.removesuffix("/v1"),
+                 "api_key": "an-key-000000", "models": {"m": "m"}},
+        "honest": provider(upstream_factory("honest").base_url, {"m": "m"}),
+    }))
+
+    body, lines = _streamed(gateway)
+
+    assert "[DONE]" not in body.decode()
+    assert "bad_response" in lines[-1] and "could not be read" in lines[-1]
+    assert gateway.wait_for_log("upstream_answer_unreadable")[-1]["provider"] == "liar"
+    assert not gateway.log_events("unhandled_stream_error")
