@@ -5,11 +5,12 @@ servers tried it alone closes a connection whose request head has not arrived in
 slowly the client dribbles it, and it refuses an oversized head from a bounded buffer. What it
 leaves to the app (the JSON envelope on a 431, the body deadline) is `gateway.guard`'s.
 
-Only granian's public API is used: `Granian(...)` and `HTTP1Settings`.
+Only granian's public API is used: `Granian(...)`, its `on_startup` hook and `HTTP1Settings`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib
@@ -64,7 +65,7 @@ def run(server: ServerConfig, host: str, port: int, workers: int, open_files: in
     # process imported, prometheus_client's one-process metrics among them (set at its import,
     # before PROMETHEUS_MULTIPROC_DIR is).
     multiprocessing.set_start_method("spawn", force=True)
-    Granian(
+    granian_server = Granian(
         app, factory=True, address=host, port=port, workers=workers,
         # `asgi`, not `asginl`: the app's lifespan owns its sessions and background tasks.
         interface=Interfaces.ASGI, loop=Loops.uvloop,
@@ -81,7 +82,23 @@ def run(server: ServerConfig, host: str, port: int, workers: int, open_files: in
         # A worker that dies is replaced; one that dies again at once stops the server.
         respawn_failed_workers=True,
         workers_kill_timeout=math.ceil(server.drain_timeout) + KILL_MARGIN,
-    ).serve(target_loader=functools.partial(load_in_worker, os.getpid()))
+    )
+    # The hook runs in this process after granian has set its own signal handlers.
+    granian_server.on_startup(forward_sighup)
+    granian_server.serve(target_loader=functools.partial(load_in_worker, os.getpid()))
+
+
+def forward_sighup() -> None:
+    """Make SIGHUP to the server process reload every worker's config in place. granian's own
+    SIGHUP respawns the workers: streams longer than the drain were cut, and what the old
+    workers knew (admin switches, circuits, stored responses) was lost."""
+    def forward(signum: int, frame: object) -> None:
+        for worker in multiprocessing.active_children():
+            if worker.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGHUP)
+
+    signal.signal(signal.SIGHUP, forward)
 
 
 def load_in_worker(server_pid: int, target: str) -> Any:

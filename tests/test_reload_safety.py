@@ -150,3 +150,34 @@ def test_sighup_reloads_the_config_and_an_open_stream_still_finishes(
         for line in lines[:-1] if json.loads(line[6:])["choices"]) == "one two three four"
     wait_until(lambda: _chat(gateway).headers.get("x-llms-provider") == "b")
     assert gateway.process.poll() is None
+
+
+def test_sighup_to_the_server_process_reloads_in_place_keeping_streams_and_switches(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    a, b, c = upstream_factory("a"), upstream_factory("b"), upstream_factory("c")
+    # Longer than the drain: a worker respawned under it would cut this stream.
+    a.set_mode(ok(chunks=[f"{n} " for n in range(8)], delay_between_chunks=0.75))
+    server = {"api_keys": ["$GW_KEY"], "reload_interval": 600, "drain_timeout": 1}
+    three = {name: provider(u.base_url, {"m": "m"}) for name, u in (("a", a), ("b", b), ("c", c))}
+    gateway = start_gateway(config(three, server=server), env={"GW_KEY": KEY})
+    assert gateway.process is not None
+    workers = _workers(gateway.process.pid)
+    lines: list[str] = []
+    streaming = threading.Thread(target=_stream_text, args=(gateway, lines))
+    streaming.start()
+    time.sleep(0.5)
+    # An operator's switch the edit does not mention: a respawned worker would forget it.
+    assert httpx.post(f"{gateway.url}/admin/providers/b/disable").status_code == 200
+    gateway.write_config(config({"b": three["b"], "c": three["c"]}, server=server))
+
+    os.kill(gateway.process.pid, signal.SIGHUP)
+    wait_until(lambda: _chat(gateway).headers.get("x-llms-provider") == "c")
+    streaming.join(30)
+
+    assert lines[-1] == "data: [DONE]", lines
+    assert "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+        for line in lines[:-1] if json.loads(line[6:])["choices"]) == "0 1 2 3 4 5 6 7 "
+    assert _workers(gateway.process.pid) == workers
+    assert gateway.process.poll() is None
