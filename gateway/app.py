@@ -222,7 +222,8 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         supervisor.start("model_discovery", lambda: discovery.watch(services))
         shared = None
         if snapshot.state.backend == "redis":
-            shared = RedisSync(snapshot.state, services.health, services.limiter)
+            shared = RedisSync(snapshot.state, services.health, services.limiter,
+                               services.longest_cooldown)
             supervisor.start("shared_state", shared.run)
             services.responses = RedisResponseStore(
                 snapshot.state.url, snapshot.state.prefix, snapshot.responses.store_max_bytes,

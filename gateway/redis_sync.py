@@ -10,8 +10,10 @@ once, and reconnects by itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
+from collections.abc import Callable
 
 import msgspec
 import redis.asyncio as aioredis
@@ -21,6 +23,7 @@ from gateway.config import StateConfig
 from gateway.health import Change, ProviderHealth
 from gateway.limits import WINDOW, RateLimiter
 from providers.contract.log import get_logger
+from providers.contract.spec import Retries
 
 _SEPARATOR = "\x1f"
 
@@ -48,10 +51,13 @@ class RedisSync:
     """Keeps one process's `ProviderHealth` in step with every other process's."""
 
     def __init__(self, config: StateConfig, health: ProviderHealth,
-                 limiter: RateLimiter | None = None) -> None:
+                 limiter: RateLimiter | None = None,
+                 longest_cooldown: Callable[[str], float] | None = None) -> None:
         self.config = config
         self.health = health
         self.limiter = limiter
+        # The longest a provider's 429 cooldown is believed, by provider name.
+        self.longest_cooldown = longest_cooldown or (lambda _: Retries().max_retry_after)
         self.key = f"{config.prefix}health"
         self.pending: deque[Change] = deque(maxlen=10_000)
         self.connected: bool | None = None  # None until the first sync says which
@@ -113,10 +119,17 @@ class RedisSync:
                 get_logger().warning("shared_state_value_ignored", field=repr(field)[:100])
                 expired.append(field)
                 continue
-            if change.until > now:
-                self.health.apply_remote(change)
-            else:
+            if change.until <= now:
                 expired.append(field)
+                continue
+            if change.model is None and change.until > now + (
+                    longest := self.longest_cooldown(change.provider)):
+                # A cooldown longer than this gateway believes any 429 (an older version's, or
+                # a replica's configured otherwise): held that long from now, then forgotten,
+                # so a Retry-After in 2099 never benches a provider for good through Redis.
+                change = dataclasses.replace(change, until=now + longest)
+                expired.append(field)
+            self.health.apply_remote(change)
         if expired:
             try:
                 await self._client.hdel(self.key, *expired)

@@ -29,6 +29,7 @@ from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Provider, ProviderDisabled
 from providers.contract.redact import Redactor
+from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
@@ -121,6 +122,14 @@ class Services:
         if self._live is None:
             raise RuntimeError("gateway has no config yet")
         return self._live
+
+    def longest_cooldown(self, provider: str) -> float:
+        """The longest one 429 may keep `provider` out of service: as long as its Retry-After
+        is believed, or its plain cooldown if that is longer (the defaults' if not live)."""
+        found = self.live.providers.get(provider)
+        retries, circuit = (found.spec.retries, found.spec.circuit) if found is not None \
+            else (Retries(), CircuitPolicy())
+        return max(retries.max_retry_after, circuit.rate_limit_cooldown)
 
     def responses_providers(self) -> Mapping[str, Provider]:
         """The providers for /v1/responses: native ones as they are, others behind the bridge."""

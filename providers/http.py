@@ -9,7 +9,6 @@ credential before a client can see them.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Mapping
 from email.utils import parsedate_to_datetime
@@ -82,17 +81,15 @@ def read_error(body: bytes) -> _ErrorBody:
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """Parse a Retry-After header: delta-seconds or an HTTP date. What cannot be a wait (`inf`,
-    `nan`, a negative number, a date the parser rejects) counts as absent; how long a hint is
+    """Parse a Retry-After header: delta-seconds or an HTTP date. What is neither (`inf`, `nan`,
+    a negative number, `1_000`, a date the parser rejects) counts as absent; how long a hint is
     believed is capped where it is used (`Retries.max_retry_after`)."""
     if not value or len(value) > MAX_RETRY_AFTER_TEXT:
         return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    # delta-seconds are ASCII digits (a fraction is tolerated); what else float() takes
+    # ("inf", "-5", "1e999", "1_000", non-ASCII digits) is no wait.
+    if (value := value.strip()).isascii() and value.replace(".", "", 1).isdigit():
+        return float(value)  # at most 64 digits: always finite
     try:
         when = parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, OverflowError, IndexError):

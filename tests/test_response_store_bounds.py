@@ -67,6 +67,39 @@ def test_the_oldest_turns_are_evicted_past_the_byte_bound_and_a_broken_chain_is_
     assert store.encode(_turn("z" * 6_000)) is None  # over max_entry_bytes: not stored
 
 
+def test_a_conversation_in_use_keeps_its_first_turn_while_idle_ones_are_evicted() -> None:
+    store = ResponseStore(max_bytes=20_000, max_entry_bytes=5_000)
+
+    async def story() -> tuple[Any, Any]:
+        encoded = store.encode(_turn("first turn " + "w" * 900))
+        assert encoded is not None
+        await store.put("root", encoded)
+        for number in range(60):  # other clients' turns, each continued check of the root
+            other = store.encode(_turn("v" * 900))
+            assert other is not None
+            await store.put(f"other{number}", other)
+            assert await store.get("root") is not None, f"root evicted after {number} others"
+        return await store.get("root"), await store.get("other0")
+
+    root, idle = asyncio.run(story())
+
+    assert root is not None and root[0]["content"].startswith("first turn")
+    assert idle is None  # nobody continued it: evicted first
+
+
+def test_a_stored_chain_that_loops_is_a_miss() -> None:
+    store = ResponseStore()
+
+    async def story() -> Any:
+        for this, previous in (("a", "b"), ("b", "a")):
+            encoded = store.encode(_turn(this, previous))
+            assert encoded is not None
+            await store.put(this, encoded)
+        return await store.get("a")
+
+    assert asyncio.run(story()) is None
+
+
 @pytest.fixture
 def small_store(start_gateway: Callable[..., GatewayProcess],
                 upstream_factory: Callable[[str], FakeUpstream]) -> GatewayProcess:
@@ -90,13 +123,15 @@ def test_a_response_too_large_to_keep_says_store_false_and_cannot_be_continued(
     assert follow_small.status_code == 200
 
 
-def test_a_streamed_response_too_large_to_keep_says_so_in_response_completed(
+def test_a_streamed_response_too_large_to_keep_says_so_from_response_created(
         small_store: GatewayProcess) -> None:
     with httpx.stream("POST", f"{small_store.base_url}/responses", timeout=30,
                       json={"model": "m", "input": "b" * 30_000, "stream": True}) as response:
         text = response.read().decode()
 
+    created = next(line for line in text.splitlines() if '"response.created"' in line)
     completed = next(line for line in text.splitlines() if '"response.completed"' in line)
+    assert '"store":false' in created.replace(" ", ""), "the input alone is already too large"
     assert '"store":false' in completed.replace(" ", "")
 
 
@@ -118,7 +153,12 @@ def test_a_malformed_stored_response_in_redis_is_a_miss_not_a_500(
     gateway = start_gateway(config({"chat": provider(up.base_url, {"m": "m"})},
                                    state={"backend": "redis", "url": redis_server.url}))
     client = redis.Redis.from_url(redis_server.url)
-    for value in (b"not json", b'{"messages": "x"}', b"[1, 2]"):
+    for value in (b"not json", b'{"messages": "x"}', b"[1, 2]",
+                  # JSON of the right outline, but no chat messages: never sent upstream
+                  b'{"messages": [{"role": "user", "content": {}}]}',
+                  b'{"messages": [{"content": "no role"}]}',
+                  b'{"messages": [{"role": "assistant", "tool_calls": "x"}]}',
+                  b'{"messages": [], "previous": 5}'):
         client.set("llms-gateway:response:resp_planted", value)
 
         follow = _respond(gateway, input="more", previous_response_id="resp_planted")

@@ -8,9 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from providers.http import retry_after_seconds
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, ok, status
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -22,13 +23,15 @@ def _chat(gateway: GatewayProcess) -> httpx.Response:
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-5", "1e999", "9" * 5000, "soon",
-                                   "Wed, 21 Oct 99999 07:28:00 GMT"])
+                                   "Wed, 21 Oct 99999 07:28:00 GMT", "1_000", "+5", "1e3",
+                                   "\u0663", "0x10", ".", "1.5.3"])
 def test_a_retry_after_that_is_no_wait_counts_as_absent(value: str) -> None:
     assert retry_after_seconds(value) is None
 
 
 def test_a_retry_after_still_parses_seconds_and_dates() -> None:
     assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds(" 2.5 ") == 2.5
     assert retry_after_seconds("Thu, 01 Jan 1970 00:01:40 GMT", now=90) == 10
 
 
@@ -84,3 +87,26 @@ def test_the_retry_after_relayed_to_a_client_is_bounded_too(
 
     assert response.status_code == 429, response.text
     assert response.headers["Retry-After"] == "7"
+
+
+def test_a_2099_cooldown_shared_through_redis_benches_the_provider_only_for_max_retry_after(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], redis_server: Any) -> None:
+    """A cooldown another gateway wrote to Redis (an older version believed the 2099 date) is
+    believed no longer than this gateway's own bound, then forgotten, not reapplied at every sync."""
+    primary, secondary = upstream_factory("primary"), upstream_factory("secondary")
+    client = redis.Redis.from_url(redis_server.url)
+    client.hset("llms-gateway:health", "primary\x1f", "[4096000000.0, 0]")  # Oct 2099
+    gateway = start_gateway(config({
+        "primary": provider(primary.base_url, {"chat-model": "p"}),
+        "secondary": provider(secondary.base_url, {"chat-model": "s"}),
+    }, defaults={"retries": {"max_retry_after": 3}},
+        state={"backend": "redis", "url": redis_server.url, "sync_interval": 0.1}))
+
+    wait_until(lambda: _chat(gateway).headers["x-llms-provider"] == "secondary", within=2)
+    time.sleep(3.5)
+    served_by = [_chat(gateway).headers["x-llms-provider"] for _ in range(3)]
+
+    assert served_by == ["primary"] * 3
+    assert not client.hexists("llms-gateway:health", "primary\x1f")
+    client.close()

@@ -38,7 +38,7 @@ class ResponsesBridge(Provider):
     def _turn(self, body: dict[str, Any], response: dict[str, Any]) -> bytes | None:
         """This response's turn encoded for the store, or None when it is not to be stored:
         the client said `store: false`, or it is too large (then the answer says so)."""
-        if not body.get("store", True):
+        if not body.get("store", True) or response.get("store") is False:
             return None
         turn = StoredTurn(input_messages(body.get("input"))
                           + reply.output_as_messages(response["output"]),
@@ -61,6 +61,10 @@ class ResponsesBridge(Provider):
         body, chat = await self._chat(request)
         chunks = self.inner.stream(chat, upstream_model)
         events = ResponseEvents(body, reply.new_id("resp"))
+        if body.get("store", True) and self.store.encode(StoredTurn(
+                input_messages(body.get("input")), body.get("previous_response_id"))) is None:
+            # The input alone is more than a turn may be: response.created says so already.
+            events.response["store"] = False
         turns: list[bytes | None] = []  # decided as the stream ends, before its last event
         events.before_end = lambda response: turns.append(self._turn(body, response))
         buffer = b""

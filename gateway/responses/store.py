@@ -5,11 +5,11 @@ chat messages) and the id of the response before it: a long conversation costs e
 not its whole history again at every turn. `get` walks the chain back; if any link was evicted,
 the conversation cannot be rebuilt and it is a miss, never a silently shortened history.
 
-Bounded by bytes (`responses.store_max_bytes`, oldest evicted first), and a turn larger than
-`responses.store_max_entry_bytes` is not stored at all (the answer says `store: false`). With
-the Redis state backend turns are also kept in Redis, so any worker or replica can continue a
-conversation another one started. Redis trouble never fails a request, and a value there that
-is not a stored turn is a miss.
+Bounded by bytes (`responses.store_max_bytes`; the turns least recently stored or continued are
+evicted first), and a turn larger than `responses.store_max_entry_bytes` is not stored at all
+(the answer says `store: false`). With the Redis state backend turns are also kept in Redis, so
+any worker or replica can continue a conversation another one started. Redis trouble never
+fails a request, and a value there that is not a stored turn is a miss.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from gateway.schemas import Message
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_ENTRY_BYTES = 16 * 1024 * 1024
@@ -36,11 +38,21 @@ class StoredTurn(msgspec.Struct, frozen=True):
     previous: str | None = None
 
 
+class _CheckedTurn(msgspec.Struct, frozen=True):
+    """A stored turn's shape, messages typed as a chat request's are: what the store hands back
+    goes to the same translators, so a value that is not of this shape is a miss."""
+
+    messages: list[Message]
+    previous: str | None = None
+
+
 _TURNS = msgspec.json.Decoder(StoredTurn)
+_CHECKED = msgspec.json.Decoder(_CheckedTurn)
 
 
 class ResponseStore:
-    """Stored turns, encoded, in memory: at most `max_bytes` of them, oldest evicted first."""
+    """Stored turns, encoded, in memory: at most `max_bytes` of them, least recently stored or
+    continued evicted first."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
                  max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
@@ -71,8 +83,12 @@ class ResponseStore:
         """The whole conversation up to and including `response_id`, or None if any of its
         turns is not held."""
         turns: list[StoredTurn] = []
+        seen: set[str] = set()
         at: str | None = response_id
         while at is not None and len(turns) < MAX_CHAIN:
+            if at in seen:  # a loop is no conversation (only a forged value can make one)
+                return None
+            seen.add(at)
             turn = await self._turn(at)
             if turn is None:
                 return None
@@ -84,14 +100,21 @@ class ResponseStore:
 
     async def _turn(self, response_id: str) -> StoredTurn | None:
         encoded = self._turns.get(response_id)
-        return _decoded(encoded) if encoded is not None else None
+        if encoded is None:
+            return None
+        # Continued: kept as recently used, so a conversation in use keeps its earliest turns
+        # while turns nobody continues are evicted first.
+        self._turns.move_to_end(response_id)
+        return _decoded(encoded)
 
     async def close(self) -> None:
         """Release connections, if any."""
 
 
 def _decoded(encoded: bytes) -> StoredTurn | None:
+    """The stored turn, or None when the value is not one (not JSON, or not of its shape)."""
     try:
+        _CHECKED.decode(encoded)
         return _TURNS.decode(encoded)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
