@@ -93,7 +93,7 @@ def test_a_2099_cooldown_shared_through_redis_benches_the_provider_only_for_max_
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream], redis_server: Any) -> None:
     """A cooldown another gateway wrote to Redis (an older version believed the 2099 date) is
-    believed no longer than this gateway's own bound, then forgotten, not reapplied at every sync."""
+    believed no longer than this gateway's own bound, then forgotten, not reapplied each sync."""
     primary, secondary = upstream_factory("primary"), upstream_factory("secondary")
     client = redis.Redis.from_url(redis_server.url)
     client.hset("llms-gateway:health", "primary\x1f", "[4096000000.0, 0]")  # Oct 2099
