@@ -23,14 +23,12 @@ from gateway.drain import Drain
 from gateway.services import Services
 from gateway.streaming import close_quietly
 from providers.contract.errors import (
-    GatewayError,
     MethodNotAllowed,
     RequestTooLarge,
     ShuttingDown,
     envelope,
     sse_error_event,
 )
-from providers.contract.log import get_logger
 
 _ENDPOINTS = ("chat/completions", "completions", "responses")
 # With and without the /v1 prefix, as vLLM and LiteLLM answer them.
@@ -102,10 +100,8 @@ class Front:
                       send: Send) -> None:
         try:
             answer = await relay.handle(request, endpoint, services)
-        except Exception:  # a bug: logged with its traceback, answered in the envelope
-            get_logger().exception("unhandled_error", path=request.scope["path"])
-            answer = relay.Whole(envelope(GatewayError("Internal gateway error")),
-                                 {"x-request-id": relay.request_id(request.headers)}, 500)
+        except Exception:  # a bug past the relay's own net: logged, answered and counted
+            answer = relay.internal_error(request, endpoint, services)
         if isinstance(answer, relay.Streamed):
             await send_stream(answer, request.receive, send, services.drain)
             return

@@ -245,9 +245,7 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
         exchange.finish("client_disconnected")
         return Whole(b"", {}, status=499)
     except Exception:  # a bug: logged with its traceback and counted, as every request is
-        get_logger().exception("unhandled_error", request_id=exchange.request_id,
-                               endpoint=endpoint)
-        return _error(GatewayError("Internal gateway error"), exchange)
+        return _internal_error(exchange)
     if not exchange.stream:
         exchange.served(answered)
         exchange.used(answered.result.usage)
@@ -256,6 +254,18 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
     exchange.served(opened)
     exchange.ttft = time.perf_counter() - exchange.started
     return _stream(exchange, opened, outgoing)
+
+
+def internal_error(request: Incoming, endpoint: str, services: Services) -> Whole:
+    """The answer to a bug that escaped `handle`, called where it is caught: logged with its
+    traceback and request id, counted as a 500 in the metrics and the request log."""
+    return _internal_error(Exchange(services, request_id(request.headers), endpoint))
+
+
+def _internal_error(exchange: Exchange) -> Whole:
+    get_logger().exception("unhandled_error", request_id=exchange.request_id,
+                           endpoint=exchange.endpoint)
+    return _error(GatewayError("Internal gateway error"), exchange)
 
 
 def _stream(exchange: Exchange, opened: router.Served[OpenedStream],

@@ -7,75 +7,26 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from providers.contract.chat import (
+    Message,
+    NonEmptyStr,
+    ResponseFormat,
+    Stop,
+    Tool,
+    ToolChoice,
+)
 from providers.contract.errors import InvalidRequest
 
-NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
-
-
 # The shapes the provider kinds' translators read (Anthropic's, Gemini's, the Responses
-# bridge's): checked here, once, so a wrong type is a 400 naming its place, never a 500 in a
-# translator. Only types are checked; unknown fields and values pass through untouched.
-Content = str | list[dict[str, Any]] | None
-
-
-class FunctionCall(msgspec.Struct):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ToolCall(msgspec.Struct):
-    function: FunctionCall
-    id: str | None = None
-    type: str | None = None
-
-
-class Message(msgspec.Struct):
-    """A chat message: its role, and the types of what translators read."""
-
-    role: NonEmptyStr
-    content: Content = None
-    tool_calls: list[ToolCall] | None = None
-    function_call: FunctionCall | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-
-
-class FunctionDefinition(msgspec.Struct):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class Tool(msgspec.Struct):
-    type: str = "function"
-    function: FunctionDefinition | None = None
-
-
-class NamedFunction(msgspec.Struct):
-    name: str
-
-
-class ToolChoice(msgspec.Struct):
-    type: str | None = None
-    function: NamedFunction | None = None
-
-
-class JsonSchema(msgspec.Struct):
-    name: str | None = None
-    schema: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ResponseFormat(msgspec.Struct):
-    type: str
-    json_schema: JsonSchema | None = None
+# bridge's) are checked here too, once for every kind, so a wrong type is a 400 naming its place
+# whichever provider would have served it. Only types are checked; unknown fields and values pass
+# through untouched.
 
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
 
 
-Stop = str | Annotated[list[str], msgspec.Meta(max_length=4)] | None
 Choices = Annotated[int, msgspec.Meta(ge=1, le=128)] | None
 
 
@@ -112,12 +63,22 @@ class CompletionHead(msgspec.Struct):
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
 
 
+class InputPart(msgspec.Struct):
+    """A part of a Responses message's content (`input_text`, `input_image`, ...)."""
+
+    type: str | None = None
+    text: str = ""
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
 class InputItem(msgspec.Struct):
     """A Responses `input` item, of any type: the fields the bridge reads, by type."""
 
     type: str = "message"
     role: str | None = None
-    content: Content = None
+    content: str | list[InputPart] | None = None
     call_id: str | None = None
     name: str | None = None
     arguments: str | None = None

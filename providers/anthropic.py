@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from providers.contract.chat import ChatRequest, checked
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
@@ -30,7 +31,9 @@ STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "leng
 
 
 def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
-    """The Messages API request for an OpenAI chat-completions body."""
+    """The Messages API request for an OpenAI chat-completions body; InvalidRequest names a
+    field of the wrong type."""
+    checked(body, ChatRequest)  # what follows reads only fields of the types checked here
     system, messages = _conversation(body.get("messages") or ())
     request: dict[str, Any] = {
         "model": upstream_model, "messages": messages,
@@ -108,7 +111,8 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
         if part.get("type") == "text":
             blocks.append({"type": "text", "text": part.get("text", "")})
         elif part.get("type") == "image_url":
-            blocks.append(_image(str((part.get("image_url") or {}).get("url", ""))))
+            image = part.get("image_url") or ""
+            blocks.append(_image(image if isinstance(image, str) else image.get("url", "")))
     return blocks
 
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from providers.contract.chat import FunctionCall, FunctionDefinition, NamedFunction, checked
+
 ReasoningKnob = Literal["chat_template_kwargs", "enable_thinking", "reasoning_effort"]
 MaxTokensField = Literal["max_tokens", "max_completion_tokens"]
 
@@ -53,8 +55,24 @@ def needs_translation(raw: bytes, options: OpenAIOptions) -> bool:
     return options.reasoning is not None and any(k in raw for k in _REASONING_KEYS)
 
 
+class _LegacyMessage(msgspec.Struct):
+    function_call: FunctionCall | None = None
+    name: str | None = None
+
+
+class Rewritten(msgspec.Struct):
+    """The fields `translate_request` reads, typed: the rest of the body is relayed as sent."""
+
+    messages: list[_LegacyMessage] | None = None
+    functions: list[FunctionDefinition] | None = None
+    function_call: str | NamedFunction | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
 def translate_request(body: dict[str, Any], options: OpenAIOptions) -> dict[str, Any]:
-    """Rewrite `body` (a copy the caller owns) into the spellings this provider knows."""
+    """Rewrite `body` (a copy the caller owns) into the spellings this provider knows;
+    InvalidRequest names a field of the wrong type."""
+    checked(body, Rewritten)
     if options.max_tokens_field is not None:
         _rename_max_tokens(body, options.max_tokens_field)
     if options.reasoning is not None:

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
+from providers.contract.chat import ChatRequest, checked
 from providers.contract.errors import BadUpstreamResponse, ProviderRejected, UpstreamClientError
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
@@ -50,7 +51,9 @@ KEY_ERRORS = ("API key not valid", "API key expired")
 
 
 def to_gemini(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The `generateContent` body for an OpenAI chat-completions body (model: in the URL)."""
+    """The `generateContent` body for an OpenAI chat-completions body (model: in the URL);
+    InvalidRequest names a field of the wrong type."""
+    checked(body, ChatRequest)  # what follows reads only fields of the types checked here
     system, contents = conversation(body.get("messages") or ())
     request: dict[str, Any] = {"contents": contents}
     if system:
@@ -199,8 +202,9 @@ def clean_schema(schema: Any, defs: Mapping[str, Any] | None = None,
     """A JSON schema cut to Gemini's subset: local `$ref`s inlined, null types as `nullable`."""
     if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
         return {}
-    if defs is None:
-        defs = {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
+    if defs is None:  # a client's schema: any keyword may hold anything
+        defs = {name: found for key in ("definitions", "$defs")
+                if isinstance(table := schema.get(key), dict) for name, found in table.items()}
     schema = _normalized(_resolved(schema, defs))
     if "$ref" in schema:  # an optional reference became the schema itself
         return clean_schema(schema, defs, depth + 1)

@@ -1,17 +1,73 @@
-"""A Responses API request as a chat-completions body (pure)."""
+"""A Responses API request as a chat-completions body (pure).
+
+`to_chat` starts by converting the body to `Bridged`, every field the bridge reads typed, so a
+wrong type is a 400 naming the client's own field (`text.format.schema`), not one of the chat
+body it would have become, and what the bridge hands the chat kind is what that kind can read.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from gateway.schemas import ResponsesHead, ResponsesTool, TextConfig
+from providers.contract.chat import checked
 from providers.contract.errors import InvalidRequest
 
 # Fields with the same name and meaning in both APIs.
 _SAME = ("temperature", "top_p", "parallel_tool_calls", "user", "stream", "top_logprobs")
 
 
+def _needs_name(kind: str, name: str | None) -> None:
+    # Raised in `__post_init__`, msgspec adds the path: `tools[0]` → param `tools[0].name`.
+    if kind == "function" and name is None:
+        raise ValueError("Object missing required field `name`")
+
+
+class BridgedTool(ResponsesTool):
+    def __post_init__(self) -> None:
+        _needs_name(self.type, self.name)
+
+
+class FunctionChoice(msgspec.Struct):
+    type: str
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        _needs_name(self.type, self.name)
+
+
+class TextFormat(msgspec.Struct):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class BridgedText(TextConfig):
+    format: TextFormat | None = None
+
+
+class Bridged(ResponsesHead):
+    """Every field the bridge reads of a Responses body, typed as the chat kinds read it."""
+
+    tools: list[BridgedTool] | None = None  # type: ignore[assignment]
+    text: BridgedText | None = None  # type: ignore[assignment]
+    tool_choice: str | FunctionChoice | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+
+
 def to_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The chat body for `body`, after `history` (messages of earlier turns) if given."""
+    """The chat body for `body`, after `history` (messages of earlier turns) if given;
+    InvalidRequest names a field of the wrong type."""
+    checked(body, Bridged)
     messages: list[dict[str, Any]] = []
     if instructions := body.get("instructions"):
         messages.append({"role": "system", "content": instructions})
