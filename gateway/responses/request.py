@@ -47,14 +47,15 @@ class TextFormat(msgspec.Struct):
 
 
 class BridgedText(TextConfig):
-    format: TextFormat | None = None
+    format: TextFormat | None = None  # type: ignore[assignment]  # narrower than the head's
 
 
 class Bridged(ResponsesHead):
-    """Every field the bridge reads of a Responses body, typed as the chat kinds read it."""
+    """Every field the bridge reads of a Responses body, typed as the chat kinds read it. It
+    narrows the head's types (the head leaves them open for a native Responses upstream)."""
 
     tools: list[BridgedTool] | None = None  # type: ignore[assignment]
-    text: BridgedText | None = None  # type: ignore[assignment]
+    text: BridgedText | None = None
     tool_choice: str | FunctionChoice | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
