@@ -19,6 +19,8 @@ import httpx
 import openai
 import pytest
 
+from tests.fake_anthropic import FakeAnthropic
+from tests.fake_gemini import FakeGemini
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, Reply, Scripted
@@ -84,6 +86,25 @@ def pair(pair_gateway: GatewayProcess, primary: FakeUpstream, secondary: FakeUps
     primary.reset()
     secondary.reset()
     return Pair(pair_gateway, primary, secondary)
+
+
+@pytest.fixture(scope="session")
+def every_kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """One gateway with a provider of every kind that speaks HTTP, each on its own fake:
+    aliases `openai-m`, `anthropic-m`, `google-m`, `ollama-m`."""
+    with FakeUpstream(name="oa") as oa, FakeAnthropic(name="an") as an, \
+            FakeGemini(name="gm") as gm, FakeUpstream(name="ol") as ol:
+        gateway = GatewayProcess(tmp_path_factory.mktemp("kinds"), config({
+            "openai": provider(oa.base_url, {"openai-m": "m"}),
+            "anthropic": {"type": "anthropic", "base_url": an.base_url.removesuffix("/v1"),
+                          "api_key": "an-key-000000", "models": {"anthropic-m": "m"}},
+            "google": {"type": "google", "base_url": gm.base_url, "api_key": "gm-key-000000",
+                       "models": {"google-m": "gemini-2.5-flash"}},
+            "ollama": {"type": "ollama", "base_url": ol.base_url, "models": {"ollama-m": "m"}},
+        }, defaults={"circuit": {"enabled": False}}))
+        gateway.start()
+        yield gateway
+        gateway.stop()
 
 
 @pytest.fixture

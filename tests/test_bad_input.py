@@ -3,7 +3,7 @@ and a 500 that a bug still causes is never invisible (logged with its request id
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,100 +11,81 @@ import httpx
 import pytest
 
 from tests import plugins
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_gemini import FakeGemini
-from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream
+from tests.gateway_process import GatewayProcess, config
 
 HI = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """A gateway with an OpenAI-speaking provider (`oa-m`), an Anthropic one (`an-m`) and a
-    Gemini one (`gm-m`)."""
-    with FakeUpstream(name="oa") as oa, FakeAnthropic(name="an") as an, \
-            FakeGemini(name="gm") as gm:
-        gateway = GatewayProcess(tmp_path_factory.mktemp("mixed"), config({
-            "oa": provider(oa.base_url, {"oa-m": "m"}),
-            "an": {"type": "anthropic", "base_url": an.base_url.removesuffix("/v1"),
-                   "api_key": "an-key-000000", "models": {"an-m": "m"}},
-            "gm": {"type": "google", "base_url": gm.base_url, "api_key": "gm-key-000000",
-                   "models": {"gm-m": "gemini-2.5-flash"}},
-        }))
-        gateway.start()
-        yield gateway
-        gateway.stop()
+# The aliases of the `every_kind` gateway (tests/conftest.py).
+OA, AN, GM = "openai-m", "anthropic-m", "google-m"
 
 
 CASES: list[tuple[str, str, dict[str, Any], str]] = [
-    ("chat/completions", "an-m", {"messages": [{"role": "user", "content": 1}]},
+    ("chat/completions", AN, {"messages": [{"role": "user", "content": 1}]},
      "messages[0].content"),
-    ("chat/completions", "an-m", {"messages": [{"role": "user", "content": [1]}]},
+    ("chat/completions", AN, {"messages": [{"role": "user", "content": [1]}]},
      "messages[0].content[0]"),
-    ("chat/completions", "an-m", {"messages": [{"role": "user", "content": {}}]},
+    ("chat/completions", AN, {"messages": [{"role": "user", "content": {}}]},
      "messages[0].content"),
-    ("chat/completions", "an-m", {"messages": [{"role": "user", "content": [[]]}]},
+    ("chat/completions", AN, {"messages": [{"role": "user", "content": [[]]}]},
      "messages[0].content[0]"),
-    ("chat/completions", "an-m", {"messages": [*HI, {"role": "assistant", "tool_calls": [1]}]},
+    ("chat/completions", AN, {"messages": [*HI, {"role": "assistant", "tool_calls": [1]}]},
      "messages[1].tool_calls[0]"),
-    ("chat/completions", "an-m", {"messages": [*HI, {"role": "assistant", "tool_calls": "x"}]},
+    ("chat/completions", AN, {"messages": [*HI, {"role": "assistant", "tool_calls": "x"}]},
      "messages[1].tool_calls"),
-    ("chat/completions", "an-m", {"messages": HI, "tools": "x"}, "tools"),
-    ("chat/completions", "an-m", {"messages": HI, "tool_choice": {"function": "x"}},
+    ("chat/completions", AN, {"messages": HI, "tools": "x"}, "tools"),
+    ("chat/completions", AN, {"messages": HI, "tool_choice": {"function": "x"}},
      "tool_choice.function"),
-    ("chat/completions", "an-m",
+    ("chat/completions", AN,
      {"messages": HI, "response_format": {"type": "json_schema", "json_schema": "x"}},
      "response_format.json_schema"),
-    ("chat/completions", "an-m", {"messages": HI, "chat_template_kwargs": "x"},
+    ("chat/completions", AN, {"messages": HI, "chat_template_kwargs": "x"},
      "chat_template_kwargs"),
-    ("chat/completions", "an-m", {"messages": [{"role": "assistant", "function_call": "x"}]},
+    ("chat/completions", AN, {"messages": [{"role": "assistant", "function_call": "x"}]},
      "messages[0].function_call"),
-    ("chat/completions", "oa-m", {"messages": [{"role": "assistant", "function_call": "x"}]},
+    ("chat/completions", OA, {"messages": [{"role": "assistant", "function_call": "x"}]},
      "messages[0].function_call"),
-    ("responses", "oa-m", {"input": [{"type": "message"}]}, "input[0].role"),
-    ("responses", "an-m", {"input": [{"type": "function_call"}]}, "input[0].call_id"),
-    ("responses", "oa-m", {"input": "hi", "tools": [1]}, "tools[0]"),
-    ("responses", "an-m", {"input": "hi", "text": "x"}, "text"),
-    ("responses", "an-m", {"input": "hi", "reasoning": "x"}, "reasoning"),
+    ("responses", OA, {"input": [{"type": "message"}]}, "input[0].role"),
+    ("responses", AN, {"input": [{"type": "function_call"}]}, "input[0].call_id"),
+    ("responses", OA, {"input": "hi", "tools": [1]}, "tools[0]"),
+    ("responses", AN, {"input": "hi", "text": "x"}, "text"),
+    ("responses", AN, {"input": "hi", "reasoning": "x"}, "reasoning"),
     # What a translating kind reads beyond the relay's head is typed where its translator
     # starts (`providers.contract.chat.ChatRequest`, the bridge's `Bridged`, compat's
     # `Rewritten`); each of these was a TypeError, KeyError or AttributeError in a translator,
     # blamed on the upstream as a 502.
-    ("chat/completions", "an-m", {"messages": HI, "max_tokens": "x", "reasoning_effort": "low"},
+    ("chat/completions", AN, {"messages": HI, "max_tokens": "x", "reasoning_effort": "low"},
      "max_tokens"),
-    ("chat/completions", "gm-m", {"messages": HI, "temperature": [1]}, "temperature"),
-    ("chat/completions", "an-m",
+    ("chat/completions", GM, {"messages": HI, "temperature": [1]}, "temperature"),
+    ("chat/completions", AN,
      {"messages": [{"role": "system", "content": [{"type": "text", "text": [1]}]}, *HI]},
      "messages[0].content[0].text"),
-    ("chat/completions", "gm-m",
+    ("chat/completions", GM,
      {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": "x"}]}]},
      "messages[0].content[0].input_audio"),
-    ("chat/completions", "gm-m", {"messages": [*HI, {"role": "assistant", "tool_calls": [
+    ("chat/completions", GM, {"messages": [*HI, {"role": "assistant", "tool_calls": [
         {"id": "c", "function": {"name": "f"}, "extra_content": "x"}]}]},
      "messages[1].tool_calls[0].extra_content"),
-    ("chat/completions", "oa-m", {"messages": HI, "functions": 1}, "functions"),
-    ("chat/completions", "oa-m", {"messages": HI, "function_call": {"x": 1}},
+    ("chat/completions", OA, {"messages": HI, "functions": 1}, "functions"),
+    ("chat/completions", OA, {"messages": HI, "function_call": {"x": 1}},
      "function_call.name"),
-    ("responses", "oa-m", {"input": "hi", "tool_choice": {"type": "function"}},
+    ("responses", OA, {"input": "hi", "tool_choice": {"type": "function"}},
      "tool_choice.name"),
-    ("responses", "an-m", {"input": "hi", "tools": [{"type": "function"}]}, "tools[0].name"),
-    ("responses", "an-m", {"input": "hi", "max_output_tokens": "x", "reasoning": {
+    ("responses", AN, {"input": "hi", "tools": [{"type": "function"}]}, "tools[0].name"),
+    ("responses", AN, {"input": "hi", "max_output_tokens": "x", "reasoning": {
         "effort": "low"}}, "max_output_tokens"),
-    ("responses", "gm-m", {"input": "hi", "text": {"format": {"type": "json_schema",
+    ("responses", GM, {"input": "hi", "text": {"format": {"type": "json_schema",
                                                               "schema": "x"}}},
      "text.format.schema"),
-    ("responses", "gm-m", {"input": [{"role": "user", "content": [
+    ("responses", GM, {"input": [{"role": "user", "content": [
         {"type": "input_text", "text": 1}]}]}, "input[0].content[0].text"),
 ]
 
 
 @pytest.mark.parametrize(("endpoint", "model", "body", "param"), CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in CASES])
-def test_a_wrong_type_is_a_400_naming_its_place(mixed: GatewayProcess, endpoint: str,
+def test_a_wrong_type_is_a_400_naming_its_place(every_kind: GatewayProcess, endpoint: str,
                                                  model: str, body: dict[str, Any],
                                                  param: str) -> None:
-    response = httpx.post(f"{mixed.base_url}/{endpoint}", json={"model": model, **body})
+    response = httpx.post(f"{every_kind.base_url}/{endpoint}", json={"model": model, **body})
 
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -113,32 +94,32 @@ def test_a_wrong_type_is_a_400_naming_its_place(mixed: GatewayProcess, endpoint:
 
 SERVED: list[tuple[str, dict[str, Any]]] = [
     # An image given as a bare URL string: Gemini's translator read it, Anthropic's raised.
-    ("an-m", {"messages": [{"role": "user", "content": [
+    (AN, {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": "https://example.com/cat.png"}]}]}),
     # A tool's JSON schema with a `definitions` keyword that is not an object.
-    ("gm-m", {"messages": HI, "tools": [{"type": "function", "function": {
+    (GM, {"messages": HI, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "definitions": "x",
                                     "properties": {"a": {"type": "string"}}}}}]}),
 ]
 
 
 @pytest.mark.parametrize(("model", "body"), SERVED, ids=[c[0] for c in SERVED])
-def test_shapes_a_translator_can_read_are_served(mixed: GatewayProcess, model: str,
+def test_shapes_a_translator_can_read_are_served(every_kind: GatewayProcess, model: str,
                                                  body: dict[str, Any]) -> None:
-    response = httpx.post(f"{mixed.base_url}/chat/completions", json={"model": model, **body})
+    response = httpx.post(f"{every_kind.base_url}/chat/completions", json={"model": model, **body})
 
     assert response.status_code == 200, response.text
 
 
 @pytest.mark.parametrize("endpoint", ["chat/completions", "completions", "responses"])
-@pytest.mark.parametrize("model", ["oa-m", "an-m", "gm-m"])
+@pytest.mark.parametrize("model", [OA, AN, GM])
 def test_bytes_that_are_not_utf8_and_numbers_past_64_bits_are_400s(
-        mixed: GatewayProcess, endpoint: str, model: str) -> None:
+        every_kind: GatewayProcess, endpoint: str, model: str) -> None:
     head = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "prompt": "x", ' \
            b'"input": "x"' % model.encode()
     for body in (head + b', "user": "m\xff"}', head + b', "seed": ' + b"9" * 100_000 + b"}",
                  head + b', "metadata": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
-        response = httpx.post(f"{mixed.base_url}/{endpoint}", content=body,
+        response = httpx.post(f"{every_kind.base_url}/{endpoint}", content=body,
                               headers={"Content-Type": "application/json"})
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "invalid_request"

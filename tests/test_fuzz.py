@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,10 +14,7 @@ from hypothesis import strategies as st
 
 from gateway import openapi
 from tests.conftest import Pair
-from tests.fake_anthropic import FakeAnthropic
-from tests.fake_gemini import FakeGemini
-from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream
+from tests.gateway_process import GatewayProcess
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -146,24 +142,6 @@ RESPONSES = fixed(
 REQUESTS = st.one_of(st.tuples(st.just("chat/completions"), CHAT),
                      st.tuples(st.just("completions"), COMPLETION),
                      st.tuples(st.just("responses"), RESPONSES))
-
-
-@pytest.fixture(scope="module")
-def every_kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """One gateway with a provider of every kind that speaks HTTP, each on its own fake."""
-    with FakeUpstream(name="oa") as oa, FakeAnthropic(name="an") as an, \
-            FakeGemini(name="gm") as gm, FakeUpstream(name="ol") as ol:
-        gateway = GatewayProcess(tmp_path_factory.mktemp("kinds"), config({
-            "openai": provider(oa.base_url, {"openai-m": "m"}),
-            "anthropic": {"type": "anthropic", "base_url": an.base_url.removesuffix("/v1"),
-                          "api_key": "an-key-000000", "models": {"anthropic-m": "m"}},
-            "google": {"type": "google", "base_url": gm.base_url, "api_key": "gm-key-000000",
-                       "models": {"google-m": "gemini-2.5-flash"}},
-            "ollama": {"type": "ollama", "base_url": ol.base_url, "models": {"ollama-m": "m"}},
-        }, defaults={"circuit": {"enabled": False}}))
-        gateway.start()
-        yield gateway
-        gateway.stop()
 
 
 def test_no_body_makes_any_kind_fail_on_any_endpoint(every_kind: GatewayProcess) -> None:
