@@ -40,6 +40,7 @@ from gateway.front import Front
 from gateway.guard import Guard
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.redis_sync import RedisSync
+from gateway.responses import routes as stored_responses
 from gateway.responses.store import RedisResponseStore, ResponseStore
 from gateway.services import Services, model_card
 from providers.contract.errors import (
@@ -259,7 +260,9 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     guarded = Guard.around(Front(Litestar(
         route_handlers=[list_models, retrieve_model,
                         health, ready, metrics, status_html, status_json, openapi_document,
-                        admin.list_providers, admin.toggle_provider],
+                        admin.list_providers, admin.toggle_provider,
+                        stored_responses.retrieve_response, stored_responses.delete_response,
+                        stored_responses.list_input_items],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: on_gateway_error,

@@ -345,6 +345,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         proxy=_proxy(entry, environ, file, where),
         tls=_tls(entry.tls, environ, file, where),
         max_answer_bytes=entry.max_answer_bytes or max_answer_bytes,
+        max_embedding_batch=entry.max_embedding_batch,
     )
     if spec.base_url and spec.enabled:
         try:  # an environment proxy the transport cannot use, named with its variable

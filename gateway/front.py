@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from litestar import Litestar
 from litestar.types import Message, Receive, Scope, Send
@@ -23,6 +23,7 @@ from gateway.drain import Drain
 from gateway.services import Services
 from gateway.streaming import close_quietly
 from providers.contract.errors import (
+    GatewayError,
     MethodNotAllowed,
     RequestTooLarge,
     ShuttingDown,
@@ -30,7 +31,8 @@ from providers.contract.errors import (
     sse_error_event,
 )
 
-_ENDPOINTS = ("chat/completions", "completions", "responses")
+_ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
+              "messages/count_tokens")
 # With and without the /v1 prefix, as vLLM and LiteLLM answer them.
 RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS}}
 
@@ -163,17 +165,18 @@ async def send_stream(answer: relay.Streamed, receive: Receive, send: Send,
     except asyncio.CancelledError:
         if drain is None or not drain.was_cut():
             raise
-        await _cut_short(head, send)
+        await _cut_short(head, send, answer.error_event)
     finally:
         await close_quietly(chunks)
 
 
-async def _cut_short(head: Message | None, send: Send) -> None:
+async def _cut_short(head: Message | None, send: Send,
+                     error_event: Callable[[GatewayError], bytes] = sse_error_event) -> None:
     error = ShuttingDown("The gateway is shutting down and its drain time ran out; the "
                          "answer is incomplete: retry it")
     with contextlib.suppress(OSError):
         if head is not None:
             await send(head)
-        await send({"type": "http.response.body", "body": sse_error_event(error),
+        await send({"type": "http.response.body", "body": error_event(error),
                     "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

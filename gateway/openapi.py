@@ -15,7 +15,7 @@ import msgspec
 from gateway import schemas
 
 ROUTES = {"/v1/chat/completions": schemas.ChatHead, "/v1/completions": schemas.CompletionHead,
-          "/v1/responses": schemas.ResponsesHead}
+          "/v1/responses": schemas.ResponsesHead, "/v1/embeddings": schemas.EmbeddingsHead}
 REF = "#/components/schemas/{name}"
 ERROR = {"description": "An error, in OpenAI's envelope",
          "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorEnvelope")}}}}

@@ -1,7 +1,7 @@
 """The path of one relayed request: check, route, try, answer, log once.
 
-Shared by /v1/chat/completions, /v1/completions and /v1/responses; endpoint differences live in
-the request heads (`schemas`) and in the provider kinds, not here.
+Shared by every relay route (chat, completions, responses, embeddings, messages); endpoint
+differences live in the request heads (`schemas`), the bridges and the provider kinds, not here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from litestar.types import Receive
 
-from gateway import auth, router, schemas
+from gateway import auth, embeddings, messages, router, schemas
 from gateway.config import Route
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.responses.bridge import ResponsesBridge
@@ -31,17 +31,24 @@ from providers.contract.errors import (
     Overloaded,
     ResponseNotFound,
     envelope,
+    sse_error_event,
 )
 from providers.contract.log import get_logger
+from providers.contract.messages import CountTokensRequest, MessagesRequest
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.usage import Usage
 from providers.contract.usage import cost as cost_of
 
-HEADS: Mapping[str, type[schemas.ChatHead | schemas.CompletionHead | schemas.ResponsesHead]] = {
+HEADS: Mapping[str, type[Any]] = {
     "chat/completions": schemas.ChatHead,
     "completions": schemas.CompletionHead,
     "responses": schemas.ResponsesHead,
+    "embeddings": schemas.EmbeddingsHead,
+    "messages": MessagesRequest,
+    "messages/count_tokens": CountTokensRequest,
 }
+# Endpoints answered by a bridge where a provider does not speak them natively.
+BRIDGED = frozenset({"responses", *messages.ENDPOINTS})
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_REQUEST_ID = 128
 
@@ -72,6 +79,8 @@ class Streamed:
     media_type: str = "text/event-stream"
     # Told why, when the gateway itself ends the stream early (a shutdown's drain ran out).
     interrupted: Callable[[str], None] | None = None
+    # How a failure after the first byte is told, in the endpoint's own event shape.
+    error_event: Callable[[GatewayError], bytes] = sse_error_event
 
 
 def request_id(headers: Mapping[str, str]) -> str:
@@ -192,11 +201,14 @@ async def _admit(request: Incoming, endpoint: str, services: Services,
     if services.inflight > server.max_concurrency:  # this request holds a slot too
         raise Overloaded("The gateway is at its concurrency limit; retry shortly")
     head, raw = schemas.parse(await request.body(), HEADS[endpoint])
-    exchange.model, exchange.stream = head.model, bool(head.stream)
+    exchange.model, exchange.stream = head.model, bool(getattr(head, "stream", False))
     routes = router.candidates(live.snapshot, head.model)
     providers = live.providers
+    if endpoint == embeddings.ENDPOINT:
+        routes = embeddings.embedding_routes(head.model, routes, providers)
+    if endpoint in BRIDGED:
+        providers = services.bridged_providers(endpoint)
     if endpoint == "responses":
-        providers = services.responses_providers()
         await _check_previous_response(services, head, routes, providers)
     return Admitted(head, raw, routes, providers)
 
@@ -227,7 +239,9 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
         options = getattr(head, "stream_options", None)
         outgoing = Outgoing(endpoint, admitted.raw, head.model, exchange.stream,
                             exchange.request_id,
-                            client_wants_usage=bool(options and options.include_usage))
+                            client_wants_usage=bool(options and options.include_usage)
+                            or endpoint in messages.ENDPOINTS,
+                            key_id=exchange.key_id)
         async with DisconnectGuard(request.receive):
             if exchange.stream:
                 choices = getattr(head, "n", None) or 1
@@ -274,11 +288,14 @@ def _stream(exchange: Exchange, opened: router.Served[OpenedStream],
         exchange.used(usage)
         exchange.finish(outcome)
 
+    error_event = messages.error_event if exchange.endpoint in messages.ENDPOINTS \
+        else sse_error_event
     return Streamed(relay(opened.result, opened.provider, on_end=ended,
                           strip_usage=not outgoing.client_wants_usage,
-                          redactor=exchange.services.live.redactor),
+                          redactor=exchange.services.live.redactor, error_event=error_event),
                     {**exchange.headers(), **STREAM_HEADERS},
-                    interrupted=lambda reason: exchange.finish("error", reason=reason))
+                    interrupted=lambda reason: exchange.finish("error", reason=reason),
+                    error_event=error_event)
 
 
 async def _check_previous_response(services: Services, head: Any, routes: tuple[Route, ...],
@@ -315,6 +332,8 @@ async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
     started = time.perf_counter()
     try:
         with _reading(provider):
+            if outgoing.endpoint == embeddings.ENDPOINT:
+                return await embeddings.send(provider, outgoing, upstream_model)
             return await provider.send(outgoing, upstream_model)
     finally:  # the last try is the one that answered: its time is the upstream's share
         exchange.upstream_time = time.perf_counter() - started
@@ -334,7 +353,8 @@ def _error(exc: GatewayError, exchange: Exchange) -> Whole:
         headers["Retry-After"] = "1"
     elif isinstance(exc, KeyRateLimited):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    body = exchange.services.live.redactor.encoded(envelope(exc))
+    shaped = messages.error_body if exchange.endpoint in messages.ENDPOINTS else envelope
+    body = exchange.services.live.redactor.encoded(shaped(exc))
     return Whole(body, headers, status=exc.status,
                  after=partial(exchange.finish, "error", error=exc.code))
 

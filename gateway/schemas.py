@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -15,6 +15,7 @@ from providers.contract.chat import (
     Tool,
     ToolChoice,
 )
+from providers.contract.embeddings import MAX_INPUTS
 from providers.contract.errors import InvalidRequest
 
 # The shapes the provider kinds' translators read (Anthropic's, Gemini's, the Responses
@@ -119,6 +120,40 @@ class ResponsesHead(msgspec.Struct):
                     raise msgspec.ValidationError(
                         f"Object missing required field `{field_name}` - at "
                         f"`$.input[{number}]`")
+
+
+# OpenAI's own bounds: 2,048 inputs a request; an empty string is refused, as it is there.
+MAX_EMBEDDING_INPUTS = MAX_INPUTS
+EmbeddingInput = str | list[str | int | list[int]]
+
+
+class EmbeddingsHead(msgspec.Struct):
+    """What routing needs from an embeddings body; kinds that translate read `input` as
+    checked here (`providers.contract.embeddings`)."""
+
+    model: NonEmptyStr
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        given = self.input
+        if given == "" or given == []:
+            raise msgspec.ValidationError("Expected a non-empty input - at `$.input`")
+        if isinstance(given, str) or all(isinstance(x, int) for x in given):
+            return
+        if len(given) > MAX_EMBEDDING_INPUTS:
+            raise msgspec.ValidationError(
+                f"Expected at most {MAX_EMBEDDING_INPUTS} inputs - at `$.input`")
+        kinds = {type(x) for x in given}
+        if len(kinds) > 1:
+            raise msgspec.ValidationError(
+                "Expected inputs of one kind (strings or token arrays) - at `$.input`")
+        for number, item in enumerate(given):
+            if item == "" or item == []:
+                raise msgspec.ValidationError(f"Expected a non-empty input - at "
+                                              f"`$.input[{number}]`")
 
 
 # What the bridge needs of each input item type (`gateway.responses.request`).

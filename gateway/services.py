@@ -20,6 +20,7 @@ from gateway.drain import Drain
 from gateway.health import ProviderHealth
 from gateway.limits import RateLimiter
 from gateway.logs import RequestLog
+from gateway.messages import MessagesBridge
 from gateway.metrics import Metrics
 from gateway.responses.bridge import ResponsesBridge
 from gateway.responses.store import ResponseStore
@@ -105,7 +106,7 @@ class Services:
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         self.responses = ResponseStore()
-        self._bridged: tuple[LiveConfig, Mapping[str, Provider]] | None = None
+        self._bridged: tuple[LiveConfig, dict[str, Mapping[str, Provider]]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
         self.config_error: dict[str, Any] | None = None
@@ -131,14 +132,23 @@ class Services:
             else (Retries(), CircuitPolicy())
         return max(retries.max_retry_after, circuit.rate_limit_cooldown)
 
-    def responses_providers(self) -> Mapping[str, Provider]:
-        """The providers for /v1/responses: native ones as they are, others behind the bridge."""
+    def bridged_providers(self, endpoint: str) -> Mapping[str, Provider]:
+        """The providers for /v1/responses or /v1/messages: those that speak it natively as
+        they are, the others behind that endpoint's bridge (built once per config)."""
         live = self.live
         if self._bridged is None or self._bridged[0] is not live:
-            bridged = {name: p if p.supports("responses") else ResponsesBridge(p, self.responses)
-                       for name, p in live.providers.items()}
-            self._bridged = (live, bridged)
-        return self._bridged[1]
+            self._bridged = (live, {})
+        found = self._bridged[1].get(endpoint)
+        if found is None:
+            found = {name: p if p.supports(endpoint) else self._bridge(endpoint, p)
+                     for name, p in live.providers.items()}
+            self._bridged[1][endpoint] = found
+        return found
+
+    def _bridge(self, endpoint: str, provider: Provider) -> Provider:
+        if endpoint == "responses":
+            return ResponsesBridge(provider, self.responses)
+        return MessagesBridge(provider)
 
     def enter(self) -> None:
         """A relay request takes its in-flight slot (`front.Front`, the one caller)."""

@@ -15,6 +15,7 @@ import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import msgspec
@@ -27,12 +28,17 @@ from providers.contract.errors import (
     sse_error_event,
 )
 from providers.contract.log import get_logger
+from providers.contract.messages import usage_of
 from providers.contract.redact import Redactor, mask_credentials
 from providers.contract.usage import Usage, from_payload
 
 DONE_EVENT = b"data: [DONE]\n\n"
-# A Responses API stream is over once the response completed, stopped short, or failed.
-_RESPONSE_ENDED = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# A Responses API stream is over once the response completed, stopped short, or failed; a
+# Messages API stream once its message stopped.
+_RESPONSE_ENDED = frozenset({"response.completed", "response.incomplete", "response.failed",
+                             "message_stop"})
+# Messages API events that carry usage: counted the Messages way (`_MessagesUsage`).
+_MESSAGES_USAGE = frozenset({"message_start", "message_delta"})
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _MAX_LINE = 1 << 20  # a "line" longer than this is not SSE
 MAX_EVENT_TEXT = 4096  # of an upstream error event, what is read for the failover's reason
@@ -55,7 +61,17 @@ class _Event(msgspec.Struct):
     error: msgspec.Raw = msgspec.Raw()
 
 
+class _StartedMessage(msgspec.Struct):
+    usage: dict[str, Any] | None = None
+
+
+class _MessagesUsage(msgspec.Struct):
+    message: _StartedMessage | None = None
+    usage: dict[str, Any] | None = None
+
+
 _EVENTS = msgspec.json.Decoder(_Event)
+_MESSAGES_USAGE_EVENTS = msgspec.json.Decoder(_MessagesUsage)
 _UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
@@ -76,6 +92,7 @@ class SSEWatch:
     malformed: bool = False
     usage: Usage | None = None
     _partial: bytes = field(default=b"", repr=False)
+    _messages_usage: dict[str, Any] = field(default_factory=dict, repr=False)
     _started: set[int] = field(default_factory=set, repr=False)
     _ended: set[int] = field(default_factory=set, repr=False)
     _utf8: codecs.IncrementalDecoder = field(
@@ -125,12 +142,24 @@ class SSEWatch:
             return
         if event.type is not None and event.type in _RESPONSE_ENDED:
             self.done = True
+        if event.type is not None and event.type in _MESSAGES_USAGE:
+            self._count_messages_usage(payload)
+            return
         for choice in event.choices or ():
             self._started.add(choice.index)
             if choice.finish_reason is not None:
                 self._ended.add(choice.index)
         if b'"usage"' in payload and (usage := from_payload(payload)) is not None:
             self.usage = usage
+
+
+    def _count_messages_usage(self, payload: bytes) -> None:
+        """A Messages stream gives input tokens at its start and output tokens at its end."""
+        found = _MESSAGES_USAGE_EVENTS.decode(payload)
+        given = found.usage or (found.message.usage if found.message else None)
+        if given:
+            self._messages_usage.update({k: v for k, v in given.items() if v is not None})
+            self.usage = msgspec.convert(usage_of(self._messages_usage), Usage)
 
 
 @dataclass(slots=True)
@@ -171,13 +200,16 @@ async def open_stream(chunks: AsyncIterator[bytes], choices: int = 1) -> OpenedS
 async def relay(opened: OpenedStream, provider: str,
                 on_end: Callable[[str, Usage | None], None] | None = None,
                 strip_usage: bool = False,
-                redactor: Redactor | None = None) -> AsyncGenerator[bytes, None]:
+                redactor: Redactor | None = None,
+                error_event: Callable[[GatewayError], bytes] = sse_error_event,
+                ) -> AsyncGenerator[bytes, None]:
     """Pass the stream through; end it with `[DONE]` or an in-band error, never silently.
 
     `on_end` hears how it ended ("completed", "error" or "client_disconnected") and the
     `usage` the stream reported, if any. `strip_usage` drops the usage-only event the gateway
-    asked for on the client's behalf. The in-band error passes `redactor` (it carries upstream
-    text); the upstream's own bytes are relayed as they are.
+    asked for on the client's behalf. The in-band error (`error_event`: the endpoint's shape)
+    passes `redactor` (it carries upstream text); the upstream's own bytes are relayed as
+    they are.
     """
     watch = opened.watch
     outcome = "client_disconnected"
@@ -194,19 +226,19 @@ async def relay(opened: OpenedStream, provider: str,
                     break
         if watch.done:
             await read_to_end(opened.rest)
-        outcome, last = ending(watch, provider)
+        outcome, last = ending(watch, provider, error_event)
         if last:
             yield (_own_line(sent) if outcome == "error" else b"") + last
     except (ProviderError, *UNREADABLE_ANSWER) as exc:
         outcome = "error"
         if not isinstance(exc, ProviderError):  # a kind could not translate what came
             exc = unreadable(provider, exc)
-        event = sse_error_event(_mid_stream(provider, exc))
+        event = error_event(_mid_stream(provider, exc))
         yield _own_line(sent) + (redactor.encoded(event) if redactor is not None else event)
     except Exception:  # a bug: the client still learns the stream did not finish
         outcome = "error"
         get_logger().exception("unhandled_stream_error", provider=provider)
-        yield _own_line(sent) + sse_error_event(GatewayError("Internal gateway error"))
+        yield _own_line(sent) + error_event(GatewayError("Internal gateway error"))
     finally:
         await close_quietly(opened.rest)
         if on_end is not None:
@@ -246,7 +278,8 @@ def _passed(chunk: bytes, watch: SSEWatch, strip_usage: bool, redactor: Redactor
     return chunk
 
 
-def ending(watch: SSEWatch, provider: str) -> tuple[str, bytes]:
+def ending(watch: SSEWatch, provider: str,
+           error_event: Callable[[GatewayError], bytes] = sse_error_event) -> tuple[str, bytes]:
     """How a stream whose upstream body is over ended, and the last bytes the client gets:
     `[DONE]` when the upstream finished but did not say so, an in-band error when it had not
     finished."""
@@ -254,7 +287,7 @@ def ending(watch: SSEWatch, provider: str) -> tuple[str, bytes]:
         return "completed", b""
     if watch.finished and not watch.garbage:
         return "completed", DONE_EVENT
-    return "error", sse_error_event(
+    return "error", error_event(
         _mid_stream(provider, ProviderUnavailable("stream ended before it finished")))
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from providers.contract.chat import ChatRequest, checked
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.contract.messages import STOP_REASONS, THINKING_BUDGETS, image_block, usage_of
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
@@ -25,9 +26,6 @@ from providers.http import HttpUpstream, scrub
 API_VERSION = "2023-06-01"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MAX_TOKENS = 4096
-THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
-STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
-                "tool_use": "tool_calls", "refusal": "content_filter", "pause_turn": "stop"}
 
 
 def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
@@ -112,16 +110,8 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
             blocks.append({"type": "text", "text": part.get("text", "")})
         elif part.get("type") == "image_url":
             image = part.get("image_url") or ""
-            blocks.append(_image(image if isinstance(image, str) else image.get("url", "")))
+            blocks.append(image_block(image if isinstance(image, str) else image.get("url", "")))
     return blocks
-
-
-def _image(url: str) -> dict[str, Any]:
-    if url.startswith("data:") and ";base64," in url:
-        media_type, _, data = url[5:].partition(";base64,")
-        return {"type": "image", "source": {"type": "base64", "media_type": media_type,
-                                            "data": data}}
-    return {"type": "image", "source": {"type": "url", "url": url}}
 
 
 def _json_or_empty(arguments: Any) -> Any:
@@ -180,18 +170,6 @@ def _format_instruction(response_format: Any) -> str | None:
         return ("Respond with a single JSON object, and nothing else, that matches this JSON "
                 f"schema: {json.dumps(schema)}")
     return None
-
-
-def usage_of(anthropic_usage: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Anthropic usage in OpenAI's names; cache reads count as cached prompt tokens."""
-    found = anthropic_usage or {}
-    cached = found.get("cache_read_input_tokens") or 0
-    prompt = (found.get("input_tokens") or 0) + cached + \
-        (found.get("cache_creation_input_tokens") or 0)
-    completion = found.get("output_tokens") or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def to_chat_completion(message: Mapping[str, Any], model: str) -> dict[str, Any]:
@@ -306,11 +284,35 @@ class StreamTranslator:
                                               "finish_reason": finish}]}) + b"\n\n"
 
 
+# Endpoints relayed as they are, and their paths after /v1/messages.
+NATIVE = {"messages": "", "messages/count_tokens": "/count_tokens"}
+
+
+class _Message(msgspec.Struct):
+    type: Literal["message"]
+    content: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
+class _Counted(msgspec.Struct):
+    input_tokens: int
+
+
+def checked_answer(payload: bytes, shape: type[msgspec.Struct]) -> bytes:
+    """`payload` if it is a JSON answer of `shape`; a failover if it is not."""
+    try:
+        msgspec.json.decode(payload, type=shape)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise BadUpstreamResponse(f"response is not a Messages answer: {exc}") from None
+    return payload
+
+
 class AnthropicProvider(Provider):
     """Anthropic's Messages API behind the OpenAI chat-completions interface."""
 
     kind = "anthropic"
-    endpoints = frozenset({"chat/completions"})
+    # Messages (and their token counts) pass through natively: no double translation.
+    endpoints = frozenset({"chat/completions", "messages", "messages/count_tokens"})
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)
@@ -324,14 +326,23 @@ class AnthropicProvider(Provider):
                                  spec.link_for(self._url))
 
     def _body(self, request: Outgoing, upstream_model: str) -> bytes:
-        body = to_messages(request.json(), upstream_model)
+        if request.endpoint in NATIVE:
+            body = {**request.json(), "model": upstream_model}
+        else:
+            body = to_messages(request.json(), upstream_model)
         for name in self.spec.drop_params:
             body.pop(name, None)
         body.update(self.spec.params)
         return msgspec.json.encode(body)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
-        payload, _ = await self.http.post(self._url, self._body(request, upstream_model))
+        url = NATIVE.get(request.endpoint, "")
+        payload, _ = await self.http.post(self._url + url, self._body(request, upstream_model))
+        if request.endpoint == "messages/count_tokens":
+            return Reply(checked_answer(payload, _Counted))
+        if request.endpoint == "messages":
+            message = msgspec.json.decode(checked_answer(payload, _Message), type=_Message)
+            return Reply(payload, usage=msgspec.convert(usage_of(message.usage), Usage))
         try:
             message = msgspec.json.decode(payload)
         except msgspec.DecodeError as exc:
@@ -341,8 +352,15 @@ class AnthropicProvider(Provider):
         return Reply(msgspec.json.encode(answer), usage=usage)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
-        translator = StreamTranslator(upstream_model)
         chunks = self.http.stream(self._url, self._body(request, upstream_model))
+        if request.endpoint == "messages":  # the client speaks Messages too: bytes as they come
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await chunks.aclose()
+            return
+        translator = StreamTranslator(upstream_model)
         try:
             async for chunk in chunks:
                 if out := translator.feed(chunk):

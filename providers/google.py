@@ -18,6 +18,7 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
+from providers.contract import embeddings
 from providers.contract.chat import ChatRequest, checked
 from providers.contract.errors import BadUpstreamResponse, ProviderRejected, UpstreamClientError
 from providers.contract.provider import Outgoing, Provider, Reply
@@ -46,6 +47,7 @@ MEDIA_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
                ".gif": "image/gif", ".webp": "image/webp", ".heic": "image/heic",
                ".heif": "image/heif", ".pdf": "application/pdf"}
 MAX_LIST_PAGES = 20
+MAX_EMBEDDING_BATCH = 100  # requests per batchEmbedContents call, Gemini's documented limit
 # Gemini answers a bad key with 400 INVALID_ARGUMENT: that is our config, not the client's fault.
 KEY_ERRORS = ("API key not valid", "API key expired")
 
@@ -317,6 +319,38 @@ def model_ids(listing: Any) -> list[str]:
             and "generateContent" in (m.get("supportedGenerationMethods") or ())]
 
 
+def to_batch_embed(body: Mapping[str, Any], texts: list[str], name: str) -> dict[str, Any]:
+    """The `batchEmbedContents` body for an OpenAI embeddings body: one request per input."""
+    dimensions = body.get("dimensions")
+    return {"requests": [{"model": name, "content": {"parts": [{"text": text}]},
+                          **({"outputDimensionality": dimensions} if dimensions else {})}
+                         for text in texts]}
+
+
+class _Values(msgspec.Struct):
+    values: list[float]
+
+
+class _Embedded(msgspec.Struct):
+    embeddings: list[_Values]
+
+
+def from_batch_embed(payload: bytes, texts: list[str], model: str,
+                     encoding_format: str | None) -> dict[str, Any]:
+    """OpenAI's embedding list for a `batchEmbedContents` answer. Gemini reports no token
+    count for embeddings: usage is estimated from the text (docs/api.md says so)."""
+    try:
+        embedded = msgspec.json.decode(payload, type=_Embedded)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise BadUpstreamResponse(f"response is not a batchEmbedContents answer: {exc}"
+                                  ) from None
+    if len(embedded.embeddings) != len(texts):
+        raise BadUpstreamResponse(f"answered {len(embedded.embeddings)} embeddings for "
+                                  f"{len(texts)} inputs")
+    return embeddings.embedding_list([e.values for e in embedded.embeddings], model,
+                                     embeddings.estimated_tokens(texts), encoding_format)
+
+
 @contextmanager
 def _key_rejections() -> Iterator[None]:
     try:
@@ -331,7 +365,8 @@ class GoogleProvider(Provider):
     """Google's Gemini API behind the OpenAI chat-completions interface."""
 
     kind = "google"
-    endpoints = frozenset({"chat/completions"})
+    endpoints = frozenset({"chat/completions", "embeddings"})
+    embedding_batch = MAX_EMBEDDING_BATCH
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)
@@ -358,6 +393,8 @@ class GoogleProvider(Provider):
         return msgspec.json.encode(body)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        if request.endpoint == "embeddings":
+            return await self._embed(request, upstream_model)
         with _key_rejections():
             payload, _ = await self.http.post(self._url(upstream_model, "generateContent"),
                                               self._body(request))
@@ -370,6 +407,17 @@ class GoogleProvider(Provider):
         completion = to_chat_completion(answer, upstream_model)
         usage = msgspec.convert(completion["usage"], Usage)
         return Reply(msgspec.json.encode(completion), usage=usage)
+
+    async def _embed(self, request: Outgoing, upstream_model: str) -> Reply:
+        body = request.json()
+        texts = embeddings.texts(body, self.name)
+        name = upstream_model if "/" in upstream_model else f"models/{upstream_model}"
+        with _key_rejections():
+            payload, _ = await self.http.post(self._url(upstream_model, "batchEmbedContents"),
+                                              msgspec.json.encode(to_batch_embed(body, texts,
+                                                                                 name)))
+        listed = from_batch_embed(payload, texts, request.model, body.get("encoding_format"))
+        return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         translator = StreamTranslator(upstream_model)

@@ -21,6 +21,7 @@ from providers.compat import (
     translate_request,
     used_legacy_functions,
 )
+from providers.contract import embeddings
 from providers.contract.errors import BadUpstreamResponse
 from providers.contract.provider import Outgoing, Provider, Reply, decode_body
 from providers.contract.spec import ProviderSpec
@@ -100,6 +101,8 @@ class OpenAIProvider(Provider):
     """An upstream that speaks OpenAI's HTTP API."""
 
     kind = "openai"
+    endpoints = frozenset({"chat/completions", "completions", "embeddings"})
+    embedding_batch = embeddings.MAX_INPUTS
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)
@@ -118,7 +121,9 @@ class OpenAIProvider(Provider):
             f"{self._base_url}/{request.endpoint}",
             build_body(request, upstream_model, self.spec, self.options))
         usage = check_json(body)
-        if request.endpoint == "chat/completions":
+        if request.endpoint == "embeddings":
+            embeddings.check_list(body, len(embeddings.inputs(request.json())))
+        elif request.endpoint == "chat/completions":
             body = normalize_reply(body, self._legacy(request))
         return Reply(body, headers.get("Content-Type", "application/json"), usage)
 

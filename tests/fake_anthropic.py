@@ -19,6 +19,15 @@ class FakeAnthropic(FakeUpstream):
 
     def _routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """Counts as the fakes do: words of the JSON-encoded messages and system."""
+        body = await self._record(request)
+        if not isinstance(body, dict) or "messages" not in body:
+            return _error(400, "messages: Field required")
+        text = json.dumps([body.get("system"), body["messages"], body.get("tools")])
+        return web.json_response({"input_tokens": len(text.split())})
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)

@@ -26,6 +26,7 @@ from tests.upstream import (
     _n,
     _Shape,
     _words,
+    vector,
 )
 
 STATUSES = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
@@ -182,6 +183,8 @@ class FakeGemini(FakeUpstream):
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         model, _, method = request.match_info["call"].partition(":")
+        if method == "batchEmbedContents":
+            return await self._batch_embed(request, model)
         if method not in ("generateContent", "streamGenerateContent"):
             await self._record(request)
             return gemini_error(404, f"Method {method!r} not found")
@@ -209,6 +212,31 @@ class FakeGemini(FakeUpstream):
         if request.query.get("alt") != "sse":  # without alt=sse Gemini streams a JSON array
             return web.json_response(shape.events(body, pieces, mode))
         return await self._sse(request, shape.events(body, pieces, mode), mode)
+
+    async def _batch_embed(self, request: web.Request, model: str) -> web.Response:
+        """As the real API: every request names the URL's model, one text part each."""
+        body = await self._record(request)
+        mode = self._next_mode()
+        if self.key is not None and request.headers.get("x-goog-api-key") != self.key:
+            return gemini_error(400, BAD_KEY, "API_KEY_INVALID")
+        if mode.kind == "status":
+            return gemini_error(mode.code, mode.message, body=mode.body)
+        requests = body.get("requests") if isinstance(body, dict) else None
+        if not isinstance(requests, list) or len(requests) > 100:
+            return gemini_error(400, "* BatchEmbedContentsRequest.requests: at most 100 "
+                                     "requests can be in one batch")
+        embeddings = []
+        for number, one in enumerate(requests):
+            if one.get("model") != f"models/{model}":
+                return gemini_error(400, f"requests[{number}].model: must be models/{model}")
+            parts = (one.get("content") or {}).get("parts") or []
+            text = " ".join(str(p.get("text", "")) for p in parts)
+            size = one.get("outputDimensionality") or 8
+            embeddings.append(types.ContentEmbedding(values=vector(text, size)))
+        # The SDK reads a batchEmbedContents answer as this type (embed_content uses it).
+        answer = types.EmbedContentResponse(embeddings=embeddings)
+        return web.json_response(answer.model_dump(mode="json", exclude_none=True,
+                                                   by_alias=True))
 
     async def _sse(self, request: web.Request, events: list[dict[str, Any]],
                    mode: Mode) -> web.StreamResponse:

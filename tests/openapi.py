@@ -33,9 +33,17 @@ def _patch_nullable(node: Any) -> Any:
     return node
 
 
+def _patch_base64_embedding(document: dict[str, Any]) -> None:
+    """`Embedding.embedding` lists floats only; with `encoding_format: base64` OpenAI answers
+    the vector as one base64 string (its API reference says so)."""
+    properties = document["components"]["schemas"]["Embedding"]["properties"]
+    properties["embedding"] = {"anyOf": [properties["embedding"], {"type": "string"}]}
+
+
 @cache
 def _registry() -> Registry:
     document = _patch_nullable(json.loads(SCHEMAS.read_text()))
+    _patch_base64_embedding(document)
     resource = Resource.from_contents(document, default_specification=DRAFT202012)
     return Registry().with_resource(BASE, resource)
 

@@ -6,21 +6,10 @@ import time
 from collections.abc import Callable
 
 import httpx
-from aiohttp import web
 
+from tests.fake_ollama import FakeOllama
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, refusing_url
-
-
-class FakeOllama(FakeUpstream):
-    """Ollama: OpenAI's API at /v1, and its own model list at /api/tags."""
-
-    def _routes(self, app: web.Application) -> None:
-        super()._routes(app)
-        app.router.add_get("/api/tags", self._tags)
-
-    async def _tags(self, request: web.Request) -> web.Response:
-        return web.json_response({"models": [{"name": m, "model": m} for m in self.models]})
 
 
 def model_ids(gateway: GatewayProcess) -> list[str]:

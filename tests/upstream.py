@@ -8,12 +8,16 @@ recorded so tests can assert exactly what the gateway forwarded.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import math
 import random
 import socket
 import ssl
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -307,6 +311,7 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._list_models)
 
     def _app(self) -> web.Application:
@@ -361,6 +366,9 @@ class FakeUpstream:
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, _ResponsesShape())
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, _EmbeddingShape())
 
     async def _answer(self, request: web.Request, shape: _Shape) -> web.StreamResponse:
         body = await self._record(request)
@@ -639,6 +647,47 @@ class _CompletionShape(_Shape):
             events.append({**chunk("", None, 0), "choices": [],
                            "usage": _usage(body, len(pieces))})
         return events
+
+
+DIMENSIONS = 8  # of the fake's embeddings, unless the request asks for `dimensions`
+
+
+def vector(text: str | list[int], dimensions: int = DIMENSIONS) -> list[float]:
+    """The fake's embedding of one input: its words hashed into buckets, normalised, so
+    texts sharing words are close and the same text always gets the same vector."""
+    words = text.lower().split() if isinstance(text, str) else [str(t) for t in text]
+    buckets = [0.0] * dimensions
+    for word in words:
+        buckets[zlib.crc32(word.strip(".,!?").encode()) % dimensions] += 1.0
+    norm = math.sqrt(sum(b * b for b in buckets)) or 1.0
+    return [b / norm for b in buckets]
+
+
+def embedding_inputs(body: dict[str, Any]) -> list[Any]:
+    given = body.get("input")
+    if isinstance(given, str) or (isinstance(given, list) and given
+                                  and all(isinstance(x, int) for x in given)):
+        return [given]
+    return given if isinstance(given, list) else []
+
+
+class _EmbeddingShape(_Shape):
+    def whole(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> dict[str, Any]:
+        inputs = embedding_inputs(body)
+        dimensions = body.get("dimensions") or DIMENSIONS
+        data = []
+        for index, text in enumerate(inputs):
+            values = vector(text, dimensions)
+            encoded: Any = values
+            if body.get("encoding_format") == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(len(t.split()) if isinstance(t, str) else len(t) for t in inputs)
+        return {"object": "list", "model": body.get("model"), "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
+        raise AssertionError("embeddings do not stream")
 
 
 class _ResponsesShape(_Shape):

@@ -9,7 +9,7 @@ import msgspec
 
 from gateway.responses import reply
 from gateway.responses.events import ResponseEvents
-from gateway.responses.request import input_messages, to_chat
+from gateway.responses.request import input_items, input_messages, to_chat
 from gateway.responses.store import ResponseStore, StoredTurn
 from providers.contract.errors import ProviderError, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
@@ -35,14 +35,17 @@ class ResponsesBridge(Provider):
                             request.stream, request.request_id, client_wants_usage=True)
         return body, outgoing
 
-    def _turn(self, body: dict[str, Any], response: dict[str, Any]) -> bytes | None:
+    def _turn(self, request: Outgoing, body: dict[str, Any],
+              response: dict[str, Any]) -> bytes | None:
         """This response's turn encoded for the store, or None when it is not to be stored:
         the client said `store: false`, or it is too large (then the answer says so)."""
         if not body.get("store", True) or response.get("store") is False:
             return None
         turn = StoredTurn(input_messages(body.get("input"))
                           + reply.output_as_messages(response["output"]),
-                          body.get("previous_response_id"))
+                          body.get("previous_response_id"),
+                          msgspec.Raw(msgspec.json.encode(response)),
+                          input_items(body.get("input"), response["id"]), request.key_id)
         encoded = self.store.encode(turn)
         if encoded is None:
             response["store"] = False
@@ -53,7 +56,7 @@ class ResponsesBridge(Provider):
         answer = await self.inner.send(chat, upstream_model)
         response = reply.to_response(msgspec.json.decode(answer.body), body,
                                      reply.new_id("resp"))
-        if (turn := self._turn(body, response)) is not None:
+        if (turn := self._turn(request, body, response)) is not None:
             await self.store.put(response["id"], turn)
         return Reply(msgspec.json.encode(response), usage=answer.usage)
 
@@ -66,7 +69,7 @@ class ResponsesBridge(Provider):
             # The input alone is more than a turn may be: response.created says so already.
             events.response["store"] = False
         turns: list[bytes | None] = []  # decided as the stream ends, before its last event
-        events.before_end = lambda response: turns.append(self._turn(body, response))
+        events.before_end = lambda response: turns.append(self._turn(request, body, response))
         buffer = b""
         sent = False
         try:

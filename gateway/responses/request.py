@@ -94,6 +94,30 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -
     return chat
 
 
+def input_items(items: Any, response_id: str) -> list[dict[str, Any]]:
+    """The `input` as the item list `GET /v1/responses/{id}/input_items` answers: a string is a
+    user message, content strings become parts, and each item has an id."""
+    listed = [{"type": "message", "role": "user", "content": items}] \
+        if isinstance(items, str) else list(items or ())
+    found = []
+    suffix = response_id.removeprefix("resp_")
+    for number, item in enumerate(listed):
+        kind = item.get("type") or "message"
+        shown = {**item, "type": kind, "id": item.get("id") or f"{_ITEM_IDS.get(kind, 'item')}_"
+                                                                f"{suffix}_{number}"}
+        if kind == "message":
+            if isinstance(shown.get("content"), str):
+                part = "output_text" if shown.get("role") == "assistant" else "input_text"
+                shown["content"] = [{"type": part, "text": shown["content"]}]
+            shown.setdefault("status", "completed")
+        found.append(shown)
+    return found
+
+
+_ITEM_IDS = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+             "reasoning": "rs"}
+
+
 def input_messages(items: Any) -> list[dict[str, Any]]:
     """The `input` (a string or a list of items) as chat messages."""
     if items is None:

@@ -31,11 +31,16 @@ MAX_CHAIN = 10_000
 REDIS_TTL = 7 * 24 * 3600
 
 
-class StoredTurn(msgspec.Struct, frozen=True):
-    """What one response added to its conversation, and the response it continued."""
+class StoredTurn(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What one response added to its conversation, and the response it continued; for
+    `GET /v1/responses/{id}`, the response as answered (its JSON, kept undecoded: empty when
+    not kept), its input items, and the id of the key that created it (None without keys)."""
 
     messages: list[dict[str, Any]]
     previous: str | None = None
+    response: msgspec.Raw = msgspec.Raw()
+    input_items: list[dict[str, Any]] = []
+    owner: str | None = None
 
 
 class _CheckedTurn(msgspec.Struct, frozen=True):
@@ -44,6 +49,9 @@ class _CheckedTurn(msgspec.Struct, frozen=True):
 
     messages: list[Message]
     previous: str | None = None
+    response: dict[str, Any] | None = None
+    input_items: list[dict[str, Any]] = []
+    owner: str | None = None
 
 
 _TURNS = msgspec.json.Decoder(StoredTurn)
@@ -98,6 +106,17 @@ class ResponseStore:
             return None
         return [message for turn in reversed(turns) for message in turn.messages]
 
+    async def turn(self, response_id: str) -> StoredTurn | None:
+        """One stored response, or None."""
+        return await self._turn(response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        """Forget a response; whether it was held. A conversation through it ends here."""
+        encoded = self._turns.pop(response_id, None)
+        if encoded is not None:
+            self.bytes -= len(encoded)
+        return encoded is not None
+
     async def _turn(self, response_id: str) -> StoredTurn | None:
         encoded = self._turns.get(response_id)
         if encoded is None:
@@ -145,6 +164,25 @@ class RedisResponseStore(ResponseStore):
         if not isinstance(stored, bytes) or len(stored) > self.max_entry_bytes:
             return None
         return _decoded(stored)
+
+    async def turn(self, response_id: str) -> StoredTurn | None:
+        """Redis first: a response another replica deleted is gone here too (this process's
+        copy answers only while Redis cannot)."""
+        try:
+            stored = await self._client.get(self.prefix + response_id)
+        except (RedisError, OSError):
+            return await super().turn(response_id)
+        if not isinstance(stored, bytes) or len(stored) > self.max_entry_bytes:
+            await super().delete(response_id)
+            return None
+        return _decoded(stored)
+
+    async def delete(self, response_id: str) -> bool:
+        held = await super().delete(response_id)
+        try:
+            return bool(await self._client.delete(self.prefix + response_id)) or held
+        except (RedisError, OSError):
+            return held
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -122,8 +122,8 @@ class ResponseNotFound(ClientError):
     http_status = 404
     code = "response_not_found"
 
-    def __init__(self, response_id: str) -> None:
-        super().__init__(f"Response '{response_id}' not found", param="previous_response_id")
+    def __init__(self, response_id: str, param: str | None = "previous_response_id") -> None:
+        super().__init__(f"Response '{response_id}' not found", param=param)
 
 
 class NotFound(ClientError):

@@ -26,12 +26,13 @@ from providers.contract.usage import Usage
 class Outgoing:
     """A client request on its way to one provider: the raw body, and what the gateway parsed."""
 
-    endpoint: str  # "chat/completions", "completions", "responses"
+    endpoint: str  # "chat/completions", "completions", "responses", "embeddings", "messages"
     raw: bytes
     model: str
     stream: bool
     request_id: str
     client_wants_usage: bool = False  # the client asked for stream usage itself
+    key_id: str | None = None  # the gateway key that sent it, when keys are configured
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -77,6 +78,9 @@ class Provider(ABC):
     kind: ClassVar[str]
     #: Endpoints this kind can serve natively.
     endpoints: frozenset[str] = frozenset({"chat/completions", "completions"})
+    #: Inputs per embeddings call the upstream takes (None: no limit); `max_embedding_batch`
+    #: in llms.json overrides it.
+    embedding_batch: ClassVar[int | None] = None
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         self.spec = spec
@@ -111,3 +115,8 @@ class Provider(ABC):
 
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
+
+    @property
+    def embedding_batch_limit(self) -> int | None:
+        """The most inputs one upstream embeddings call may carry."""
+        return self.spec.max_embedding_batch or self.embedding_batch

@@ -95,6 +95,9 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     proxy: str | msgspec.UnsetType | None = msgspec.UNSET
     tls: TlsEntry | None = None
     max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    # Inputs per upstream embeddings call; larger batches are split (the kind's own default
+    # when absent).
+    max_embedding_batch: Annotated[int, msgspec.Meta(gt=0)] | None = None
 
 
 class Secret:
@@ -138,6 +141,7 @@ class ProviderSpec:
     proxy: str | ProxyEnvironment | None = field(default=None, repr=False)
     tls: TlsOptions | None = None
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    max_embedding_batch: int | None = None
 
     def link_for(self, url: str | None) -> Link:
         """How to reach `url` for this provider: its proxy (from llms.json, or the environment's
