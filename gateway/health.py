@@ -10,7 +10,7 @@ shared backend (Redis) spreads them to other processes; `apply_remote()` takes t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,6 +45,18 @@ class ProviderHealth:
         self.breakers: dict[tuple[str, str], Breaker] = {}
         self.cooldowns: dict[str, float] = {}
         self.listeners: list[Callable[[Change], None]] = []
+        # The (provider, upstream model) pairs the live config routes to (None: any).
+        self._routed: frozenset[tuple[str, str]] | None = None
+
+    def retain(self, routes: Iterable[Route]) -> None:
+        """Forget breakers and cooldowns of what a reload removed (a provider, or a model a
+        `"models": "*"` listing no longer has): state follows the config, and `/ready` and
+        `/metrics` stop reporting what is gone."""
+        routed = frozenset((r.provider, r.upstream_model) for r in routes)
+        self._routed = routed
+        providers = {provider for provider, _ in routed}
+        self.breakers = {key: b for key, b in self.breakers.items() if key in routed}
+        self.cooldowns = {p: until for p, until in self.cooldowns.items() if p in providers}
 
     def breaker(self, route: Route, policy: CircuitPolicy) -> Breaker:
         key = (route.provider, route.upstream_model)
@@ -118,6 +130,8 @@ class ProviderHealth:
                 self.cooldowns[change.provider] = change.until
             return
         key = (change.provider, change.model)
+        if self._routed is not None and key not in self._routed:
+            return  # another replica's config routes there; this one does not
         breaker = self.breakers.get(key)
         if breaker is None:
             breaker = self.breakers[key] = Breaker(policy or CircuitPolicy())

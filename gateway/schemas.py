@@ -114,12 +114,16 @@ class ResponsesHead(msgspec.Struct):
     instructions: str | None = None
 
     def __post_init__(self) -> None:
-        for number, item in enumerate(self.input if isinstance(self.input, list) else ()):
-            for field_name in _ITEM_NEEDS.get(item.type, ()):
-                if getattr(item, field_name) is None:
-                    raise msgspec.ValidationError(
-                        f"Object missing required field `{field_name}` - at "
-                        f"`$.input[{number}]`")
+        check_items(self.input)
+
+
+def check_items(items: str | list[InputItem] | None) -> None:
+    """Each input item has the fields its type needs (msgspec cannot say it per type)."""
+    for number, item in enumerate(items if isinstance(items, list) else ()):
+        for field_name in _ITEM_NEEDS.get(item.type, ()):
+            if getattr(item, field_name) is None:
+                raise msgspec.ValidationError(
+                    f"Object missing required field `{field_name}` - at `$.input[{number}]`")
 
 
 # OpenAI's own bounds: 2,048 inputs a request; an empty string is refused, as it is there.

@@ -176,6 +176,7 @@ class Services:
                               live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor
+        self.health.retain(route for routes in effective.routes.values() for route in routes)
         log = get_logger()
         for spec in effective.providers:
             if not spec.enabled:

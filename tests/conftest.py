@@ -21,6 +21,7 @@ import pytest
 
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_gemini import FakeGemini
+from tests.fake_ollama import FakeOllama
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, Reply, Scripted
@@ -93,7 +94,7 @@ def every_kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProc
     """One gateway with a provider of every kind that speaks HTTP, each on its own fake:
     aliases `openai-m`, `anthropic-m`, `google-m`, `ollama-m`."""
     with FakeUpstream(name="oa") as oa, FakeAnthropic(name="an") as an, \
-            FakeGemini(name="gm") as gm, FakeUpstream(name="ol") as ol:
+            FakeGemini(name="gm") as gm, FakeOllama(name="ol") as ol:
         gateway = GatewayProcess(tmp_path_factory.mktemp("kinds"), config({
             "openai": provider(oa.base_url, {"openai-m": "m"}),
             "anthropic": {"type": "anthropic", "base_url": an.base_url.removesuffix("/v1"),

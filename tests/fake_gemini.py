@@ -26,6 +26,7 @@ from tests.upstream import (
     _n,
     _Shape,
     _words,
+    embedding_problem,
     vector,
 )
 
@@ -231,6 +232,8 @@ class FakeGemini(FakeUpstream):
                 return gemini_error(400, f"requests[{number}].model: must be models/{model}")
             parts = (one.get("content") or {}).get("parts") or []
             text = " ".join(str(p.get("text", "")) for p in parts)
+            if problem := embedding_problem(one, "outputDimensionality"):
+                return gemini_error(400, problem)
             size = one.get("outputDimensionality") or 8
             embeddings.append(types.ContentEmbedding(values=vector(text, size)))
         # The SDK reads a batchEmbedContents answer as this type (embed_content uses it).

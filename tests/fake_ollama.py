@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from tests.upstream import FakeUpstream, _error, vector
+from tests.upstream import FakeUpstream, _error, embedding_problem, vector
 
 
 class FakeOllama(FakeUpstream):
@@ -28,6 +28,8 @@ class FakeOllama(FakeUpstream):
         texts = [texts] if isinstance(texts, str) else texts
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             return web.json_response({"error": "input must be a string or strings"}, status=400)
+        if problem := embedding_problem(body):
+            return web.json_response({"error": problem}, status=400)
         dimensions = body.get("dimensions") or 8
         return web.json_response({
             "model": body.get("model"),

@@ -3,14 +3,22 @@ out the /v1 prefix, and an unknown model should say which providers would serve 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+import http.server
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.gateway_process import GatewayProcess, config, provider
+from tests.test_status_page import CHROMIUM, chromium
 from tests.upstream import FakeUpstream
 
 APP = "http://app.example"
+KEY = "browser-key-0001"
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -89,3 +97,48 @@ def test_an_unknown_model_names_the_disabled_providers_that_list_it_and_why(
         assert error["code"] == "model_not_found" and error["param"] == "model"
         assert "lilac (LILAC_API_KEY_UNSET is not set)" in error["message"]
         assert "groq (disabled in config)" in error["message"]
+
+
+PAGE = """<!doctype html><html><body><pre id="out">pending</pre><script>
+fetch("%(gateway)s/v1/chat/completions", {method: "POST",
+  headers: {"Content-Type": "application/json", "Authorization": "Bearer %(key)s"},
+  body: JSON.stringify({model: "m", messages: [{role: "user", content: "hi"}]})})
+  .then(r => r.json().then(j => { document.getElementById("out").textContent =
+    "answered " + r.headers.get("x-llms-provider") + ": " + j.choices[0].message.content; }))
+  .catch(e => { document.getElementById("out").textContent = "blocked: " + e; });
+</script></body></html>"""
+
+
+@contextlib.contextmanager
+def page_server(root: Path) -> Iterator[str]:
+    """A static web server for `root` on a port of its own: a web app's origin."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_a_web_app_on_an_allowed_origin_calls_the_gateway_from_a_real_browser(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
+    up = upstream_factory("up")
+    allowed_root, other_root = tmp_path / "app", tmp_path / "other"
+    with page_server(allowed_root) as app, page_server(other_root) as other:
+        gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})},
+                                       server={"cors_origins": [app], "api_keys": [KEY]}))
+        for root in (allowed_root, other_root):
+            root.mkdir()
+            (root / "index.html").write_text(PAGE % {"gateway": gateway.url, "key": KEY})
+
+        allowed = chromium(f"{app}/index.html", tmp_path / "a", "--dump-dom")
+        refused = chromium(f"{other}/index.html", tmp_path / "b", "--dump-dom")
+
+    assert "answered up: Hello from up" in allowed.stdout, allowed.stderr[-2000:]
+    assert "blocked: TypeError" in refused.stdout, refused.stderr[-2000:]
+    assert len(up.requests) == 1, "the refused origin's preflight failed: nothing was relayed"

@@ -19,7 +19,7 @@ from anthropic.types import ErrorResponse, Message, RawMessageStreamEvent
 
 from providers.contract.messages import stop_reason
 from tests.fake_anthropic import FakeAnthropic
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, ok, status, stream_cut, tool_call
 
 KEY = "team-key-000001"
@@ -288,3 +288,45 @@ def test_a_bearer_token_is_accepted_as_well_as_x_api_key(gateway: GatewayProcess
     sdk = anthropic.Anthropic(base_url=gateway.url, auth_token=KEY, max_retries=0)
     assert sdk.messages.create(model="gpt", max_tokens=5,
                                messages=ASK).content  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model", ["gpt", "claude-native"])
+def test_the_same_sdk_calls_work_translated_and_native(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream], model: str) -> None:
+    """Tools, a tool result, a streamed answer with thinking: the same code, either way."""
+    upstream = fakes["claude" if model == "claude-native" else "primary"]
+    tools = [{"name": "lookup", "input_schema": {"type": "object",
+                                                 "properties": {"q": {"type": "string"}}}}]
+    upstream.set_mode(tool_call("lookup", '{"q": "llamas"}'), ok("Found 3."),
+                      ok("Done.", reasoning="Think first."))
+    sdk = client(gateway)
+    first = sdk.messages.create(model=model, max_tokens=200, tools=tools,  # type: ignore[arg-type]
+                                messages=ASK)  # type: ignore[arg-type]
+    use = next(block for block in first.content if block.type == "tool_use")
+    assert (first.stop_reason, use.name, use.input) == ("tool_use", "lookup", {"q": "llamas"})
+    second = sdk.messages.create(model=model, max_tokens=200, tools=tools,  # type: ignore[arg-type]
+                                 messages=[*ASK, {"role": "assistant", "content": first.content},
+                                           {"role": "user", "content": [{
+                                               "type": "tool_result", "tool_use_id": use.id,
+                                               "content": "3 llamas"}]}])
+    assert second.content[-1].text == "Found 3."  # type: ignore[union-attr]
+    with sdk.messages.stream(model=model, max_tokens=3000, messages=ASK,  # type: ignore[arg-type]
+                             thinking={"type": "enabled", "budget_tokens": 2048}) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "Done."
+    assert [block.type for block in final.content] == ["thinking", "text"]
+    assert final.usage.output_tokens > 0
+    assert all(r.path.endswith(("/messages", "/chat/completions")) for r in upstream.requests)
+
+
+def test_usage_of_a_native_stream_is_counted_in_the_request_log(
+        gateway: GatewayProcess) -> None:
+    events(gateway, {"model": "claude-native", "max_tokens": 5, "messages": ASK,
+                     "stream": True})
+    def streamed() -> list[dict[str, Any]]:
+        return [e for e in gateway.log_events("request") if e.get("endpoint") == "messages"
+                and e.get("stream") and e.get("provider") == "claude"]
+
+    wait_until(lambda: bool(streamed()))
+    assert streamed()[-1]["tokens"] == 15, "10 in at message_start, 5 out at the end"

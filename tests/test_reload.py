@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.gateway_process import ROOT, GatewayProcess, config, provider
-from tests.upstream import FakeUpstream
+from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
+from tests.upstream import FakeUpstream, status
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -100,3 +100,26 @@ def test_yaml_config_is_accepted(start_gateway: Callable[..., GatewayProcess],
 
     wait_until_served_by(gateway, "a", within=3)
     assert a.last_json["model"] == "upstream-m"
+
+
+def test_a_removed_provider_s_circuit_is_forgotten_by_ready_and_metrics(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    a, doomed = upstream_factory("a"), upstream_factory("doomed")
+    doomed.set_mode(status(503))
+    both = {"doomed": provider(doomed.base_url, {"m": "m"}), "a": provider(a.base_url, {"m": "m"})}
+    gateway = start_gateway(config(both, defaults={"circuit": {"failures": 1}}))
+    assert served_by(gateway) == "a", "doomed failed, its circuit opened, a answered"
+
+    def circuits() -> str:
+        """The circuit series of /metrics (counters keep their history), and /ready."""
+        lines = httpx.get(f"{gateway.url}/metrics").text.splitlines()
+        return "\n".join(line for line in lines if line.startswith("llms_circuit_state")) \
+            + httpx.get(f"{gateway.url}/ready").text
+
+    assert 'provider="doomed"' in circuits()
+    gateway.write_config(config({"a": provider(a.base_url, {"m": "m"})},
+                                defaults={"circuit": {"failures": 1}}))
+    wait_until(lambda: gateway.log_events("config_reloaded")
+               and gateway.log_events("config_reloaded")[-1]["providers"] == ["a"])
+    assert "doomed" not in circuits()

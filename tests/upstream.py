@@ -395,6 +395,8 @@ class FakeUpstream:
     async def _play(self, request: web.Request, mode: Mode, body: dict[str, Any],
                     shape: _Shape) -> web.StreamResponse:
         streaming = bool(body.get("stream"))
+        if isinstance(shape, _EmbeddingShape) and (problem := embedding_problem(body)):
+            return _error(400, problem)
         if mode.kind == "slow":
             await asyncio.sleep(mode.seconds)
             return await self._play(request, mode.then or ok(), body, shape)
@@ -650,6 +652,7 @@ class _CompletionShape(_Shape):
 
 
 DIMENSIONS = 8  # of the fake's embeddings, unless the request asks for `dimensions`
+MAX_DIMENSIONS = 4096  # more is refused with a 400, as real embedding models refuse it
 
 
 def vector(text: str | list[int], dimensions: int = DIMENSIONS) -> list[float]:
@@ -661,6 +664,14 @@ def vector(text: str | list[int], dimensions: int = DIMENSIONS) -> list[float]:
         buckets[zlib.crc32(word.strip(".,!?").encode()) % dimensions] += 1.0
     norm = math.sqrt(sum(b * b for b in buckets)) or 1.0
     return [b / norm for b in buckets]
+
+
+def embedding_problem(body: dict[str, Any], field: str = "dimensions") -> str | None:
+    """What a real embeddings API would refuse in this body, if anything."""
+    size = body.get(field)
+    if size is not None and not (isinstance(size, int) and 0 < size <= MAX_DIMENSIONS):
+        return f"{field} must be between 1 and {MAX_DIMENSIONS}"
+    return None
 
 
 def embedding_inputs(body: dict[str, Any]) -> list[Any]:

@@ -9,7 +9,7 @@ import msgspec
 
 from gateway.responses import reply
 from gateway.responses.events import ResponseEvents
-from gateway.responses.request import input_items, input_messages, to_chat
+from gateway.responses.request import to_chat
 from gateway.responses.store import ResponseStore, StoredTurn
 from providers.contract.errors import ProviderError, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
@@ -41,11 +41,9 @@ class ResponsesBridge(Provider):
         the client said `store: false`, or it is too large (then the answer says so)."""
         if not body.get("store", True) or response.get("store") is False:
             return None
-        turn = StoredTurn(input_messages(body.get("input"))
-                          + reply.output_as_messages(response["output"]),
-                          body.get("previous_response_id"),
-                          msgspec.Raw(msgspec.json.encode(response)),
-                          input_items(body.get("input"), response["id"]), request.key_id)
+        turn = StoredTurn(reply.output_as_messages(response["output"]),
+                          body.get("previous_response_id"), body.get("input"),
+                          msgspec.Raw(msgspec.json.encode(response)), request.key_id)
         encoded = self.store.encode(turn)
         if encoded is None:
             response["store"] = False
@@ -65,7 +63,7 @@ class ResponsesBridge(Provider):
         chunks = self.inner.stream(chat, upstream_model)
         events = ResponseEvents(body, reply.new_id("resp"))
         if body.get("store", True) and self.store.encode(StoredTurn(
-                input_messages(body.get("input")), body.get("previous_response_id"))) is None:
+                [], body.get("previous_response_id"), body.get("input"))) is None:
             # The input alone is more than a turn may be: response.created says so already.
             events.response["store"] = False
         turns: list[bytes | None] = []  # decided as the stream ends, before its last event

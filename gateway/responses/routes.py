@@ -15,6 +15,7 @@ from litestar import Request, Response, delete, get
 from litestar.params import Parameter
 
 from gateway import auth
+from gateway.responses.request import input_items
 from gateway.responses.store import StoredTurn
 from gateway.services import Services
 from providers.contract.errors import ResponseNotFound
@@ -45,7 +46,7 @@ async def list_input_items(request: Request[Any, Any, Any], response_id: str,
                            after: str | None = None) -> Response[bytes]:
     """The items the response was made from, paged as OpenAI pages them."""
     turn = await _owned(request, response_id)
-    page = input_items_page(turn.input_items, limit, order, after)
+    page = input_items_page(input_items(turn.input, response_id), limit, order, after)
     return Response(msgspec.json.encode(page), media_type=JSON)
 
 

@@ -22,7 +22,8 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.schemas import Message
+from gateway.responses.request import input_messages
+from gateway.schemas import InputItem, Message, check_items
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_ENTRY_BYTES = 16 * 1024 * 1024
@@ -32,26 +33,30 @@ REDIS_TTL = 7 * 24 * 3600
 
 
 class StoredTurn(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What one response added to its conversation, and the response it continued; for
-    `GET /v1/responses/{id}`, the response as answered (its JSON, kept undecoded: empty when
-    not kept), its input items, and the id of the key that created it (None without keys)."""
+    """What one response added to its conversation: its `input` as the client sent it, its
+    output as chat messages, and the response it continued; for `GET /v1/responses/{id}`, the
+    response as answered (its JSON, kept undecoded; empty when not kept) and the id of the key
+    that created it (None without keys)."""
 
     messages: list[dict[str, Any]]
     previous: str | None = None
+    input: str | list[dict[str, Any]] | None = None
     response: msgspec.Raw = msgspec.Raw()
-    input_items: list[dict[str, Any]] = []
     owner: str | None = None
 
 
 class _CheckedTurn(msgspec.Struct, frozen=True):
-    """A stored turn's shape, messages typed as a chat request's are: what the store hands back
-    goes to the same translators, so a value that is not of this shape is a miss."""
+    """A stored turn's shape, typed as a request's are: what the store hands back goes to the
+    same translators, so a value that is not of this shape is a miss."""
 
     messages: list[Message]
     previous: str | None = None
+    input: str | list[InputItem] | None = None
     response: dict[str, Any] | None = None
-    input_items: list[dict[str, Any]] = []
     owner: str | None = None
+
+    def __post_init__(self) -> None:
+        check_items(self.input)
 
 
 _TURNS = msgspec.json.Decoder(StoredTurn)
@@ -104,7 +109,8 @@ class ResponseStore:
             at = turn.previous
         if at is not None:
             return None
-        return [message for turn in reversed(turns) for message in turn.messages]
+        return [message for turn in reversed(turns)
+                for message in input_messages(turn.input) + turn.messages]
 
     async def turn(self, response_id: str) -> StoredTurn | None:
         """One stored response, or None."""
