@@ -224,7 +224,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         shared = None
         if snapshot.state.backend == "redis":
             shared = RedisSync(snapshot.state, services.health, services.limiter,
-                               services.longest_cooldown)
+                               services.longest_cooldown, services.latencies)
             supervisor.start("shared_state", shared.run)
             services.responses = RedisResponseStore(
                 snapshot.state.url, snapshot.state.prefix, snapshot.responses.store_max_bytes,

@@ -100,10 +100,44 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_timeout: Annotated[float, msgspec.Meta(gt=0)] = 25.0
 
 
+class RoutingPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How an alias's candidates are tried (`routing`, in defaults or per alias)."""
+
+    # order: file order; weighted: the first try spread by providers' `weight`, then file
+    # order; latency: the lowest recent time to first token first, exploring a share of tries.
+    strategy: Literal["order", "weighted", "latency"] = "order"
+    explore: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
+    # Seconds without a first token before the next candidate is started too (None: never).
+    hedge_after: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
+class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Whether complete answers are kept and replayed (`cache`, in defaults or per alias)."""
+
+    ttl: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # seconds; 0: off
+    # The cache's size in each process (read from defaults only).
+    max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 * 1024 * 1024
+    max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1024 * 1024
+
+
+class AliasPolicy(msgspec.Struct, frozen=True):
+    """What one alias does beyond its candidates: routing and caching."""
+
+    routing: RoutingPolicy = RoutingPolicy()
+    cache: CachePolicy = CachePolicy()
+
+
+class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    routing: dict[str, Any] = {}
+    cache: dict[str, Any] = {}
+
+
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeouts: dict[str, Any] = {}
     retries: dict[str, Any] = {}
     circuit: dict[str, Any] = {}
+    routing: dict[str, Any] = {}
+    cache: dict[str, Any] = {}
     # The largest whole upstream answer, also once decompressed; a provider may set its own.
     max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_BYTES
 
@@ -127,6 +161,8 @@ class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     providers: dict[str, dict[str, Any]]
+    # Per alias: `routing` and `cache` over the defaults'.
+    models: dict[str, _AliasEntry] = {}
     server: dict[str, Any] = {}
     defaults: _Defaults = _Defaults()
     state: StateConfig = StateConfig()
@@ -147,6 +183,7 @@ class Route:
 
     provider: str
     upstream_model: str
+    weight: float = 1.0  # the provider's share of first tries with the `weighted` strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +198,12 @@ class Snapshot:
     keys: tuple[GatewayKey, ...] = ()
     admin_keys: tuple[GatewayKey, ...] = ()
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    default_policy: AliasPolicy = field(default_factory=AliasPolicy)
+    policies: Mapping[str, AliasPolicy] = field(default_factory=dict)
+
+    def policy(self, alias: str) -> AliasPolicy:
+        """The routing and cache policy of `alias`: its own in `models`, else the defaults."""
+        return self.policies.get(alias, self.default_policy)
 
     @property
     def any_keys(self) -> bool:
@@ -228,8 +271,16 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         for name, raw in file.providers.items()
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
+    default_policy = AliasPolicy(
+        _merge(RoutingPolicy(), file.defaults.routing, where, "defaults.routing"),
+        _merge(CachePolicy(), file.defaults.cache, where, "defaults.cache"))
+    policies = {alias: AliasPolicy(
+        _merge(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
+        _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"))
+        for alias, entry in file.models.items()}
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
-                    state=state, keys=keys, admin_keys=admin_keys, responses=file.responses)
+                    state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
+                    default_policy=default_policy, policies=policies)
 
 
 def _decode(text: str, path: Path) -> Any:
@@ -346,6 +397,8 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         tls=_tls(entry.tls, environ, file, where),
         max_answer_bytes=entry.max_answer_bytes or max_answer_bytes,
         max_embedding_batch=entry.max_embedding_batch,
+        weight=entry.weight,
+        stream_upstream=entry.stream_upstream,
     )
     if spec.base_url and spec.enabled:
         try:  # an environment proxy the transport cannot use, named with its variable
@@ -475,7 +528,7 @@ def _routes(providers: tuple[ProviderSpec, ...]) -> dict[str, tuple[Route, ...]]
         if not spec.enabled:
             continue
         for alias, model in spec.models.items():
-            routes.setdefault(alias, []).append(Route(spec.name, model.id))
+            routes.setdefault(alias, []).append(Route(spec.name, model.id, spec.weight))
     return {alias: tuple(candidates) for alias, candidates in routes.items()}
 
 

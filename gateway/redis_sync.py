@@ -22,10 +22,13 @@ from redis.exceptions import RedisError
 from gateway.config import StateConfig
 from gateway.health import Change, ProviderHealth
 from gateway.limits import WINDOW, RateLimiter
+from gateway.strategy import Latencies
 from providers.contract.log import get_logger
 from providers.contract.spec import Retries
 
 _SEPARATOR = "\x1f"
+LATENCY_TTL = 3600  # what no replica refreshed for an hour is forgotten
+LATENCY_CAP = 3600.0  # an average past this is not one any gateway measured
 
 
 class _Stored(msgspec.Struct, array_like=True):
@@ -52,7 +55,8 @@ class RedisSync:
 
     def __init__(self, config: StateConfig, health: ProviderHealth,
                  limiter: RateLimiter | None = None,
-                 longest_cooldown: Callable[[str], float] | None = None) -> None:
+                 longest_cooldown: Callable[[str], float] | None = None,
+                 latencies: Latencies | None = None) -> None:
         self.config = config
         self.health = health
         self.limiter = limiter
@@ -64,6 +68,12 @@ class RedisSync:
         self._client = aioredis.from_url(config.url, socket_timeout=1.0,
                                          socket_connect_timeout=1.0)
         health.listeners.append(self.pending.append)
+        # What the latency strategy learned here, since the last sync (latest per route).
+        self.latency_key = f"{config.prefix}latency"
+        self.latencies = latencies
+        self.measured: dict[tuple[str, str], float] = {}
+        if latencies is not None:
+            latencies.listeners.append(self.measured.__setitem__)
 
     async def run(self) -> None:
         """Sync forever; never raises for a Redis failure."""
@@ -76,6 +86,32 @@ class RedisSync:
         await self._sync_health()
         if self.limiter is not None and self.connected:
             await self._sync_counts(self.limiter)
+        if self.latencies is not None and self.connected:
+            await self._sync_latencies(self.latencies)
+
+    async def _sync_latencies(self, latencies: Latencies) -> None:
+        """Each replica writes its latest averages; every replica reads them all, so a slow
+        provider one replica measured goes last on the others too."""
+        measured = dict(self.measured)  # the listener holds this dict: emptied, not replaced
+        self.measured.clear()
+        try:
+            if measured:
+                await self._client.hset(self.latency_key, mapping={
+                    f"{p}{_SEPARATOR}{m}": repr(v) for (p, m), v in measured.items()})
+                await self._client.expire(self.latency_key, LATENCY_TTL)
+            stored = await self._client.hgetall(self.latency_key)
+        except (RedisError, OSError) as exc:
+            self._mark(False, exc)
+            return
+        for field, value in stored.items():
+            try:
+                text = field.decode() if isinstance(field, bytes) else str(field)
+                provider, _, model = text.partition(_SEPARATOR)
+                average = float(value)
+            except (UnicodeDecodeError, ValueError):
+                continue  # not what any gateway writes
+            if (provider, model) not in measured and average >= 0 and average < LATENCY_CAP:
+                latencies.learned((provider, model), average)
 
     async def _sync_counts(self, limiter: RateLimiter) -> None:
         # INCRBY returns the cluster total; INCRBY 0 refreshes a window we added nothing to.

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from litestar.types import Receive
 
-from gateway import auth, embeddings, messages, router, schemas
+from gateway import auth, embeddings, messages, router, schemas, strategy
 from gateway.config import Route
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.responses.bridge import ResponsesBridge
@@ -208,6 +208,8 @@ async def _admit(request: Incoming, endpoint: str, services: Services,
         routes = embeddings.embedding_routes(head.model, routes, providers)
     if endpoint in BRIDGED:
         providers = services.bridged_providers(endpoint)
+    routes = strategy.ordered(head.model, routes, live.snapshot.policy(head.model).routing,
+                              services.spread, services.latencies)
     if endpoint == "responses":
         await _check_previous_response(services, head, routes, providers)
     return Admitted(head, raw, routes, providers)
@@ -247,7 +249,7 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
                 choices = getattr(head, "n", None) or 1
                 opened = await router.attempt(
                     head.model, routes, providers,
-                    lambda p, m: _open(p, outgoing, m, choices), services.health)
+                    lambda p, m: _open(p, outgoing, m, choices, services), services.health)
             else:
                 answered = await router.attempt(head.model, routes, providers,
                                                 lambda p, m: _send(p, outgoing, m, exchange),
@@ -319,9 +321,12 @@ def _reading(provider: Provider) -> Iterator[None]:
 
 
 async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str,
-                choices: int) -> OpenedStream:
+                choices: int, services: Services) -> OpenedStream:
+    started = time.perf_counter()
     with _reading(provider):
-        return await open_stream(provider.stream(outgoing, upstream_model), choices)
+        opened = await open_stream(provider.stream(outgoing, upstream_model), choices)
+    services.latencies.observe(provider.name, upstream_model, time.perf_counter() - started)
+    return opened
 
 
 async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
@@ -333,12 +338,16 @@ async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
     try:
         with _reading(provider):
             if outgoing.endpoint == embeddings.ENDPOINT:
-                return await embeddings.send(provider, outgoing, upstream_model)
-            return await provider.send(outgoing, upstream_model)
+                reply = await embeddings.send(provider, outgoing, upstream_model)
+            else:
+                reply = await provider.send(outgoing, upstream_model)
     finally:  # the last try is the one that answered: its time is the upstream's share
         exchange.upstream_time = time.perf_counter() - started
         if trace is not None:
             trace("reply")
+    # A whole answer's first token came at the latest with its end: the bound is what is known.
+    exchange.services.latencies.observe(provider.name, upstream_model, exchange.upstream_time)
+    return reply
 
 
 def _error(exc: GatewayError, exchange: Exchange) -> Whole:

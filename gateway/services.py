@@ -24,6 +24,7 @@ from gateway.messages import MessagesBridge
 from gateway.metrics import Metrics
 from gateway.responses.bridge import ResponsesBridge
 from gateway.responses.store import ResponseStore
+from gateway.strategy import Latencies, Spread
 from gateway.supervise import Supervisor
 from gateway.traffic import RecentTraffic
 from providers.contract.lasting import Lasting
@@ -99,6 +100,8 @@ class Services:
         self.kinds = kinds
         self.started = time.time()
         self.health = ProviderHealth()
+        self.spread = Spread()  # the weighted strategy's turns, per alias
+        self.latencies = Latencies()  # what the latency strategy has learned
         self.limiter = RateLimiter()
         self.metrics = Metrics(self.health, inflight=lambda: self.inflight)
         self.traffic = RecentTraffic()
@@ -176,7 +179,10 @@ class Services:
                               live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor
-        self.health.retain(route for routes in effective.routes.values() for route in routes)
+        routed = [route for routes in effective.routes.values() for route in routes]
+        self.health.retain(routed)
+        self.latencies.retain(routed)
+        self.spread.retain(effective.routes)
         log = get_logger()
         for spec in effective.providers:
             if not spec.enabled:

@@ -98,6 +98,10 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     # Inputs per upstream embeddings call; larger batches are split (the kind's own default
     # when absent).
     max_embedding_batch: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    # Its share of first tries for aliases routed `weighted`.
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Whether a whole-answer request goes upstream as a stream (for early failover).
+    stream_upstream: bool = True
 
 
 class Secret:
@@ -142,6 +146,8 @@ class ProviderSpec:
     tls: TlsOptions | None = None
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     max_embedding_batch: int | None = None
+    weight: float = 1.0
+    stream_upstream: bool = True
 
     def link_for(self, url: str | None) -> Link:
         """How to reach `url` for this provider: its proxy (from llms.json, or the environment's
