@@ -35,6 +35,7 @@ from gateway import (
     router,
     status_page,
 )
+from gateway.cache import RedisResponseCache, ResponseCache
 from gateway.config import Snapshot
 from gateway.front import Front
 from gateway.guard import Guard
@@ -222,6 +223,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 source, snapshot.server.reload_interval, services, sighup))
         supervisor.start("model_discovery", lambda: discovery.watch(services))
         shared = None
+        cache_policy = snapshot.default_policy.cache  # sized once, at start
         if snapshot.state.backend == "redis":
             shared = RedisSync(snapshot.state, services.health, services.limiter,
                                services.longest_cooldown, services.latencies)
@@ -229,9 +231,13 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             services.responses = RedisResponseStore(
                 snapshot.state.url, snapshot.state.prefix, snapshot.responses.store_max_bytes,
                 snapshot.responses.store_max_entry_bytes)
+            services.cache = RedisResponseCache(snapshot.state.url, snapshot.state.prefix,
+                                                cache_policy.max_bytes,
+                                                cache_policy.max_entry_bytes)
         else:
             services.responses = ResponseStore(snapshot.responses.store_max_bytes,
                                                snapshot.responses.store_max_entry_bytes)
+            services.cache = ResponseCache(cache_policy.max_bytes, cache_policy.max_entry_bytes)
         # Startup objects never become garbage: park them outside the collector.
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
@@ -243,7 +249,8 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         finally:
             await supervisor.stop()
             cleanups = [shared.close] if shared is not None else []
-            for cleanup in (*cleanups, services.responses.close, services.close):
+            for cleanup in (*cleanups, services.responses.close, services.cache.close,
+                            services.close):
                 try:  # each runs, whatever the one before did
                     await cleanup()
                 except Exception:

@@ -138,6 +138,9 @@ class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     circuit: dict[str, Any] = {}
     routing: dict[str, Any] = {}
     cache: dict[str, Any] = {}
+    # Whole-answer requests go upstream as streams, so a hung provider is failed over after
+    # `first_token` (`gateway.assemble`); a provider's own `stream_upstream` overrides it.
+    stream_upstream: bool = True
     # The largest whole upstream answer, also once decompressed; a provider may set its own.
     max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_BYTES
 
@@ -267,7 +270,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
     providers = tuple(
         _provider(name, raw, timeouts, retries, circuit, environ, where,
-                  file.defaults.max_answer_bytes)
+                  file.defaults.max_answer_bytes, file.defaults.stream_upstream)
         for name, raw in file.providers.items()
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
@@ -350,7 +353,8 @@ def _is_http_url(url: str) -> bool:
 
 def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
               circuit: CircuitPolicy, environ: Mapping[str, str], file: str,
-              max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> ProviderSpec:
+              max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+              stream_upstream: bool = True) -> ProviderSpec:
     where = f"providers.{name}"
     try:
         entry = msgspec.convert(raw, ProviderEntry)
@@ -398,7 +402,8 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         max_answer_bytes=entry.max_answer_bytes or max_answer_bytes,
         max_embedding_batch=entry.max_embedding_batch,
         weight=entry.weight,
-        stream_upstream=entry.stream_upstream,
+        stream_upstream=stream_upstream if entry.stream_upstream is None
+        else entry.stream_upstream,
     )
     if spec.base_url and spec.enabled:
         try:  # an environment proxy the transport cannot use, named with its variable

@@ -71,7 +71,14 @@ ATTEMPTS = Family("llms_attempts_per_request", "Tries per answered request", (),
 TOKENS = Family("llms_tokens", "Tokens by kind (prompt, completion, reasoning)",
                 ("model", "provider", "kind"))
 COST = Family("llms_cost_usd", "Cost at the prices in llms.json", ("model", "provider"))
-FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST)
+CACHE_LOOKUPS = Family("llms_cache_lookups", "Response cache lookups by result (hit, miss, "
+                       "bypass: the client said no-cache)", ("model", "result"))
+CACHE_STORED = Family("llms_cache_stored_bytes", "Bytes of answers put in the response cache",
+                      ("model",))
+HEDGES = Family("llms_hedges", "Hedged requests: started, and won by the hedge",
+                ("model", "result"))
+FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
+            CACHE_STORED, HEDGES)
 INFLIGHT = ("llms_inflight_requests", "Requests holding an upstream")
 
 Labels = tuple[Any, ...]  # label values; exported as str()
@@ -199,6 +206,17 @@ class Metrics:
                 values.inc(TOKENS, (model, provider, "reasoning"), usage.reasoning_tokens)
         if cost:
             values.inc(COST, served, cost)
+
+    def cache_lookup(self, model: str, result: str) -> None:
+        """A response cache lookup: hit, miss or bypass."""
+        self.values.inc(CACHE_LOOKUPS, (model, result))
+
+    def cache_stored(self, model: str, size: int) -> None:
+        self.values.inc(CACHE_STORED, (model,), size)
+
+    def hedge(self, model: str, result: str) -> None:
+        """A hedge started, or won."""
+        self.values.inc(HEDGES, (model, result))
 
     def exposition(self) -> bytes:
         """The text `/metrics` serves: this process, or every worker's when there are several."""

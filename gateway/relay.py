@@ -11,18 +11,26 @@ import math
 import os
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
 from litestar.types import Receive
 
-from gateway import auth, embeddings, messages, router, schemas, strategy
+from gateway import assemble, auth, cache, embeddings, messages, router, schemas, strategy
+from gateway.cache import Cached
 from gateway.config import Route
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.responses.bridge import ResponsesBridge
 from gateway.services import Services
-from gateway.streaming import UNREADABLE_ANSWER, OpenedStream, open_stream, relay, unreadable
+from gateway.streaming import (
+    UNREADABLE_ANSWER,
+    OpenedStream,
+    close_quietly,
+    open_stream,
+    relay,
+    unreadable,
+)
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
@@ -35,8 +43,8 @@ from providers.contract.errors import (
 )
 from providers.contract.log import get_logger
 from providers.contract.messages import CountTokensRequest, MessagesRequest
-from providers.contract.provider import Outgoing, Provider, Reply
-from providers.contract.usage import Usage
+from providers.contract.provider import Outgoing, Provider, Reply, decode_body
+from providers.contract.usage import Usage, from_payload
 from providers.contract.usage import cost as cost_of
 
 HEADS: Mapping[str, type[Any]] = {
@@ -111,6 +119,7 @@ class Exchange:
     ttft: float | None = None
     upstream_time: float | None = None
     ended: bool = False
+    outcome: str | None = None  # how it ended: completed, error, client_disconnected
 
     def headers(self) -> dict[str, str]:
         headers = {"x-request-id": self.request_id}
@@ -146,6 +155,7 @@ class Exchange:
         if self.ended:
             return
         self.ended = True
+        self.outcome = outcome
         duration = time.perf_counter() - self.started
         routes = self.services.live.snapshot.routes
         model_label = self.model if self.model is not None and self.model in routes else "_unknown"
@@ -244,6 +254,11 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
                             client_wants_usage=bool(options and options.include_usage)
                             or endpoint in messages.ENDPOINTS,
                             key_id=exchange.key_id)
+        caching = _caching(request.headers, endpoint, services, admitted, exchange)
+        if caching is not None and caching.read:
+            found = await services.cache.get(caching.key)
+            if found is not None and (hit := _hit(found, exchange, outgoing)) is not None:
+                return hit
         async with DisconnectGuard(request.receive):
             if exchange.stream:
                 choices = getattr(head, "n", None) or 1
@@ -265,11 +280,102 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
     if not exchange.stream:
         exchange.served(answered)
         exchange.used(answered.result.usage)
+        if caching is not None and caching.write:
+            await _keep(services, caching, Cached(endpoint, answered.provider, caching.expires,
+                                                  body=answered.result.body), exchange)
         return Whole(answered.result.body, exchange.headers(),
                      media_type=answered.result.content_type, after=exchange.completed)
     exchange.served(opened)
     exchange.ttft = time.perf_counter() - exchange.started
-    return _stream(exchange, opened, outgoing)
+    streamed = _stream(exchange, opened, outgoing)
+    if caching is not None and caching.write:
+        streamed = replace(streamed, chunks=_kept_stream(streamed.chunks, services, caching,
+                                                         exchange, outgoing))
+    return streamed
+
+
+@dataclass(frozen=True, slots=True)
+class Caching:
+    """A cacheable request: its key, whether the client lets it be read and written, and
+    when what it stores expires."""
+
+    key: str
+    read: bool
+    write: bool
+    expires: float
+    model: str
+
+
+def _caching(headers: Mapping[str, str], endpoint: str, services: Services,
+             admitted: Admitted, exchange: Exchange) -> Caching | None:
+    policy = services.live.snapshot.policy(admitted.head.model).cache
+    if not policy.ttl or endpoint not in cache.ENDPOINTS:
+        return None
+    read, write = cache.bypassed(headers)
+    key = cache.key_of(endpoint, admitted.head.model, decode_body(admitted.raw),
+                       exchange.key_id)
+    if not read:
+        services.metrics.cache_lookup(admitted.head.model, "bypass")
+    return Caching(key, read, write, time.time() + policy.ttl, admitted.head.model)
+
+
+def _hit(found: Cached, exchange: Exchange, outgoing: Outgoing) -> Whole | Streamed | None:
+    """The kept answer in the shape the client asked for; None (a miss) if it cannot be."""
+    metrics = exchange.services.metrics
+    model = exchange.model or ""
+    kept = cache.stream_of(found, outgoing.client_wants_usage) if exchange.stream \
+        else cache.whole_of(found)
+    if kept is None:
+        metrics.cache_lookup(model, "miss")
+        return None
+    metrics.cache_lookup(model, "hit")
+    exchange.provider = "cache"  # its own label: the provider's numbers stay the provider's
+    headers = {**exchange.headers(), "x-llms-provider": found.provider, "x-llms-cache": "hit"}
+    if not exchange.stream:
+        exchange.usage = from_payload(kept)
+        return Whole(kept, headers, after=exchange.completed)
+    exchange.ttft = time.perf_counter() - exchange.started
+    return Streamed(_replay(kept, exchange), {**headers, **STREAM_HEADERS})
+
+
+async def _replay(chunks: bytes, exchange: Exchange) -> AsyncGenerator[bytes, None]:
+    outcome = "client_disconnected"
+    try:
+        yield chunks
+        outcome = "completed"
+    finally:
+        exchange.usage = from_payload(chunks.rsplit(b"data: ", 2)[-2]) \
+            if b'"usage"' in chunks else None
+        exchange.finish(outcome, cache="hit")
+
+
+async def _keep(services: Services, caching: Caching, cached: Cached,
+                exchange: Exchange) -> None:
+    if caching.read:
+        services.metrics.cache_lookup(caching.model, "miss")
+    if exchange.status == 200 and (size := await services.cache.put(caching.key, cached)):
+        services.metrics.cache_stored(caching.model, size)
+
+
+async def _kept_stream(chunks: AsyncGenerator[bytes, None], services: Services,
+                       caching: Caching, exchange: Exchange,
+                       outgoing: Outgoing) -> AsyncGenerator[bytes, None]:
+    """The stream as it goes to the client, kept once it completed (and if it fits)."""
+    sent: list[bytes] = []
+    size = 0
+    limit = services.cache.max_entry_bytes
+    try:
+        async for chunk in chunks:
+            if size <= limit:
+                sent.append(chunk)
+                size += len(chunk)
+            yield chunk
+    finally:
+        await close_quietly(chunks)
+    if exchange.outcome == "completed" and size <= limit:
+        await _keep(services, caching, Cached(
+            exchange.endpoint, exchange.provider or "", caching.expires, chunks=b"".join(sent),
+            stream_usage=outgoing.client_wants_usage), exchange)
 
 
 def internal_error(request: Incoming, endpoint: str, services: Services) -> Whole:
@@ -339,6 +445,8 @@ async def _send(provider: Provider, outgoing: Outgoing, upstream_model: str,
         with _reading(provider):
             if outgoing.endpoint == embeddings.ENDPOINT:
                 reply = await embeddings.send(provider, outgoing, upstream_model)
+            elif assemble.streams_upstream(provider, outgoing):
+                reply = await assemble.send(provider, outgoing, upstream_model)
             else:
                 reply = await provider.send(outgoing, upstream_model)
     finally:  # the last try is the one that answered: its time is the upstream's share

@@ -14,7 +14,14 @@ from typing import Any
 
 import msgspec
 
-from gateway.config import ConfigError, Snapshot, with_discovered, with_provider_disabled
+from gateway.cache import ResponseCache
+from gateway.config import (
+    CachePolicy,
+    ConfigError,
+    Snapshot,
+    with_discovered,
+    with_provider_disabled,
+)
 from gateway.config import secrets as config_secrets
 from gateway.drain import Drain
 from gateway.health import ProviderHealth
@@ -109,6 +116,8 @@ class Services:
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         self.responses = ResponseStore()
+        self.cache: ResponseCache = ResponseCache(CachePolicy().max_bytes,
+                                                  CachePolicy().max_entry_bytes)
         self._bridged: tuple[LiveConfig, dict[str, Mapping[str, Provider]]] | None = None
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import msgspec
 
 from providers.contract.errors import (
+    AnsweredWhole,
     BadUpstreamResponse,
     FirstTokenTimeout,
     GatewayError,
@@ -311,7 +312,13 @@ class HttpUpstream:
             if response.status != 200:
                 await self._raise_for_status(response, deadline)
             if response.headers.get("Content-Type", "").startswith("application/json"):
-                raise BadUpstreamResponse("answered JSON to a streaming request")
+                limit, error = deadline.next_chunk()
+                try:
+                    async with asyncio.timeout(limit):
+                        payload = await response.read()
+                except TimeoutError:
+                    raise error(f"no complete answer within {limit:g}s") from None
+                raise AnsweredWhole(payload)
             async for chunk in read_stream(response, deadline):
                 yield chunk
         finally:

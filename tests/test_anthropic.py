@@ -66,7 +66,8 @@ def test_text_answer_and_the_request_claude_received(client: openai.OpenAI,
     sent = claude.last_json
     assert sent == {"model": "claude-sonnet-4-5", "system": "Be brief.", "max_tokens": 4096,
                     "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
-                    "temperature": 0.5, "stop_sequences": ["END"]}
+                    "temperature": 0.5, "stop_sequences": ["END"],
+                    "stream": True}, "asked as a stream (early failover), answered whole"
     headers = claude.requests[-1].headers
     assert headers["x-api-key"] == "sk-ant-test-key-0123456789"
     assert headers["anthropic-version"] == "2023-06-01"

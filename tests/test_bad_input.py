@@ -147,7 +147,9 @@ def test_a_500_from_a_bug_is_logged_with_its_request_id_and_counted(
         exception: str) -> None:
     """A bug inside the relay's try (the plug-in raises), and one past it that only the front's
     last net catches (the plug-in breaks its contract): both are the same visible 500."""
-    gateway = start_gateway(config({"b": {"type": "buggy", "models": {model: model}}}),
+    # Asked for whole answers: the plug-in's `send` is the method under test.
+    gateway = start_gateway(config({"b": {"type": "buggy", "models": {model: model},
+                                          "stream_upstream": False}}),
                             env=plugins.install(tmp_path, "buggy", BUGGY_KIND))
 
     response = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": model,

@@ -35,8 +35,11 @@ def test_alias_is_rewritten_and_unknown_fields_reach_the_provider(pair: Pair) ->
 
 
 def test_body_is_relayed_byte_for_byte_when_nothing_changes(pair: Pair) -> None:
-    raw = b'{"model": "primary-only",   "messages": [{"role":"user","content":"hi"}], "x": 1.50}'
-    response = httpx.post(f"{pair.gateway.base_url}/chat/completions", content=raw)
+    raw = (b'{"model": "primary-only",   "messages": [{"role":"user","content":"hi"}], '
+           b'"stream": true, "stream_options": {"include_usage": true}, "x": 1.50}')
+    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions",
+                      content=raw) as response:
+        response.read()
 
     assert response.status_code == 200
     assert pair.primary.requests[-1].body == raw

@@ -47,12 +47,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory,
 
 
 def send(gateway: GatewayProcess, fakes: dict[str, FakeUpstream], model: str,
-         **fields: Any) -> tuple[httpx.Response, dict[str, Any]]:
+         **fields: Any) -> tuple[httpx.Response, Any]:
     upstream = fakes[model.removesuffix("-model")]
     upstream.reset()
     response = httpx.post(f"{gateway.base_url}/chat/completions",
                           json={"model": model, "messages": USER, **fields})
-    return response, upstream.last_json
+    if upstream.last_json is None:  # refused by the gateway: nothing was sent
+        return response, None
+    sent = dict(upstream.last_json)
+    assert sent.pop("stream") is True, "a whole answer is asked as a stream (early failover)"
+    sent.pop("stream_options", None)
+    return response, sent
 
 
 PASSTHROUGH = [

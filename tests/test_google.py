@@ -94,7 +94,8 @@ def test_text_answer_and_the_request_gemini_received(client: openai.OpenAI,
         "systemInstruction": {"parts": [{"text": "Be brief."}]},
         "generationConfig": {"maxOutputTokens": 64, "temperature": 0.5, "stopSequences": ["END"]}}
     call = posts(gemini)[-1]
-    assert call.path == "/v1beta/models/gemini-2.5-flash:generateContent"
+    # Asked as a stream (early failover), assembled into the whole answer the client asked for.
+    assert call.path == "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
     assert call.headers["x-goog-api-key"] == KEY
 
 

@@ -578,19 +578,24 @@ class _ChatShape(_Shape):
             message["tool_calls"] = [{"id": "call_1", "type": "function",
                                       "function": {"name": mode.tool[0],
                                                    "arguments": mode.tool[1]}}]
-        choices = [{"index": i, "message": message, "logprobs": None,
+        logprobs = {"content": [_token_logprob(p) for p in pieces if p], "refusal": None} \
+            if body.get("logprobs") else None
+        choices = [{"index": i, "message": message, "logprobs": logprobs,
                     "finish_reason": mode.finish_reason} for i in range(_n(body))]
         answer = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-                  "model": body.get("model"), "choices": choices}
+                  "model": body.get("model"), "choices": choices,
+                  "system_fingerprint": FINGERPRINT}
         if mode.usage:
             answer["usage"] = _usage(body, len(pieces))
         return answer
 
     def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
         def chunk(delta: dict[str, Any], finish: str | None, index: int) -> dict[str, Any]:
+            logprobs = {"content": [_token_logprob(delta["content"])]} \
+                if body.get("logprobs") and delta.get("content") else None
             return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
-                    "model": body.get("model"),
-                    "choices": [{"index": index, "delta": delta, "logprobs": None,
+                    "model": body.get("model"), "system_fingerprint": FINGERPRINT,
+                    "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                  "finish_reason": finish}]}
 
         deltas: list[tuple[dict[str, Any], str | None]] = [
@@ -606,6 +611,14 @@ class _ChatShape(_Shape):
             events.append({**chunk({}, None, 0), "choices": [],
                            "usage": _usage(body, len(pieces))})
         return events
+
+
+FINGERPRINT = "fp_fake"
+
+
+def _token_logprob(token: str) -> dict[str, Any]:
+    return {"token": token, "logprob": -0.25, "bytes": list(token.encode()),
+            "top_logprobs": [{"token": token, "logprob": -0.25, "bytes": list(token.encode())}]}
 
 
 def _tool_deltas(tool: tuple[str, str] | None) -> list[dict[str, Any]]:
@@ -636,15 +649,27 @@ class _CompletionShape(_Shape):
         return answer
 
     def events(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> list[dict[str, Any]]:
-        def chunk(text: str, finish: str | None, index: int) -> dict[str, Any]:
+        """Token by token, echo first, each with its own logprobs: what they assemble into is
+        exactly `whole`."""
+        def chunk(text: str, finish: str | None, index: int,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
             return {"id": "cmpl-fake", "object": "text_completion", "created": 1,
                     "model": body.get("model"),
-                    "choices": [{"text": text, "index": index, "logprobs": None,
+                    "choices": [{"text": text, "index": index, "logprobs": logprobs,
                                  "finish_reason": finish}]}
 
-        steps = [("", None), *((piece, None) for piece in pieces), ("", mode.finish_reason)]
-        choices = len(_prompts(body)) * _n(body)
-        events = [chunk(text, finish, index) for text, finish in steps for index in range(choices)]
+        shown_per_choice = [
+            ([p for p in _words(prompt) if p] if body.get("echo") else []) + pieces
+            for prompt in _prompts(body) for _ in range(_n(body))]
+        events = [chunk("", None, index) for index in range(len(shown_per_choice))]
+        for index, shown in enumerate(shown_per_choice):
+            whole = _logprobs(shown)
+            for at, token in enumerate(shown):
+                logprobs = {name: values[at:at + 1] for name, values in whole.items()} \
+                    if body.get("logprobs") is not None else None
+                events.append(chunk(token, None, index, logprobs))
+        events += [chunk("", mode.finish_reason, index)
+                   for index in range(len(shown_per_choice))]
         if _include_usage(body) and mode.usage:
             events.append({**chunk("", None, 0), "choices": [],
                            "usage": _usage(body, len(pieces))})

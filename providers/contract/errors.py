@@ -330,6 +330,16 @@ class BadUpstreamResponse(ProviderError):
     reason = "bad_response"
 
 
+class AnsweredWhole(BadUpstreamResponse):
+    """A stream was asked for and a whole JSON answer came (some servers ignore `stream`): a
+    failover for a client reading a stream, the answer itself for one that asked for it whole
+    (`payload`)."""
+
+    def __init__(self, payload: bytes) -> None:
+        super().__init__("answered JSON to a streaming request")
+        self.payload = payload
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One try at one provider, as reported in `provider_error`."""

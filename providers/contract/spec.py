@@ -100,8 +100,9 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     max_embedding_batch: Annotated[int, msgspec.Meta(gt=0)] | None = None
     # Its share of first tries for aliases routed `weighted`.
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    # Whether a whole-answer request goes upstream as a stream (for early failover).
-    stream_upstream: bool = True
+    # Whether a whole-answer request goes upstream as a stream (for early failover); absent:
+    # `defaults.stream_upstream`.
+    stream_upstream: bool | None = None
 
 
 class Secret:

@@ -1,0 +1,127 @@
+"""Non-streamed requests fail over early: the gateway asks upstream for a stream and assembles it.
+
+The answer the client gets must be the one the provider would have given whole, field by field,
+and a provider that hangs is given up after `first_token`, not `total`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway_process import GatewayProcess, config, provider
+from tests.upstream import FakeUpstream, Mode, hang, ok, stream_cut, tool_call
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def whole_from(upstream: FakeUpstream, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What the upstream itself answers to the whole request."""
+    answer = httpx.post(f"{upstream.base_url}/{path}", json={**body, "model": "m"})
+    assert answer.status_code == 200
+    return dict(answer.json())
+
+
+def without_created(answer: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in answer.items() if k != "created"}
+
+
+@pytest.mark.parametrize(("mode", "extra"), [
+    (ok("Hello there, friend"), {}),
+    (ok("Because.", reasoning="Let me think."), {}),
+    (tool_call("get_weather", '{"city": "Paris", "unit": "C"}'), {"tools": [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}),
+    (ok("Scored words"), {"logprobs": True, "top_logprobs": 1}),
+    (ok("Two of us"), {"n": 2}),
+    (ok("No usage here", usage=False), {}),
+], ids=["text", "reasoning", "tools", "logprobs", "n2", "no-usage"])
+def test_the_assembled_answer_equals_the_upstream_s_whole_answer(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], mode: Mode,
+        extra: dict[str, Any]) -> None:
+    up = upstream_factory("up")
+    up.set_mode(mode)
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})}))
+    body = {"model": "m", "messages": HI, **extra}
+
+    via_gateway = httpx.post(f"{gateway.base_url}/chat/completions", json=body).json()
+    sent = up.last_json
+    upstream_whole = whole_from(up, "chat/completions", body)
+
+    assert sent["stream"] is True, "asked upstream as a stream"
+    if mode.usage:
+        assert sent["stream_options"] == {"include_usage": True}
+    expected = without_created(upstream_whole)
+    for choice in expected["choices"]:  # the gateway names reasoning both ways, whole or not
+        if "reasoning_content" in choice["message"]:
+            choice["message"]["reasoning"] = choice["message"]["reasoning_content"]
+    expected.setdefault("usage", None)  # no usage counted: said as null
+    assert without_created(via_gateway) == expected
+
+
+def test_a_legacy_completion_is_assembled_too(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})}))
+    body = {"model": "m", "prompt": ["one", "two"], "n": 2}
+
+    via_gateway = httpx.post(f"{gateway.base_url}/completions", json=body).json()
+
+    assert up.last_json["stream"] is True
+    assert without_created(via_gateway) == without_created(
+        whole_from(up, "completions", body))
+
+
+def test_a_primary_that_hangs_a_whole_request_is_failed_over_after_first_token(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    stuck, backup = upstream_factory("stuck"), upstream_factory("backup")
+    stuck.set_mode(hang())
+    gateway = start_gateway(config(
+        {"stuck": provider(stuck.base_url, {"m": "m"}),
+         "backup": provider(backup.base_url, {"m": "m"})},
+        defaults={"timeouts": {"connect": 2, "first_token": 1.5, "idle": 5, "total": 60}}))
+
+    started = time.monotonic()
+    answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=90,
+                        json={"model": "m", "messages": HI})
+    waited = time.monotonic() - started
+
+    assert answer.status_code == 200 and answer.headers["x-llms-provider"] == "backup"
+    assert waited < 30, f"gave up after first_token (1.5 s), not total (60 s): {waited:.1f}s"
+    assert answer.json()["choices"][0]["message"]["content"] == "Hello from backup"
+    assert stuck.wait_for_cancel(), "the hung upstream request was closed"
+
+
+def test_a_stream_cut_before_the_end_is_a_failover_for_a_whole_request(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    cut, backup = upstream_factory("cut"), upstream_factory("backup")
+    cut.set_mode(stream_cut(after_chunks=2))
+    gateway = start_gateway(config({"cut": provider(cut.base_url, {"m": "m"}),
+                                    "backup": provider(backup.base_url, {"m": "m"})}))
+
+    answer = httpx.post(f"{gateway.base_url}/chat/completions",
+                        json={"model": "m", "messages": HI})
+
+    assert answer.headers["x-llms-provider"] == "backup"
+    assert answer.json()["choices"][0]["message"]["content"] == "Hello from backup"
+
+
+def test_stream_upstream_false_asks_for_the_whole_answer(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"},
+                                                   stream_upstream=False)}))
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+    answer = httpx.post(f"{gateway.base_url}/chat/completions", content=raw)
+
+    assert answer.status_code == 200
+    assert up.requests[-1].body == raw, "relayed byte for byte, as before"
