@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.router import first_token
 from gateway.streaming import DONE_EVENT, open_stream
 from providers.contract.errors import AnsweredWhole, BadUpstreamResponse, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
@@ -49,6 +50,7 @@ async def send(provider: Provider, request: Outgoing, upstream_model: str) -> Re
         opened = await open_stream(provider.stream(as_stream(request), upstream_model), choices)
     except AnsweredWhole as whole:  # the server ignored `stream`: what came is the answer
         return _whole(whole.payload)
+    first_token()  # a hedged race is decided here, though the answer is read to its end
     watch = opened.watch
     limit, size = provider.spec.max_answer_bytes, len(opened.head)
     try:

@@ -10,10 +10,10 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from litestar.types import Receive
 
@@ -120,6 +120,7 @@ class Exchange:
     upstream_time: float | None = None
     ended: bool = False
     outcome: str | None = None  # how it ended: completed, error, client_disconnected
+    hedged: bool = False
 
     def headers(self) -> dict[str, str]:
         headers = {"x-request-id": self.request_id}
@@ -129,11 +130,14 @@ class Exchange:
             headers["x-llms-provider"] = self.provider
         if self.cost is not None:
             headers["x-llms-cost"] = f"{self.cost:.6f}"
+        if self.hedged:
+            headers["x-llms-hedged"] = "1"
         return headers
 
     def served(self, served: router.Served[Any]) -> None:
         self.provider, self.attempts, self.failed = (served.provider, served.attempts,
                                                      served.failed)
+        self.hedged = served.hedged
 
     def used(self, usage: Usage | None) -> None:
         """What the answer used: priced, and counted against the client's key."""
@@ -259,16 +263,19 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
             found = await services.cache.get(caching.key)
             if found is not None and (hit := _hit(found, exchange, outgoing)) is not None:
                 return hit
+        hedge_after = services.live.snapshot.policy(head.model).routing.hedge_after
         async with DisconnectGuard(request.receive):
             if exchange.stream:
                 choices = getattr(head, "n", None) or 1
                 opened = await router.attempt(
                     head.model, routes, providers,
-                    lambda p, m: _open(p, outgoing, m, choices, services), services.health)
+                    lambda p, m: _open(p, outgoing, m, choices, services), services.health,
+                    _hedging(hedge_after, exchange, _close_opened))
             else:
                 answered = await router.attempt(head.model, routes, providers,
                                                 lambda p, m: _send(p, outgoing, m, exchange),
-                                                services.health)
+                                                services.health,
+                                                _hedging(hedge_after, exchange, _nothing))
     except GatewayError as exc:
         return _error(exc, exchange)
     except ClientDisconnected:
@@ -292,6 +299,26 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
         streamed = replace(streamed, chunks=_kept_stream(streamed.chunks, services, caching,
                                                          exchange, outgoing))
     return streamed
+
+
+T = TypeVar("T")
+
+
+def _hedging(after: float | None, exchange: Exchange,
+             discard: Callable[[T], Awaitable[None]]) -> router.Hedging[T] | None:
+    if after is None:
+        return None
+    model = exchange.model or ""
+    return router.Hedging(after, discard,
+                          lambda result: exchange.services.metrics.hedge(model, result))
+
+
+async def _close_opened(opened: OpenedStream) -> None:
+    await close_quietly(opened.rest)
+
+
+async def _nothing(_: Reply) -> None:
+    """A whole answer that lost a race holds nothing open."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +458,7 @@ async def _open(provider: Provider, outgoing: Outgoing, upstream_model: str,
     started = time.perf_counter()
     with _reading(provider):
         opened = await open_stream(provider.stream(outgoing, upstream_model), choices)
+    router.first_token()
     services.latencies.observe(provider.name, upstream_model, time.perf_counter() - started)
     return opened
 

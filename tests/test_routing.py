@@ -142,3 +142,65 @@ def test_what_a_reload_removes_is_forgotten_by_the_strategies() -> None:
     spread.retain(["new-alias"])
     assert latencies.averages == {} and spread.credits == {}
 
+
+
+def test_a_slow_first_token_is_hedged_and_the_loser_s_request_closed(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    slow, quick = upstream_factory("slow"), upstream_factory("quick")
+    slow.set_mode(slow_first_token(2.0))
+    gateway = start_gateway(config({
+        "slow": provider(slow.base_url, {"m": "m"}), "quick": provider(quick.base_url, {"m": "m"}),
+    }, models={"m": {"routing": {"hedge_after": 0.3}}}))
+
+    for stream in (True, False):
+        with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=30, json={
+                "model": "m", "messages": HI, "stream": stream}) as answer:
+            body = answer.read()
+        # Answered by the hedge (the quick one), so not after the slow one's 2 s.
+        assert answer.headers["x-llms-provider"] == "quick", body
+        assert answer.headers["x-llms-hedged"] == "1"
+        assert slow.wait_for_cancel(), "the slow one's upstream request was closed at once"
+        slow.reset()
+        slow.set_mode(slow_first_token(2.0))
+
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'llms_hedges_total{model="m",result="started"} 2.0' in metrics
+    assert 'llms_hedges_total{model="m",result="won"} 2.0' in metrics
+
+
+def test_a_quick_first_token_is_not_hedged(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    first, second = upstream_factory("first"), upstream_factory("second")
+    gateway = start_gateway(config({
+        "first": provider(first.base_url, {"m": "m"}),
+        "second": provider(second.base_url, {"m": "m"}),
+    }, defaults={"routing": {"hedge_after": 1.0}}))
+
+    answer = httpx.post(f"{gateway.base_url}/chat/completions",
+                        json={"model": "m", "messages": HI})
+
+    assert answer.headers["x-llms-provider"] == "first"
+    assert "x-llms-hedged" not in answer.headers
+    assert not second.requests
+
+
+def test_a_hedge_whose_leader_fails_first_still_answers(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    broken, backup, third = (upstream_factory(n) for n in ("broken", "backup", "third"))
+    broken.set_mode(slow_first_token(0.5, then=status(503)))
+    backup.set_mode(slow_first_token(1.0))
+    gateway = start_gateway(config({
+        "broken": provider(broken.base_url, {"m": "m"}),
+        "backup": provider(backup.base_url, {"m": "m"}),
+        "third": provider(third.base_url, {"m": "m"}),
+    }, defaults={"routing": {"hedge_after": 0.2}, "circuit": {"enabled": False}}))
+
+    answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+                        json={"model": "m", "messages": HI, "stream": True})
+
+    assert answer.status_code == 200
+    assert answer.headers["x-llms-provider"] == "backup"
+    assert not third.requests, "never more than two in flight"
