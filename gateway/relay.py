@@ -168,7 +168,16 @@ class Exchange:
             status=self.status, duration=duration, ttft=self.ttft,
             upstream=self.upstream_time, failed=self.failed, attempts=self.attempts,
             usage=self.usage, cost=self.cost)
-        self.services.traffic.add(duration, ok=self.status < 500 and outcome != "error")
+        services = self.services
+        client_error = 400 <= self.status < 500 and self.status != 499
+        services.traffic.add(duration, ok=self.status < 500 and outcome != "error",
+                             client_error=client_error, cache_hit=self.provider == "cache",
+                             hedged=self.hedged)
+        for attempt in self.failed:
+            services.provider_traffic.failed(attempt.provider)
+        if self.provider is not None and self.provider != "cache" and self.status < 400:
+            services.provider_traffic.served(
+                self.provider, self.ttft if self.stream else self.upstream_time, self.cost)
         self.services.request_log.write({
             "request_id": self.request_id,
             "endpoint": self.endpoint,

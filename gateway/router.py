@@ -148,27 +148,30 @@ async def _race(first: Candidate, second: Candidate, call: Call[T], failed: list
         return task
 
     leader = start(first)
+    kept: asyncio.Task[T] | None = None  # the winner: not to be cancelled on the way out
     try:
         if not await _token_or_end(leader, tokens[leader], hedging.after):
             hedging.told("started")
             hedge = start(second)
-            winner = await _first_with_token(tokens)
+            kept = await _first_with_token(tokens)
             for task in tokens:
-                if task is not winner:
+                if task is not kept:
                     await _cancel(task, hedging)
-            if winner is hedge:
+            if kept is hedge:
                 hedging.told("won")
             try:
-                return Served(await winner, names[winner], (), hedged=True), True
+                return Served(await kept, names[kept], (), hedged=True), True
             except ProviderError:
                 return None, True
+        kept = leader
         try:
             return Served(await leader, names[leader], ()), False
         except ProviderError:
             return None, False
-    finally:
+    finally:  # cancelled itself (the client left), or a winner chosen: nothing else runs on
         for task in tokens:
-            await _cancel(task, hedging)
+            if task is not kept or not task.done():
+                await _cancel(task, hedging)
 
 
 async def _token_or_end(task: asyncio.Task[T], token: asyncio.Event, within: float) -> bool:

@@ -33,7 +33,7 @@ from gateway.responses.bridge import ResponsesBridge
 from gateway.responses.store import ResponseStore
 from gateway.strategy import Latencies, Spread
 from gateway.supervise import Supervisor
-from gateway.traffic import RecentTraffic
+from gateway.traffic import ProviderTraffic, RecentTraffic
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Provider, ProviderDisabled
@@ -112,6 +112,7 @@ class Services:
         self.limiter = RateLimiter()
         self.metrics = Metrics(self.health, inflight=lambda: self.inflight)
         self.traffic = RecentTraffic()
+        self.provider_traffic = ProviderTraffic()
         self.inflight = 0  # relay requests being served, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
@@ -192,6 +193,7 @@ class Services:
         self.health.retain(routed)
         self.latencies.retain(routed)
         self.spread.retain(effective.routes)
+        self.provider_traffic.retain({p.name for p in effective.providers})
         log = get_logger()
         for spec in effective.providers:
             if not spec.enabled:

@@ -35,6 +35,7 @@ def providers_view(services: Services) -> list[dict[str, Any]]:
             "health": _health(spec.enabled, mine),
             "state": provider.live_state() if (provider := live.providers.get(spec.name))
             else None,
+            "traffic": services.provider_traffic.summary(spec.name),
         })
     return rows
 
@@ -62,6 +63,9 @@ def status(services: Services) -> dict[str, Any]:
         "series": series,
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),
+            "client_errors": sum(int(r["client_errors"] or 0) for r in series),
+            "cache_hits": sum(int(r["cache_hits"] or 0) for r in series),
+            "hedges": sum(int(r["hedges"] or 0) for r in series),
             "error_rate": window[-1]["error_rate"] if window else 0.0,
             "p50_ms": window[-1]["p50_ms"] if window else None,
             "p99_ms": window[-1]["p99_ms"] if window else None,

@@ -160,6 +160,9 @@ def test_a_slow_first_token_is_hedged_and_the_loser_s_request_closed(
         # Answered by the hedge (the quick one), so not after the slow one's 2 s.
         assert answer.headers["x-llms-provider"] == "quick", body
         assert answer.headers["x-llms-hedged"] == "1"
+        assert b'"error"' not in body and b" quick" in body, "the winner's answer, whole"
+        if stream:
+            assert body.endswith(b"data: [DONE]\n\n")
         assert slow.wait_for_cancel(), "the slow one's upstream request was closed at once"
         slow.reset()
         slow.set_mode(slow_first_token(2.0))

@@ -90,6 +90,29 @@ def test_status_json_has_providers_in_order_and_recent_traffic(three: GatewayPro
     assert status["summary"]["p50_ms"] is not None
 
 
+def test_clients_own_errors_are_counted_apart_not_as_gateway_errors(
+        three: GatewayProcess) -> None:
+    """An operator's error rate is the gateway's and the providers' failures: 10 requests for an
+    unknown model and 5 with a wrong key beside 5 good ones is 0% errors, 15 client errors."""
+    for _ in range(5):
+        chat(three)
+    for _ in range(10):
+        httpx.post(f"{three.base_url}/chat/completions", headers={"Authorization":
+                   f"Bearer {CLIENT_KEY}"}, json={"model": "nope", "messages": []})
+    for _ in range(5):
+        httpx.post(f"{three.base_url}/chat/completions", headers={"Authorization": "Bearer x"},
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+    status = httpx.get(f"{three.url}/status.json").json()
+
+    assert status["summary"]["error_rate"] == 0.0
+    assert status["summary"]["client_errors"] == 15
+    assert sum(row["rps"] for row in status["series"]) * 10 == pytest.approx(5, abs=0.01)
+    alpha = status["providers"][0]["traffic"]
+    assert (alpha["answered"], alpha["failed"]) == (5, 0)
+    assert alpha["ttft_p50_ms"] is not None
+
+
 def chromium(url: str, workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
     return subprocess.run(
@@ -116,5 +139,6 @@ def test_the_page_renders_in_a_real_browser_and_shows_an_admin_disable(
                        page.stdout)
     assert order == [("alpha", "ok"), ("beta", "disabled"), ("gamma", "ok")]
     assert "disabled by an admin" in page.stdout
+    assert re.search(r'class="stats">answered <b>1</b>', page.stdout), "per provider traffic"
     assert ":CONSOLE(" not in page.stderr, "the page logged to the console (an error?)"
     assert shot.exists() and shot.stat().st_size > 10_000
