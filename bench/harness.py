@@ -118,9 +118,12 @@ def gateway_command(config: Path, port: int) -> list[str]:
 
 
 def provider(upstream_port: int, **extra: object) -> dict[str, object]:
-    """An `openai` provider serving alias bench-model, rewritten to the upstream's id."""
+    """An `openai` provider serving alias bench-model, rewritten to the upstream's id. Whole
+    requests are relayed whole, as the minimal proxy relays them (the `whole_streamed` part
+    measures what asking upstream for a stream instead costs)."""
     return {"type": "openai", "base_url": f"http://127.0.0.1:{upstream_port}/v1",
-            "api_key": "bench-key", "models": {"bench-model": "bench-upstream-model"}, **extra}
+            "api_key": "bench-key", "models": {"bench-model": "bench-upstream-model"},
+            "stream_upstream": False, **extra}
 
 
 def gateway_config(upstream_port: int, path: Path,

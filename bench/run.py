@@ -13,7 +13,9 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
 - streaming: 100 concurrent 200-chunk streams, per-chunk timings direct / minimal / gateway;
 - capacity: 5,000 concurrent slow streams through the gateway, its peak RSS;
 - failover: primary refuses connections, vs the secondary alone, at 1 client;
-- startup: spawn to /health 200, and idle RSS, with no pool provider.
+- startup: spawn to /health 200, and idle RSS, with no pool provider;
+- whole_streamed: whole requests relayed whole vs asked upstream as a stream and assembled
+  (early failover's cost), paired rounds at 10 clients.
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -50,6 +52,7 @@ from harness import (
     free_port,
     gateway_command,
     gateway_config,
+    provider,
     raise_nofile,
     spawn,
     stop,
@@ -69,7 +72,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup")
+         "startup", "whole_streamed")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -193,6 +196,44 @@ def throughput(work: Path, levels: list[int], duration: float, wrk: str | None,
     return results, paired
 
 
+WHOLE_CHUNKS = 16  # the upstream's stream for a whole answer: one event per token of 16
+
+
+def whole_streamed(work: Path, duration: float, wrk: str | None, rounds: int) -> dict[str, Any]:
+    """The cost of early failover: whole requests relayed whole, against the same requests
+    asked upstream as a stream of `WHOLE_CHUNKS` events and assembled, at 10 clients, in
+    paired rounds (the two gateways in turn, on the same core)."""
+    script = work / "post-whole.lua"
+    script.write_text(LUA % json.dumps(BODY))
+    upstream_port, whole_port, streamed_port = free_port(), free_port(), free_port()
+    processes = []
+    rows: list[dict[str, float]] = []
+    try:
+        upstream = spawn([PY, str(BENCH / "fake_upstream.py"), "--port", str(upstream_port),
+                          "--chunks", str(WHOLE_CHUNKS)], 1, work / "upstream-whole.log")
+        processes.append(upstream)
+        wait_for_port(upstream_port, upstream)
+        urls = {}
+        for name, port, streams in (("whole", whole_port, False),
+                                    ("streamed", streamed_port, True)):
+            config = work / f"llms-{name}.json"
+            gateway_config(upstream_port, config,
+                           {"fake": provider(upstream_port, stream_upstream=streams)})
+            gateway = spawn(gateway_command(config, port), 0, work / f"gateway-{name}.log")
+            processes.append(gateway)
+            wait_for_port(port, gateway)
+            urls[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        for _ in range(rounds):
+            pair = {name: measure(name, url, [10], duration, wrk, script)[0].rps
+                    for name, url in urls.items()}
+            rows.append({**pair, "ratio": pair["streamed"] / pair["whole"]})
+    finally:
+        for process in processes:
+            stop(process)
+    return {"rounds": rows, "chunks": WHOLE_CHUNKS,
+            "ratio_median": statistics.median(r["ratio"] for r in rows)}
+
+
 def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
               wrk: str | None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="llms-bench-"))
@@ -216,6 +257,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
                              else scenarios.capacity(work, 5000, 20, 1.0, 10)),
         "failover": lambda: scenarios.failover(work, 2 if quick else 5, repeats),
         "startup": lambda: scenarios.startup(work, repeats),
+        "whole_streamed": lambda: whole_streamed(work, duration, wrk, 2 if quick else 5),
     }
     for name, step in steps.items():
         if name in parts:
@@ -333,6 +375,11 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     else:
         rows.append(("failover: primary refuses connections", "≤ 2 ms added, same run",
                      "not measured", None))
+    if ws := data.get("whole_streamed"):
+        rows.append((f"whole answers asked upstream as a {ws['chunks']}-event stream and "
+                     "assembled (early failover), 10 clients", "none: the cost, reported",
+                     f"{ws['ratio_median']:.2f}x the req/s of relaying them whole "
+                     f"({len(ws['rounds'])} paired rounds)", None))
     if su := data.get("startup"):
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))
