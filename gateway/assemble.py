@@ -18,6 +18,7 @@ import msgspec
 
 from gateway.router import first_token
 from gateway.streaming import DONE_EVENT, open_stream
+from providers.contract.answer import check_json
 from providers.contract.errors import AnsweredWhole, BadUpstreamResponse, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.usage import Usage
@@ -30,7 +31,7 @@ _TOP = ("id", "created", "model", "system_fingerprint", "service_tier")
 def streams_upstream(provider: Provider, request: Outgoing) -> bool:
     """Whether this whole-answer request goes upstream as a stream."""
     return (not request.stream and request.endpoint in ENDPOINTS
-            and provider.spec.stream_upstream and provider.supports(request.endpoint))
+            and provider.supports(request.endpoint) and provider.streams_whole_answers())
 
 
 def as_stream(request: Outgoing) -> Outgoing:
@@ -78,18 +79,9 @@ async def send(provider: Provider, request: Outgoing, upstream_model: str) -> Re
     return Reply(msgspec.json.encode(answer), usage=usage)
 
 
-class _Answer(msgspec.Struct):
-    choices: list[dict[str, Any]]
-    usage: Usage | None = None
-
-
 def _whole(payload: bytes) -> Reply:
     """A whole answer that came instead of a stream, if it is one (a failover if not)."""
-    try:
-        answer = msgspec.json.decode(payload, type=_Answer)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-        raise BadUpstreamResponse(f"response is not a JSON answer: {exc}") from None
-    return Reply(payload, usage=answer.usage)
+    return Reply(payload, usage=check_json(payload))
 
 
 class _Assembler:

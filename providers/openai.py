@@ -22,11 +22,10 @@ from providers.compat import (
     used_legacy_functions,
 )
 from providers.contract import embeddings
-from providers.contract.errors import BadUpstreamResponse
+from providers.contract.answer import check_json
 from providers.contract.provider import Outgoing, Provider, Reply, decode_body
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
-from providers.contract.usage import Usage
 from providers.http import HttpUpstream
 
 
@@ -64,37 +63,6 @@ def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
     if spec.api_key is not None:
         headers["Authorization"] = f"Bearer {spec.api_key.reveal()}"
     return headers
-
-
-class _ChoiceProbe(msgspec.Struct):
-    index: int = 0
-    finish_reason: str | None = None
-    message: dict[str, Any] | None = None
-
-
-class _AnswerProbe(msgspec.Struct):
-    # Raw fields are checked as JSON but not built: the whole document is validated for the
-    # price of a scan; `choices` is typed, as clients will read it.
-    choices: list[_ChoiceProbe] | None = None
-    output: msgspec.Raw = msgspec.Raw()
-    error: msgspec.Raw = msgspec.Raw()
-    usage: Usage | None = None
-
-
-def _given(value: msgspec.Raw) -> bool:
-    return len(value) > 0 and bytes(value) != b"null"
-
-
-def check_json(body: bytes) -> Usage | None:
-    """Fail over on a 200 whose body is not a JSON answer of the right shape (nor UTF-8);
-    return its usage if it has one."""
-    try:
-        probe = msgspec.json.decode(body, type=_AnswerProbe)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-        raise BadUpstreamResponse(f"response is not a JSON answer: {exc}") from None
-    if _given(probe.error) and probe.choices is None and not _given(probe.output):
-        raise BadUpstreamResponse("response is an error object with status 200")
-    return probe.usage
 
 
 class OpenAIProvider(Provider):

@@ -226,7 +226,8 @@ def test_a_killed_worker_restarts_and_the_other_serves_meanwhile(
     os.kill(fake_pid, signal.SIGKILL)
     answers = [ask(gateway, f"during the restart {n}") for n in range(6)]
     assert all(a.headers["x-llms-provider"] == "local" for a in answers)
-    assert {served_by(a) for a in answers} == {str(port + 1)}
+    # The other worker serves at once; the restarted one may be back for the last few.
+    assert served_by(answers[0]) == str(port + 1)
     wait_for_workers(gateway, "ready", count=2)
     (restarted,) = [w for w in workers(gateway) if w["url"].endswith(f":{port}/v1")]
     assert restarted["restarts"] == victim["restarts"] + 1

@@ -116,6 +116,11 @@ class Provider(ABC):
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
 
+    def streams_whole_answers(self) -> bool:
+        """Whether a whole-answer request may go upstream as a stream, for early failover
+        (`stream_upstream`); a kind whose streams lose something (usage) says no."""
+        return self.spec.stream_upstream is not False
+
     @property
     def embedding_batch_limit(self) -> int | None:
         """The most inputs one upstream embeddings call may carry."""

@@ -15,6 +15,7 @@ from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Re
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
 from providers.openai import OpenAIProvider
+from providers.pool.engines import VLLM
 from providers.pool.picking import prefix_hashes, prompt_text
 from providers.pool.pool import Pool
 from providers.pool.settings import fingerprint, read_settings
@@ -57,6 +58,11 @@ class PoolProvider(Provider):
 
     def live_state(self) -> dict[str, Any] | None:
         return self.pool.view() if self.pool is not None else None
+
+    def streams_whole_answers(self) -> bool:
+        # llama.cpp's server counts no usage in streams: its whole answers are asked whole.
+        return (super().streams_whole_answers() and self.pool is not None
+                and self.pool.engine == VLLM)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         pool, hashes = self._pool(), self._hashes(request, upstream_model)
