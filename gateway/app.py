@@ -120,14 +120,21 @@ async def health() -> Response[bytes]:
 
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Readiness: a config is loaded and at least one provider is enabled. Providers, circuits
-    and load are listed only for a request that may read them (`auth.authenticated`)."""
+    """Readiness: a config is loaded, a provider is enabled, and every pool model can answer
+    (`loading` lists those that cannot yet). Providers, circuits and load are listed only for
+    a request that may read them (`auth.authenticated`)."""
     services = _services(request)
     snapshot = services.live.snapshot
     is_ready = any(p.enabled for p in snapshot.providers)
-    body: dict[str, Any] = {"status": "ready" if is_ready else "not_ready"}
+    loading = sorted({alias for provider in services.live.providers.values()
+                      for alias in provider.loading_models()})
+    body: dict[str, Any] = {"status": "ready" if is_ready and not loading else "not_ready"}
     if not is_ready:
         body["reason"] = "no provider is enabled"
+    elif loading:
+        body["reason"] = "pool models are still loading"
+        body["loading"] = loading
+        is_ready = False
     if auth.authenticated(request.headers, snapshot):
         live = services.live.providers
         body["providers"] = [

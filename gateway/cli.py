@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import os
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -170,6 +174,43 @@ def _http_error_body(exc: OSError) -> dict[str, Any] | None:
     return None
 
 
+def _running_pool(snapshot: Snapshot, name: str) -> list[dict[str, Any]] | None:
+    """Pool `name`'s workers as the gateway running this config reports them (its `/ready`),
+    or None when no gateway answers there."""
+    server = snapshot.server
+    host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+    keys = snapshot.admin_keys + snapshot.keys
+    headers = {"Authorization": f"Bearer {keys[0].secret.reveal()}"} if keys else {}
+    request = urllib.request.Request(f"http://{host}:{server.port}/ready", headers=headers)
+    try:
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
+        with direct.open(request, timeout=3) as answer:
+            body = json.load(answer)
+    except urllib.error.HTTPError as exc:  # 503 while loading: its body says what loads
+        try:
+            body = json.load(exc)
+        except ValueError:
+            return None
+    except (OSError, ValueError):
+        return None
+    for provider in body.get("providers") or ():
+        if provider.get("name") == name:
+            return list((provider.get("state") or {}).get("workers") or ())
+    return []
+
+
+def _ready_worker(workers: list[dict[str, Any]] | None, model: str) -> tuple[str | None, str]:
+    """A ready worker's URL for `model`, or None and why there is none."""
+    if workers is None:
+        return None, "no gateway answers at this config's address: start it (llms-gateway serve)"
+    mine = [w for w in workers if model in (w.get("models") or ()) or not w.get("spawned")]
+    ready = [w for w in mine if w.get("state") == "ready"]
+    if ready:
+        return str(ready[0]["url"]), "ready"
+    states = ", ".join(f"{w.get('name')} {w.get('state')}" for w in mine) or "no worker"
+    return None, f"not ready in the running gateway ({states})"
+
+
 def _check(args: argparse.Namespace) -> int:
     _, snapshot = _load(args.config)
     specs = [p for p in snapshot.providers if args.provider in (None, p.name)]
@@ -182,19 +223,30 @@ def _check(args: argparse.Namespace) -> int:
 async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     import providers
     from gateway.services import build
-    from providers.contract.provider import Outgoing
+    from providers.contract.provider import Outgoing, Provider
 
     failures = 0
+    kinds = providers.load_kinds()
     async with AiohttpTransport() as transport:
-        live = build(snapshot, transport, providers.load_kinds())
+        live = build(snapshot, transport, kinds)
         for spec in snapshot.providers:
             if spec.name not in names:
                 continue
             if not spec.enabled:
                 print(f"{spec.name:<14} skipped ({spec.disabled_reason})")
                 continue
-            provider = live.providers[spec.name]
+            # A pool runs inside the gateway: its workers are asked where the gateway says.
+            workers = _running_pool(snapshot, spec.name) if spec.kind == "pool" else None
             for alias, model in spec.models.items():
+                provider: Provider = live.providers[spec.name]
+                if spec.kind == "pool":
+                    url, why = _ready_worker(workers, model.id)
+                    if url is None:
+                        failures += 1
+                        print(live.redactor.text(f"{spec.name:<14} {alias:<28} {why}"))
+                        continue
+                    provider = kinds["openai"](dataclasses.replace(
+                        spec, kind="openai", base_url=url, api_key=None), transport)
                 body = {"model": alias, "max_tokens": 1,
                         "messages": [{"role": "user", "content": "Say OK."}]}
                 request = Outgoing("chat/completions", msgspec.json.encode(body), alias, False,

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.fake_gpu import FAKE_VLLM, install_fakes, read_record, wait_for_event
-from tests.gateway_process import GatewayProcess, config, free_port, provider
+from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider
 from tests.pool_helpers import wait_for_workers, workers
 from tests.upstream import FakeUpstream
 
@@ -251,6 +251,51 @@ def test_a_loading_pool_fails_over_at_once_and_serves_when_ready(
         assert ask(gateway).headers["x-llms-provider"] == "local", "no breaker held it open"
     finally:
         gateway.stop()
+
+
+def test_a_loading_model_is_a_503_model_loading_and_not_ready_until_it_answers(
+        tmp_path: Path) -> None:
+    env = Env(tmp_path, FAKE_VLLM_LOAD_SECONDS="3")
+    gateway = GatewayProcess(tmp_path, config({"local": pool_entry(free_ports(2))}),
+                             env=env.vars).start()
+    try:
+        loading = ask(gateway)
+        ready = httpx.get(f"{gateway.url}/ready")
+        assert loading.status_code == 503, loading.text
+        assert loading.json()["error"]["code"] == "model_loading"
+        assert int(loading.headers["retry-after"]) > 0
+        assert ready.status_code == 503 and ready.json()["loading"] == [MODEL]
+        wait_for_workers(gateway, "ready", count=2, timeout=20)
+        assert httpx.get(f"{gateway.url}/ready").status_code == 200
+        assert ask(gateway).status_code == 200
+    finally:
+        gateway.stop()
+
+
+def test_check_asks_the_running_gateway_for_its_pool(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    doc = config({"local": pool_entry(free_ports(2))})
+    gateway = GatewayProcess(tmp_path, doc, env=env.vars)
+    doc["server"]["port"] = gateway.port  # `check` reads where the gateway listens from here
+    gateway.write_config(doc)
+    gateway.start()
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", "check", "--config",
+                               str(gateway.config_path)], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, **env.vars}, cwd=ROOT)
+
+    try:
+        wait_for_workers(gateway, "ready", count=2)
+        running = check()
+    finally:
+        gateway.stop()
+    stopped = check()
+
+    assert running.returncode == 0, running.stdout + running.stderr
+    assert f"local          {MODEL}" in running.stdout and "ok" in running.stdout
+    assert stopped.returncode == 1
+    assert "no gateway answers" in stopped.stdout
 
 
 def test_shutdown_drains_in_flight_requests_before_stopping_workers(tmp_path: Path) -> None:

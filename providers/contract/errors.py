@@ -267,6 +267,17 @@ class PoolNotReady(ProviderUnavailable):
     reason = "not_ready"
 
 
+class ModelLoading(PoolNotReady):
+    """Every worker that serves the model is still loading it: a 503 `model_loading` with
+    `Retry-After` when no other provider answers."""
+
+    reason = "model_loading"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ProviderTimeout(ProviderError):
     """A configured timeout fired."""
 
@@ -370,16 +381,25 @@ class AllProvidersFailed(GatewayError):
         self.retry_after = min((a.retry_after for a in attempts if a.retry_after), default=None)
 
     @property
+    def loading(self) -> bool:
+        """Every try found the model still loading."""
+        return bool(self.attempts) and {a.reason for a in self.attempts} == {"model_loading"}
+
+    @property
     def status(self) -> int:
         reasons = {a.reason for a in self.attempts}
         if reasons == {"rate_limited"}:
             return 429
+        if self.loading:
+            return 503
         if reasons and all(r.endswith("timeout") for r in reasons):
             return 504
         return 502
 
     def body(self) -> dict[str, Any]:
         body = super().body()
+        if self.loading:
+            body["code"] = "model_loading"
         body["attempts"] = [a.as_dict() for a in self.attempts]
         return body
 

@@ -113,6 +113,10 @@ class Provider(ABC):
         """What this provider is doing now, for /ready and the status page (pools: workers)."""
         return None
 
+    def loading_models(self) -> list[str]:
+        """Aliases this provider serves that cannot answer yet (a pool's loading models)."""
+        return []
+
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
 

@@ -120,6 +120,12 @@ class Pool:
         worker.suspect = True
         self._wake[worker.name].set()
 
+    def loading(self, model: str) -> bool:
+        """Whether `model` has no ready worker and one loading it."""
+        mine = [w for w in self.workers.values() if model in w.models]
+        return bool(mine) and all(w.state is not WorkerState.READY for w in mine) and any(
+            w.state is WorkerState.STARTING for w in mine)
+
     def not_ready_reason(self, model: str) -> str:
         """Why no worker can take a request for `model` now, for the failover message."""
         mine = [w for w in self.workers.values() if model in w.models or not w.spawned]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from providers.contract.errors import PoolNotReady, ProviderError
+from providers.contract.errors import ModelLoading, PoolNotReady, ProviderError
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Reply
@@ -21,6 +21,15 @@ from providers.pool.pool import Pool
 from providers.pool.settings import fingerprint, read_settings
 from providers.pool.setup import PoolUnavailable, build_pool
 from providers.pool.worker import Worker
+
+# What a client loading-model answer suggests waiting: a small model loads in seconds.
+LOADING_RETRY_AFTER = 5.0
+
+
+def _not_ready(pool: Pool, model: str) -> PoolNotReady:
+    if pool.loading(model):
+        return ModelLoading(pool.not_ready_reason(model), LOADING_RETRY_AFTER)
+    return PoolNotReady(pool.not_ready_reason(model))
 
 
 class PoolProvider(Provider):
@@ -77,7 +86,7 @@ class PoolProvider(Provider):
                 failure = self._worker_failed(pool, worker, exc)
             finally:
                 worker.load.inflight -= 1
-        raise failure or PoolNotReady(pool.not_ready_reason(upstream_model))
+        raise failure or _not_ready(pool, upstream_model)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         pool, hashes = self._pool(), self._hashes(request, upstream_model)
@@ -102,7 +111,13 @@ class PoolProvider(Provider):
             finally:
                 worker.load.inflight -= 1
                 await chunks.aclose()
-        raise failure or PoolNotReady(pool.not_ready_reason(upstream_model))
+        raise failure or _not_ready(pool, upstream_model)
+
+    def loading_models(self) -> list[str]:
+        if self.pool is None:
+            return []
+        return sorted(alias for alias, model in self.spec.models.items()
+                      if self.pool.loading(model.id))
 
     def _pool(self) -> Pool:
         if self.pool is None:
