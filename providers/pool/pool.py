@@ -115,6 +115,11 @@ class Pool:
             return None
         return self.workers[choose(loads, hashes, self.table, self.policy)]
 
+    async def answers(self, worker: Worker) -> bool:
+        """One health check now: whether the worker is well (a request it refused may be the
+        request's fault, not the worker's)."""
+        return await self._get(worker, worker.health_path) is not None
+
     def suspect(self, worker: Worker) -> None:
         """A request to it failed: skip it until its next check, and check it now."""
         worker.suspect = True

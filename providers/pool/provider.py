@@ -8,7 +8,14 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from providers.contract.errors import ModelLoading, PoolNotReady, ProviderError
+import msgspec
+
+from providers.contract.errors import (
+    ModelLoading,
+    PoolNotReady,
+    ProviderError,
+    UpstreamClientError,
+)
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Reply
@@ -18,7 +25,8 @@ from providers.openai import OpenAIProvider
 from providers.pool.engines import VLLM
 from providers.pool.picking import prefix_hashes, prompt_text
 from providers.pool.pool import Pool
-from providers.pool.settings import fingerprint, read_settings
+from providers.pool.protect import for_engine, output_cap
+from providers.pool.settings import fingerprint, read_settings, served_name
 from providers.pool.setup import PoolUnavailable, build_pool
 from providers.pool.worker import Worker
 
@@ -40,6 +48,7 @@ class PoolProvider(Provider):
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)
         self.settings = read_settings(spec.raw)
+        self._models = {served_name(alias, m): m for alias, m in self.settings.models.items()}
         # Workers are this deployment's own (most on loopback): the environment's proxy is not
         # for them; a "proxy" or "tls" on the pool's entry applies to every worker.
         self.link = spec.link_for(None)
@@ -74,6 +83,7 @@ class PoolProvider(Provider):
                 and self.pool.engine == VLLM)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        request = self._for_engine(request, upstream_model)
         pool, hashes = self._pool(), self._hashes(request, upstream_model)
         tried: set[str] = set()
         failure: ProviderError | None = None
@@ -83,12 +93,13 @@ class PoolProvider(Provider):
             try:
                 return await self._client(worker).send(request, upstream_model)
             except ProviderError as exc:
-                failure = self._worker_failed(pool, worker, exc)
+                failure = await self._worker_failed(pool, worker, exc)
             finally:
                 worker.load.inflight -= 1
         raise failure or _not_ready(pool, upstream_model)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        request = self._for_engine(request, upstream_model)
         pool, hashes = self._pool(), self._hashes(request, upstream_model)
         tried: set[str] = set()
         failure: ProviderError | None = None
@@ -100,7 +111,7 @@ class PoolProvider(Provider):
                 try:
                     first = await anext(chunks)
                 except ProviderError as exc:  # nothing sent yet: another worker may answer
-                    failure = self._worker_failed(pool, worker, exc)
+                    failure = await self._worker_failed(pool, worker, exc)
                     continue
                 except StopAsyncIteration:
                     return
@@ -119,6 +130,18 @@ class PoolProvider(Provider):
         return sorted(alias for alias, model in self.spec.models.items()
                       if self.pool.loading(model.id))
 
+    def _for_engine(self, request: Outgoing, model: str) -> Outgoing:
+        """The request as this pool's engine understands it, its answer bounded (`protect`)."""
+        if self.pool is None or request.endpoint not in ("chat/completions", "completions"):
+            return request
+        engine = self.pool.engine or VLLM  # None: remote workers only, vLLM servers
+        settings = self._models.get(model)
+        cap = output_cap(engine, settings.max_output_tokens if settings else None)
+        body = for_engine(request.json(), request.endpoint, engine, cap)
+        if body is None:
+            return request
+        return replace(request, raw=msgspec.json.encode(body), _json=None)
+
     def _pool(self) -> Pool:
         if self.pool is None:
             raise PoolNotReady(f"pool {self.name} is not running")
@@ -130,7 +153,17 @@ class PoolProvider(Provider):
             return ()
         return prefix_hashes(prompt_text(request.json()))
 
-    def _worker_failed(self, pool: Pool, worker: Worker, error: ProviderError) -> ProviderError:
+    async def _worker_failed(self, pool: Pool, worker: Worker,
+                             error: ProviderError) -> ProviderError:
+        """A failed try: the worker's fault (benched until its next check), or, when it
+        answered 500 and is well when asked at once, the request's (a 400 to the client, the
+        worker stays in service)."""
+        if error.upstream_status == 500 and await pool.answers(worker):
+            get_logger().info("worker_refused_request", pool=self.name, worker=worker.name,
+                              error=error.message)
+            raise UpstreamClientError(self.name, 400, f"the model could not take this request: "
+                                      f"{error.message}", error_type="invalid_request_error",
+                                      code="invalid_request", param=None)
         get_logger().warning("worker_request_failed", pool=self.name, worker=worker.name,
                              reason=error.reason, error=error.message)
         pool.suspect(worker)
