@@ -110,6 +110,11 @@ def test_a_request_the_worker_refuses_is_a_400_and_the_worker_keeps_serving(
         model=MODEL, messages=ASK, max_tokens=2) for _ in range(10)]
     assert [a.headers["x-llms-provider"] for a in answers] == ["local"] * 10
     assert not backup.requests, "no failover: the request was at fault, not the worker"
+    # The worker's traceback went to its own log file; the gateway's log has one line for it.
+    assert "Traceback" not in gateway.logs()
+    assert len(gateway.log_events("worker_refused_request")) == 1
+    worker_logs = list((gateway.workdir / "state").rglob("*.log"))
+    assert worker_logs and "Traceback" in "".join(p.read_text() for p in worker_logs)
 
 
 def test_json_schema_is_answered_not_a_502(gateway: GatewayProcess) -> None:

@@ -161,7 +161,8 @@ class Pool:
             self._processes[plan.name] = process
             worker.pid = process.pid
             self.log.info("worker_starting", worker=plan.name, worker_pid=process.pid,
-                          argv=plan.loggable_argv(), env=plan.loggable_env())
+                          argv=plan.loggable_argv(), env=plan.loggable_env(),
+                          output=str(process.log_path))
             ready_for = 0.0
             if await self._until_ready(worker, process) and not self._stopping:
                 loaded = time.monotonic() - worker.since

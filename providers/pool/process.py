@@ -1,5 +1,9 @@
-"""A spawned worker process: started under the reaper in its own process group, its output
-forwarded to the gateway's log with the worker's name, stopped with SIGTERM then SIGKILL."""
+"""A spawned worker process: started under the reaper in its own process group, its output kept
+in a log file of its own, stopped with SIGTERM then SIGKILL.
+
+The gateway's log gets one line per worker event (starting, ready, failed with its last words:
+`gateway.pool`), not the worker's chatter: a llama.cpp server prints a traceback per request it
+refuses, which drowned the request lines. The whole output is in `log_dir()/<worker>.log`."""
 
 from __future__ import annotations
 
@@ -11,11 +15,19 @@ import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from providers.contract.log import get_logger
 
 REAPER = Path(__file__).with_name("reaper.py")
 KEPT_LINES = 30  # the tail quoted when a worker dies
+MAX_LOG_BYTES = 16 * 1024 * 1024  # a worker's log file starts over past this
+
+
+def log_dir() -> Path:
+    """Where workers' output goes: `$XDG_STATE_HOME/llms-gateway/workers`."""
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "llms-gateway" / "workers"
 
 
 _PROBES = ('"GET /health ', '"GET /metrics ', '"GET /v1/models ', '"GET /docs ')
@@ -33,6 +45,7 @@ class WorkerProcess:
         self.name = name
         self.process = process
         self.tail: deque[str] = deque(maxlen=KEPT_LINES)
+        self.log_path = log_dir() / f"{name}.log"
         self._forwarding = asyncio.create_task(self._forward())
 
     @property
@@ -52,14 +65,39 @@ class WorkerProcess:
         return cls(name, process)
 
     async def _forward(self) -> None:
-        log = get_logger()
         stream = self.process.stdout
         assert stream is not None
-        while line := await stream.readline():
-            text = line.decode("utf-8", "replace").rstrip()
-            if text and not is_probe_noise(text):
-                self.tail.append(text)
-                log.info("worker_output", worker=self.name, line=text)
+        kept = self._open_log()
+        try:
+            while line := await stream.readline():
+                text = line.decode("utf-8", "replace").rstrip()
+                if text and not is_probe_noise(text):
+                    self.tail.append(text)
+                    if kept is not None:
+                        kept = self._write(kept, line)
+        finally:
+            if kept is not None:
+                kept.close()
+
+    def _open_log(self) -> BinaryIO | None:
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            return self.log_path.open("ab")
+        except OSError as exc:  # the tail is still quoted when the worker dies
+            get_logger().warning("worker_log_unwritable", worker=self.name, error=str(exc))
+            return None
+
+    def _write(self, kept: BinaryIO, line: bytes) -> BinaryIO | None:
+        try:
+            if kept.tell() > MAX_LOG_BYTES:
+                kept.seek(0)
+                kept.truncate()
+            kept.write(line)
+            kept.flush()
+            return kept
+        except OSError:
+            kept.close()
+            return None
 
     def last_words(self) -> str:
         """The worker's last output lines, for the log line saying why it died."""
