@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.fake_gpu import FAKE_VLLM, install_fakes, read_record, wait_for_event
-from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider
+from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider, wait_until
 from tests.pool_helpers import wait_for_workers, workers
 from tests.upstream import FakeUpstream
 
@@ -270,6 +270,31 @@ def test_a_loading_model_is_a_503_model_loading_and_not_ready_until_it_answers(
         assert ask(gateway).status_code == 200
     finally:
         gateway.stop()
+
+
+def test_a_full_pool_answers_503_overloaded_rather_than_queue_without_bound(
+        tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    entry = {**pool_entry(free_ports(2)), "max_queue": 1}
+    gateway = GatewayProcess(tmp_path, config({"local": entry}), env=env.vars).start()
+    try:
+        wait_for_workers(gateway, "ready", count=2)
+        held: list[httpx.Response] = []
+        slow = [threading.Thread(target=lambda: held.append(ask(gateway, fake_delay=2.0)))
+                for _ in range(2)]
+        for thread in slow:
+            thread.start()
+        wait_until(lambda: sum(w["inflight"] for w in workers(gateway)) == 2)
+        refused = ask(gateway)
+        for thread in slow:
+            thread.join()
+    finally:
+        gateway.stop()
+
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "overloaded"
+    assert refused.headers["retry-after"] == "1"
+    assert [r.status_code for r in held] == [200, 200], "the two held were answered"
 
 
 def test_check_asks_the_running_gateway_for_its_pool(tmp_path: Path) -> None:

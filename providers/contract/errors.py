@@ -278,6 +278,19 @@ class ModelLoading(PoolNotReady):
         self.retry_after = retry_after
 
 
+class PoolFull(ProviderError):
+    """Every worker that serves the model holds all it may (`max_queue`): fail over now; with
+    no other provider, a 503 `overloaded` with Retry-After. Busy is not ill."""
+
+    retryable = False
+    trips_circuit = False
+    reason = "pool_full"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.retry_after = 1.0
+
+
 class ProviderTimeout(ProviderError):
     """A configured timeout fired."""
 
@@ -386,11 +399,16 @@ class AllProvidersFailed(GatewayError):
         return bool(self.attempts) and {a.reason for a in self.attempts} == {"model_loading"}
 
     @property
+    def full(self) -> bool:
+        """Every try found its pool full."""
+        return bool(self.attempts) and {a.reason for a in self.attempts} == {"pool_full"}
+
+    @property
     def status(self) -> int:
         reasons = {a.reason for a in self.attempts}
         if reasons == {"rate_limited"}:
             return 429
-        if self.loading:
+        if self.loading or self.full:
             return 503
         if reasons and all(r.endswith("timeout") for r in reasons):
             return 504
@@ -400,6 +418,8 @@ class AllProvidersFailed(GatewayError):
         body = super().body()
         if self.loading:
             body["code"] = "model_loading"
+        elif self.full:
+            body["code"] = "overloaded"
         body["attempts"] = [a.as_dict() for a in self.attempts]
         return body
 

@@ -27,7 +27,7 @@ import msgspec
 from providers.contract.errors import GatewayError
 from providers.contract.log import get_logger
 from providers.contract.transport import Link, Transport
-from providers.pool.engines import WorkerPlan
+from providers.pool.engines import LLAMACPP, WorkerPlan
 from providers.pool.picking import Load, Policy, PrefixTable, choose
 from providers.pool.process import WorkerProcess
 from providers.pool.scrape import parse_metrics
@@ -35,6 +35,7 @@ from providers.pool.settings import PoolSettings
 from providers.pool.worker import Worker, WorkerState
 
 FAILED_CHECKS = 3  # health checks failed in a row before a ready worker counts as failed
+LLAMACPP_QUEUE = 2  # a llama.cpp worker's default max_queue: twice its one slot
 STABLE_AFTER = 60.0  # seconds ready after which the restart backoff starts over
 CHECK_TIMEOUT = 5.0  # seconds for one health check or scrape, connect included
 CHECK_CONNECT = 2.0
@@ -107,10 +108,28 @@ class Pool:
     def ready_for(self, model: str) -> list[Worker]:
         return [w for w in self.workers.values() if w.serves(model)]
 
+    @property
+    def max_queue(self) -> int | None:
+        """Requests one worker may hold at once (`max_queue`; on llama.cpp, which runs one at
+        a time, 2 by default: one running, one waiting); None: no bound (vLLM queues itself)."""
+        if self.settings.max_queue is not None:
+            return self.settings.max_queue
+        return LLAMACPP_QUEUE if self.engine == LLAMACPP else None
+
+    def full(self, model: str) -> bool:
+        """Every ready worker for `model` holds as many requests as it may."""
+        bound = self.max_queue
+        ready = self.ready_for(model)
+        return bound is not None and bool(ready) and all(
+            w.load.inflight >= bound for w in ready)
+
     def pick(self, model: str, hashes: Sequence[int], exclude: set[str]) -> Worker | None:
-        """The worker for one try: prefix affinity unless overloaded, else least loaded."""
+        """The worker for one try: prefix affinity unless overloaded, else least loaded; never
+        one whose queue is full."""
+        bound = self.max_queue
         loads: dict[str, Load] = {w.name: w.load for w in self.ready_for(model)
-                                  if w.name not in exclude and not w.suspect}
+                                  if w.name not in exclude and not w.suspect
+                                  and (bound is None or w.load.inflight < bound)}
         if not loads:
             return None
         return self.workers[choose(loads, hashes, self.table, self.policy)]

@@ -12,6 +12,7 @@ import msgspec
 
 from providers.contract.errors import (
     ModelLoading,
+    PoolFull,
     PoolNotReady,
     ProviderError,
     UpstreamClientError,
@@ -34,7 +35,10 @@ from providers.pool.worker import Worker
 LOADING_RETRY_AFTER = 5.0
 
 
-def _not_ready(pool: Pool, model: str) -> PoolNotReady:
+def _not_ready(pool: Pool, model: str) -> ProviderError:
+    if pool.full(model):
+        return PoolFull(f"pool {pool.name}: every worker for {model} holds {pool.max_queue} "
+                        "requests (max_queue)")
     if pool.loading(model):
         return ModelLoading(pool.not_ready_reason(model), LOADING_RETRY_AFTER)
     return PoolNotReady(pool.not_ready_reason(model))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -70,6 +70,9 @@ class PoolSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_timeout: float = 30.0  # on shutdown, how long in-flight requests may finish
     shutdown_grace: float = 30.0  # then SIGTERM, and SIGKILL after this (vLLM --shutdown-timeout)
     cache_dir: str | None = None  # where packaged weights are assembled
+    # Requests one worker may hold at once; past it the pool is full for the request (it fails
+    # over, or the client gets 503 overloaded). None: 2 on llama.cpp, no bound on vLLM.
+    max_queue: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 # The core's provider fields and the OpenAI options (workers speak OpenAI): present in the same
