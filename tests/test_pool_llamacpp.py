@@ -80,6 +80,17 @@ def test_gemma_streams_token_by_token(gateway: GatewayProcess) -> None:
     assert finish == ["length"] or finish == ["stop"], "a finished stream says how it ended"
 
 
+def test_a_stream_from_the_cpu_worker_reports_usage_the_engine_does_not(
+        gateway: GatewayProcess) -> None:
+    chunks = list(client(gateway).chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    words = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == len(words) > 0
+    assert usage.prompt_tokens > 0, "estimated from the prompt's characters"
+
+
 def test_langchain_s_max_completion_tokens_is_honoured_by_the_cpu_worker(
         gateway: GatewayProcess) -> None:
     """LangChain sends `max_completion_tokens`, which llama.cpp's server ignores: translated."""

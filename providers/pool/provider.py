@@ -23,7 +23,8 @@ from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Re
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
 from providers.openai import OpenAIProvider
-from providers.pool.engines import VLLM
+from providers.pool.counting import estimated_prompt_tokens, with_usage
+from providers.pool.engines import LLAMACPP, VLLM
 from providers.pool.picking import prefix_hashes, prompt_text
 from providers.pool.pool import Pool
 from providers.pool.protect import for_engine, output_cap
@@ -81,10 +82,6 @@ class PoolProvider(Provider):
     def live_state(self) -> dict[str, Any] | None:
         return self.pool.view() if self.pool is not None else None
 
-    def streams_whole_answers(self) -> bool:
-        # llama.cpp's server counts no usage in streams: its whole answers are asked whole.
-        return (super().streams_whole_answers() and self.pool is not None
-                and self.pool.engine == VLLM)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         request = self._for_engine(request, upstream_model)
@@ -111,6 +108,9 @@ class PoolProvider(Provider):
             tried.add(worker.name)
             worker.load.inflight += 1
             chunks = self._client(worker).stream(request, upstream_model)
+            if pool.engine == LLAMACPP:  # its streams count no usage: counted here
+                chunks = with_usage(chunks, estimated_prompt_tokens(request.json()),
+                                    upstream_model)
             try:
                 try:
                     first = await anext(chunks)
@@ -133,6 +133,12 @@ class PoolProvider(Provider):
             return []
         return sorted(alias for alias, model in self.spec.models.items()
                       if self.pool.loading(model.id))
+
+    def streams_whole_answers(self) -> bool:
+        # llama.cpp's server answers a request it cannot take with a clean 500 when asked
+        # whole, but dies on the same request asked as a stream: whole answers stay whole.
+        return (super().streams_whole_answers() and self.pool is not None
+                and self.pool.engine != LLAMACPP)
 
     def _for_engine(self, request: Outgoing, model: str) -> Outgoing:
         """The request as this pool's engine understands it, its answer bounded (`protect`)."""
@@ -161,7 +167,8 @@ class PoolProvider(Provider):
                              error: ProviderError) -> ProviderError:
         """A failed try: the worker's fault (benched until its next check), or, when it
         answered 500 and is well when asked at once, the request's (a 400 to the client, the
-        worker stays in service)."""
+        worker stays in service). Refused connections, crashes and timeouts stay the
+        worker's."""
         if error.upstream_status == 500 and await pool.answers(worker):
             get_logger().info("worker_refused_request", pool=self.name, worker=worker.name,
                               error=error.message)

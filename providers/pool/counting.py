@@ -1,0 +1,98 @@
+"""Usage for engines whose streams report none (llama.cpp's server ignores `include_usage`).
+
+A client streaming from a llama.cpp worker still gets usage (and the gateway still counts tokens
+against its key): each content, reasoning or tool call event is one token (llama.cpp sends one
+per event), and the prompt is estimated from its characters. The usage event goes in before
+`[DONE]`, as OpenAI places it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
+
+import msgspec
+
+DONE = b"data: [DONE]"
+
+
+def estimated_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """About four characters a token of what the messages (or prompt) say."""
+    said = body.get("messages") or body.get("prompt") or ""
+    return max(1, len(msgspec.json.encode(said)) // 4)
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    text: str | None = None
+
+
+class _Event(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: dict[str, Any] | None = None
+
+
+async def with_usage(chunks: AsyncIterator[bytes], prompt_tokens: int,
+                     model: str) -> AsyncGenerator[bytes, None]:
+    """`chunks` with a usage event before `[DONE]` when the stream had none of its own;
+    closing this closes `chunks` (the worker's request: it stops generating)."""
+    counter = _Counter(prompt_tokens, model)
+    try:
+        async for chunk in chunks:
+            if out := counter.feed(chunk):
+                yield out
+        if counter.buffer:
+            yield counter.buffer
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class _Counter:
+    def __init__(self, prompt_tokens: int, model: str) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.model = model
+        self.counted = 0
+        self.reported = False
+        self.buffer = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events in `chunk` (and before it), the usage event added at `[DONE]`."""
+        self.buffer += chunk
+        *events, self.buffer = self.buffer.split(b"\n\n")
+        out = []
+        for event in events:
+            line = event.strip()
+            if line == DONE and not self.reported:
+                out.append(_usage_event(self.model, self.prompt_tokens, self.counted))
+                self.reported = True
+            elif line.startswith(b"data:"):
+                try:
+                    parsed = msgspec.json.decode(line[5:], type=_Event)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    parsed = _Event()  # the relay's own checks judge it
+                self.reported = self.reported or parsed.usage is not None
+                self.counted += sum(1 for c in parsed.choices or () if _says_something(c))
+            out.append(event + b"\n\n")
+        return b"".join(out)
+
+
+def _says_something(choice: _Choice) -> bool:
+    delta = choice.delta
+    if delta is not None:
+        return bool(delta.content or delta.reasoning_content or delta.tool_calls)
+    return bool(choice.text)
+
+
+def _usage_event(model: str, prompt: int, completion: int) -> bytes:
+    return b"data: " + msgspec.json.encode({
+        "id": "usage", "object": "chat.completion.chunk", "model": model, "choices": [],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "total_tokens": prompt + completion}}) + b"\n\n"
