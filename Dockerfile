@@ -6,7 +6,9 @@
 #                                                   entrypoint: the pool spawns `vllm serve` per GPU
 #                                                   group (run with --gpus all)
 
-FROM vllm/vllm-openai:latest AS gpu
+# Pinned: the pool passes vLLM flags (--runner, --reasoning-parser, ...) whose spelling changes
+# between releases; move the tag when the fake vllm in tests/ is moved with it.
+FROM vllm/vllm-openai:v0.11.0 AS gpu
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY gateway gateway
@@ -15,10 +17,29 @@ RUN pip install --no-cache-dir .
 COPY llms.json /etc/llms/llms.json
 # Workers listen on 127.0.0.1:8101+ inside the container; only the gateway's port is published.
 EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+  CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=3)"
 # The vLLM image's entrypoint is its own API server: replace it with the gateway.
 ENTRYPOINT ["llms-gateway", "serve", "--config", "/etc/llms/llms.json", "--host", "0.0.0.0", \
             "--port", "8000"]
 CMD []
+
+# The CPU worker of deploy/compose.yaml: the gateway with its bundled llama.cpp pool (compiled
+# here, so the build needs a compiler), serving Gemma 3 270M on :8101.
+FROM python:3.11-slim AS cpu-worker
+RUN apt-get update && apt-get install -y --no-install-recommends build-essential cmake \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY gateway gateway
+COPY providers providers
+RUN pip install --no-cache-dir '.[local]' && useradd --system --uid 10001 --create-home gateway
+USER gateway
+EXPOSE 8101
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=30 \
+  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8101/ready', timeout=3)"
+CMD ["llms-gateway", "serve", "--config", "/etc/llms/worker.json", "--host", "0.0.0.0", \
+     "--port", "8101", "--allow-unauthenticated"]
 
 FROM python:3.11-slim AS gateway
 WORKDIR /app
@@ -29,5 +50,7 @@ RUN pip install --no-cache-dir . && useradd --system --uid 10001 gateway
 COPY llms.json /etc/llms/llms.json
 USER gateway
 EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=3)"
 # Binding 0.0.0.0 needs server.api_keys (e.g. LLMS_GATEWAY_KEY set) or --allow-unauthenticated.
 CMD ["llms-gateway", "serve", "--config", "/etc/llms/llms.json", "--host", "0.0.0.0", "--port", "8000"]
