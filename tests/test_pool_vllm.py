@@ -297,6 +297,31 @@ def test_a_full_pool_answers_503_overloaded_rather_than_queue_without_bound(
     assert [r.status_code for r in held] == [200, 200], "the two held were answered"
 
 
+def test_an_embedding_model_runs_vllm_s_pooling_runner_and_answers_embeddings(
+        tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    port = free_ports(2)
+    entry = pool_entry(port)
+    entry["models"] = {"embedder": {"source": "BAAI/bge-m3", "task": "embed",
+                                    "tensor_parallel_size": 1, "gpus": [0]}}
+    gateway = GatewayProcess(tmp_path, config({"local": entry}), env=env.vars).start()
+    try:
+        wait_for_workers(gateway, "ready")
+        answer = httpx.post(f"{gateway.base_url}/embeddings", timeout=20, json={
+            "model": "embedder", "input": ["one two", "three"], "encoding_format": "float"})
+    finally:
+        gateway.stop()
+
+    (start,) = env.starts()
+    assert start["argv"] == [
+        "serve", "BAAI/bge-m3", "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", "embedder", "--tensor-parallel-size", "1",
+        "--runner", "pooling", "--shutdown-timeout", "3"]
+    assert answer.status_code == 200, answer.text
+    assert [len(d["embedding"]) for d in answer.json()["data"]] == [16, 16]
+    assert answer.headers["x-llms-provider"] == "local"
+
+
 def test_check_asks_the_running_gateway_for_its_pool(tmp_path: Path) -> None:
     env = Env(tmp_path)
     doc = config({"local": pool_entry(free_ports(2))})

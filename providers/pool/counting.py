@@ -1,17 +1,21 @@
-"""Usage for engines whose streams report none (llama.cpp's server ignores `include_usage`).
+"""What llama.cpp's server leaves out, made up here: usage in streams, one vector per input.
 
 A client streaming from a llama.cpp worker still gets usage (and the gateway still counts tokens
 against its key): each content, reasoning or tool call event is one token (llama.cpp sends one
 per event), and the prompt is estimated from its characters. The usage event goes in before
-`[DONE]`, as OpenAI places it.
+`[DONE]`, as OpenAI places it. Its embeddings of a generative model are per token: mean-pooled
+and normalised into one vector per input (`pooled`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
+
+from providers.contract.errors import BadUpstreamResponse
 
 DONE = b"data: [DONE]"
 
@@ -96,3 +100,45 @@ def _usage_event(model: str, prompt: int, completion: int) -> bytes:
         "id": "usage", "object": "chat.completion.chunk", "model": model, "choices": [],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                   "total_tokens": prompt + completion}}) + b"\n\n"
+
+
+class _TokenVectors(msgspec.Struct):
+    # One vector, or one per token: msgspec takes one array type per union, so the element is
+    # either a number or a list of numbers.
+    embedding: list[float | list[float]]
+    index: int = 0
+
+
+class _TokenList(msgspec.Struct):
+    data: list[_TokenVectors]
+    usage: dict[str, Any] | None = None
+
+
+def pooled(payload: bytes, expected: int) -> tuple[list[list[float]], int | None]:
+    """One vector per input from a llama.cpp embeddings answer, whose vectors are per token
+    for a generative model (mean-pooled and normalised here); and its prompt tokens."""
+    try:
+        answer = msgspec.json.decode(payload, type=_TokenList)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise BadUpstreamResponse(f"response is not an embedding list: {exc}") from None
+    if len(answer.data) != expected:
+        raise BadUpstreamResponse(f"answered {len(answer.data)} embeddings for {expected} "
+                                  "inputs")
+    vectors = []
+    for item in sorted(answer.data, key=lambda d: d.index):
+        rows = item.embedding
+        tokens = [row for row in rows if isinstance(row, list)]
+        if tokens and len(tokens) == len(rows):
+            try:
+                mean = [sum(column) / len(tokens) for column in zip(*tokens, strict=True)]
+            except ValueError:  # token vectors of different lengths
+                raise BadUpstreamResponse("token vectors differ in length") from None
+        elif not tokens:
+            mean = [float(x) for x in rows if not isinstance(x, list)]
+        else:
+            raise BadUpstreamResponse("an embedding mixes numbers and vectors")
+        norm = math.sqrt(sum(x * x for x in mean)) or 1.0
+        vectors.append([x / norm for x in mean])
+    usage = answer.usage or {}
+    prompt = usage.get("prompt_tokens")
+    return vectors, prompt if isinstance(prompt, int) else None

@@ -160,6 +160,8 @@ def vllm_argv(vllm: str, weights: Weights, alias: str, model: ModelSettings,
     argv += _option("--tool-call-parser", model.tool_call_parser)
     if model.enable_auto_tool_choice:
         argv.append("--enable-auto-tool-choice")
+    if model.task == "embed":
+        argv += ["--runner", "pooling"]
     argv += ["--shutdown-timeout", f"{settings.shutdown_grace:g}"]
     return (*argv, *model.args)
 
@@ -177,7 +179,10 @@ def llamacpp_argv(weights: Weights, alias: str, model: ModelSettings, settings: 
             # truncated answer that looks finished. Queue instead.
             "--interrupt_requests", "False"]
     argv += _option("--n_ctx", model.max_model_len)
-    argv += _option("--chat_format", model.chat_format)
+    if model.task == "embed":
+        argv += ["--embedding", "True"]
+    else:
+        argv += _option("--chat_format", model.chat_format)
     argv += _option("--n_threads", model.threads)
     return (*argv, *model.args)
 

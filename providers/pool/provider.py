@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from providers.contract import embeddings
 from providers.contract.errors import (
     ModelLoading,
     PoolFull,
@@ -22,8 +23,9 @@ from providers.contract.log import get_logger
 from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Reply
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
+from providers.contract.usage import Usage
 from providers.openai import OpenAIProvider
-from providers.pool.counting import estimated_prompt_tokens, with_usage
+from providers.pool.counting import estimated_prompt_tokens, pooled, with_usage
 from providers.pool.engines import LLAMACPP, VLLM
 from providers.pool.picking import prefix_hashes, prompt_text
 from providers.pool.pool import Pool
@@ -54,6 +56,8 @@ class PoolProvider(Provider):
         super().__init__(spec, transport)
         self.settings = read_settings(spec.raw)
         self._models = {served_name(alias, m): m for alias, m in self.settings.models.items()}
+        if any(m.task == "embed" for m in self.settings.models.values()):
+            self.endpoints = self.endpoints | {"embeddings"}
         # Workers are this deployment's own (most on loopback): the environment's proxy is not
         # for them; a "proxy" or "tls" on the pool's entry applies to every worker.
         self.link = spec.link_for(None)
@@ -92,6 +96,8 @@ class PoolProvider(Provider):
             tried.add(worker.name)
             worker.load.inflight += 1
             try:
+                if request.endpoint == "embeddings" and pool.engine == LLAMACPP:
+                    return await self._embed(worker, request, upstream_model)
                 return await self._client(worker).send(request, upstream_model)
             except ProviderError as exc:
                 failure = await self._worker_failed(pool, worker, exc)
@@ -133,6 +139,22 @@ class PoolProvider(Provider):
             return []
         return sorted(alias for alias, model in self.spec.models.items()
                       if self.pool.loading(model.id))
+
+    async def _embed(self, worker: Worker, request: Outgoing, model: str) -> Reply:
+        """Embeddings from a llama.cpp worker, one pooled vector per input (`counting`)."""
+        body = request.json()
+        texts = embeddings.texts(body, self.name)
+        http = self._client(worker).http
+        vectors, prompt = [], 0
+        for text in texts:  # one at a time: batched, its per-token vectors come out mixed up
+            payload, _ = await http.post(f"{worker.base_url}/embeddings",
+                                         msgspec.json.encode({"model": model, "input": text}))
+            (vector,), tokens = pooled(payload, 1)
+            vectors.append(vector)
+            prompt += tokens or embeddings.estimated_tokens([text])
+        listed = embeddings.embedding_list(vectors, request.model, prompt,
+                                           body.get("encoding_format"))
+        return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
 
     def streams_whole_answers(self) -> bool:
         # llama.cpp's server answers a request it cannot take with a clean 500 when asked
