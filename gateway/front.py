@@ -1,6 +1,7 @@
 """The one ASGI adapter: the relay routes served as plain ASGI, everything else by Litestar.
 
-`POST /v1/chat/completions`, `/v1/completions` and `/v1/responses` are the data plane: the relay
+`POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/embeddings`,
+`/v1/messages` and `/v1/messages/count_tokens` are the data plane: the relay
 (`gateway.relay`) needs none of Litestar's per-request work (routing, its Request object, response
 conversion), so `Front` reads the request from the scope, asks the relay for an answer, and turns
 that framework-free value into ASGI messages here, and only here. The request's in-flight slot is

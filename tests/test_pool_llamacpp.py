@@ -129,6 +129,15 @@ def test_a_request_the_worker_refuses_is_a_400_and_the_worker_keeps_serving(
     assert worker_logs and "Traceback" in "".join(p.read_text() for p in worker_logs)
 
 
+def test_a_client_grammar_is_refused_before_it_can_crash_the_worker(
+        gateway: GatewayProcess) -> None:
+    failures = len(gateway.log_events("worker_failed"))
+    refused = httpx.post(f"{gateway.base_url}/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": ASK, "max_tokens": 4, "grammar": "root ::= (("})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "grammar"
+    assert len(gateway.log_events("worker_failed")) == failures, "the worker never saw it"
+
+
 def test_json_schema_is_answered_not_a_502(gateway: GatewayProcess) -> None:
     answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=60, json={
         "model": MODEL, "messages": ASK, "max_tokens": 16,

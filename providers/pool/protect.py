@@ -2,8 +2,9 @@
 
 A CPU worker serves one request at a time, so one request it misreads is everyone's outage:
 llama.cpp's server ignores `max_completion_tokens` (LangChain's spelling) and generates toward
-its whole context, refuses `response_format: json_schema` with a 500, and refuses content-part
-arrays. Each is translated here, per engine. And every answer is bounded: a model's
+its whole context, refuses `response_format: json_schema` with a 500, refuses content-part
+arrays, and dies on a `grammar` it cannot parse. Each is translated (or, the grammar, refused)
+here, per engine. And every answer is bounded: a model's
 `max_output_tokens` (on llama.cpp 1,024 unless set) caps what a client asks for, or asks
 nothing for.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from providers.contract.errors import InvalidRequest
 from providers.pool.engines import LLAMACPP
 
 CPU_MAX_OUTPUT_TOKENS = 1024
@@ -30,6 +32,10 @@ def for_engine(body: Mapping[str, Any], endpoint: str, engine: str,
     """The body to send a worker of `engine`, or None when it can go as it is."""
     out = dict(body)
     changed = False
+    if engine == LLAMACPP and "grammar" in out:
+        # A grammar llama.cpp cannot parse kills the worker process (a segfault), for everyone.
+        raise InvalidRequest("This model's engine (llama.cpp) does not take a client grammar: "
+                             "use response_format with a json_schema instead", param="grammar")
     if engine == LLAMACPP:
         if "max_completion_tokens" in out:
             asked = out.pop("max_completion_tokens")
