@@ -138,6 +138,16 @@ def test_a_client_grammar_is_refused_before_it_can_crash_the_worker(
     assert len(gateway.log_events("worker_failed")) == failures, "the worker never saw it"
 
 
+def test_a_stream_the_engine_would_die_on_is_refused_first(gateway: GatewayProcess) -> None:
+    failures = len(gateway.log_events("worker_failed"))
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=60, json={
+            "model": MODEL, "messages": ASK, "max_tokens": 4, "stream": True,
+            "logit_bias": {"not-a-token": 1}}) as refused:
+        refused.read()
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "logit_bias"
+    assert len(gateway.log_events("worker_failed")) == failures
+
+
 def test_json_schema_is_answered_not_a_502(gateway: GatewayProcess) -> None:
     answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=60, json={
         "model": MODEL, "messages": ASK, "max_tokens": 16,

@@ -37,6 +37,8 @@ def for_engine(body: Mapping[str, Any], endpoint: str, engine: str,
         raise InvalidRequest("This model's engine (llama.cpp) does not take a client grammar: "
                              "use response_format with a json_schema instead", param="grammar")
     if engine == LLAMACPP:
+        if out.get("stream"):  # asked whole, the same request is a clean 500, judged after
+            _check_logit_bias(out.get("logit_bias"))
         if "max_completion_tokens" in out:
             asked = out.pop("max_completion_tokens")
             out.setdefault("max_tokens", asked)
@@ -51,6 +53,14 @@ def for_engine(body: Mapping[str, Any], endpoint: str, engine: str,
         out[field] = cap
         changed = True
     return out if changed else None
+
+
+def _check_logit_bias(bias: Any) -> None:
+    """Token ids as OpenAI writes them ("50256"): llama.cpp's server dies on any other key
+    when the request streams."""
+    if isinstance(bias, dict) and not all(isinstance(k, str) and k.lstrip("-").isdigit()
+                                          for k in bias):
+        raise InvalidRequest("logit_bias keys must be token ids", param="logit_bias")
 
 
 def _schema_format(body: dict[str, Any]) -> bool:
