@@ -270,7 +270,9 @@ async def handle(request: Incoming, endpoint: str, services: Services) -> Whole 
         caching = _caching(request.headers, endpoint, services, admitted, exchange)
         if caching is not None and caching.read:
             found = await services.cache.get(caching.key)
-            if found is not None and (hit := _hit(found, exchange, outgoing)) is not None:
+            if found is None:
+                services.metrics.cache_lookup(caching.model, "miss")
+            elif (hit := _hit(found, exchange, outgoing)) is not None:
                 return hit
         hedge_after = services.live.snapshot.policy(head.model).routing.hedge_after
         async with DisconnectGuard(request.receive):
@@ -387,8 +389,6 @@ async def _replay(chunks: bytes, exchange: Exchange) -> AsyncGenerator[bytes, No
 
 async def _keep(services: Services, caching: Caching, cached: Cached,
                 exchange: Exchange) -> None:
-    if caching.read:
-        services.metrics.cache_lookup(caching.model, "miss")
     if exchange.status == 200 and (size := await services.cache.put(caching.key, cached)):
         services.metrics.cache_stored(caching.model, size)
 
