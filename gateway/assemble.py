@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from gateway.router import first_token
-from gateway.streaming import DONE_EVENT, open_stream
+from gateway.streaming import DONE_EVENT, open_stream, read_to_end
 from providers.contract.answer import check_json
 from providers.contract.errors import AnsweredWhole, BadUpstreamResponse, ProviderUnavailable
 from providers.contract.provider import Outgoing, Provider, Reply
@@ -68,6 +68,8 @@ async def send(provider: Provider, request: Outgoing, upstream_model: str) -> Re
                 assembler.feed(chunk)
                 if watch.done:
                     break
+        if watch.done:  # read the body's end, so its connection is kept for the next request
+            await read_to_end(opened.rest)
     finally:
         aclose = getattr(opened.rest, "aclose", None)
         if aclose is not None:
