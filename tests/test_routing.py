@@ -74,14 +74,16 @@ def test_latency_prefers_the_fast_provider_and_still_explores(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
     slow, fast = upstream_factory("slow"), upstream_factory("fast")
-    slow.set_mode(slow_first_token(0.3))
+    slow.set_mode(slow_first_token(0.6))
     gateway = start_gateway(config({
         "slow": provider(slow.base_url, {"m": "m"}), "fast": provider(fast.base_url, {"m": "m"}),
-    }, defaults={"routing": {"strategy": "latency", "explore": 0.2}}))
+    }, defaults={"routing": {"strategy": "latency", "explore": 0.15}}))
 
-    counts = Counter(served_by(gateway, stream=n % 2 == 0) for n in range(40))
+    counts = Counter(served_by(gateway, stream=n % 2 == 0) for n in range(60))
 
-    assert counts["fast"] >= 28, counts
+    # Expected: the slow one once to be measured, then about 15% of the rest (about 9); the
+    # bounds are several standard deviations wide, so chance does not fail the test.
+    assert counts["fast"] >= 40, counts
     assert counts["slow"] >= 2, "exploration still tries the slow one now and then"
 
 
