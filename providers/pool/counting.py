@@ -1,8 +1,11 @@
 """What llama.cpp's server leaves out, made up here: usage in streams, one vector per input.
 
-A client streaming from a llama.cpp worker still gets usage (and the gateway still counts tokens
-against its key): each content, reasoning or tool call event is one token (llama.cpp sends one
-per event), and the prompt is estimated from its characters. The usage event goes in before
+Every request goes to a llama.cpp worker as a stream (whole answers too, assembled by the
+gateway), because a stream is how the worker learns its client left. So every answer gets usage
+here (and the gateway counts tokens against the key): each content, reasoning or tool call
+event is one token (llama.cpp sends one per event), and the prompt is estimated from its
+characters. A stream that ends without any event is `EmptyStream`: the engine refused the
+request inside it. The usage event goes in before
 `[DONE]`, as OpenAI places it. Its embeddings of a generative model are per token: mean-pooled
 and normalised into one vector per input (`pooled`).
 """
@@ -45,7 +48,8 @@ class _Event(msgspec.Struct):
 async def with_usage(chunks: AsyncIterator[bytes], prompt_tokens: int,
                      model: str) -> AsyncGenerator[bytes, None]:
     """`chunks` with a usage event before `[DONE]` when the stream had none of its own;
-    closing this closes `chunks` (the worker's request: it stops generating)."""
+    EmptyStream when it had no event at all. Closing this closes `chunks` (the worker's
+    request: it stops generating)."""
     counter = _Counter(prompt_tokens, model)
     try:
         async for chunk in chunks:
@@ -53,10 +57,17 @@ async def with_usage(chunks: AsyncIterator[bytes], prompt_tokens: int,
                 yield out
         if counter.buffer:
             yield counter.buffer
+        if not counter.events:
+            raise EmptyStream
     finally:
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class EmptyStream(Exception):
+    """The engine ended the stream without a single event: it refused the request inside its
+    stream (llama.cpp checks some requests only there); asked whole, it says why."""
 
 
 class _Counter:
@@ -64,6 +75,7 @@ class _Counter:
         self.prompt_tokens = prompt_tokens
         self.model = model
         self.counted = 0
+        self.events = 0
         self.reported = False
         self.buffer = b""
 
@@ -78,6 +90,7 @@ class _Counter:
                 out.append(_usage_event(self.model, self.prompt_tokens, self.counted))
                 self.reported = True
             elif line.startswith(b"data:"):
+                self.events += 1
                 try:
                     parsed = msgspec.json.decode(line[5:], type=_Event)
                 except (msgspec.DecodeError, msgspec.ValidationError):

@@ -37,7 +37,7 @@ def for_engine(body: Mapping[str, Any], endpoint: str, engine: str,
         raise InvalidRequest("This model's engine (llama.cpp) does not take a client grammar: "
                              "use response_format with a json_schema instead", param="grammar")
     if engine == LLAMACPP:
-        if out.get("stream"):  # asked whole, the same request is a clean 500, judged after
+        if out.get("stream"):  # every request is, on the way to a llama.cpp worker
             _check_logit_bias(out.get("logit_bias"))
         if "max_completion_tokens" in out:
             asked = out.pop("max_completion_tokens")

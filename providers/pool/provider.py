@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
 from providers.contract import embeddings
 from providers.contract.errors import (
+    BadUpstreamResponse,
     ModelLoading,
     PoolFull,
     PoolNotReady,
@@ -25,7 +26,7 @@ from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.openai import OpenAIProvider
-from providers.pool.counting import estimated_prompt_tokens, pooled, with_usage
+from providers.pool.counting import EmptyStream, estimated_prompt_tokens, pooled, with_usage
 from providers.pool.engines import LLAMACPP, VLLM
 from providers.pool.picking import prefix_hashes, prompt_text
 from providers.pool.pool import Pool
@@ -125,9 +126,14 @@ class PoolProvider(Provider):
                     continue
                 except StopAsyncIteration:
                     return
+                except EmptyStream:
+                    await self._why_empty(pool, worker, request, upstream_model)
                 yield first
-                async for chunk in chunks:
-                    yield chunk
+                try:
+                    async for chunk in chunks:
+                        yield chunk
+                except EmptyStream:  # only comments came: nothing was relayed yet
+                    await self._why_empty(pool, worker, request, upstream_model)
                 return
             finally:
                 worker.load.inflight -= 1
@@ -156,11 +162,20 @@ class PoolProvider(Provider):
                                            body.get("encoding_format"))
         return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
 
-    def streams_whole_answers(self) -> bool:
-        # llama.cpp's server answers a request it cannot take with a clean 500 when asked
-        # whole, but dies on the same request asked as a stream: whole answers stay whole.
-        return (super().streams_whole_answers() and self.pool is not None
-                and self.pool.engine != LLAMACPP)
+    async def _why_empty(self, pool: Pool, worker: Worker, request: Outgoing,
+                         model: str) -> NoReturn:
+        """A stream the engine ended without an event refused the request inside it: asked
+        whole, the engine says why (a client error, or a 500 judged as `_worker_failed`)."""
+        body = {**request.json(), "stream": False}
+        body.pop("stream_options", None)
+        whole = Outgoing(request.endpoint, msgspec.json.encode(body), request.model, False,
+                         request.request_id, key_id=request.key_id)
+        try:
+            await self._client(worker).send(whole, model)
+        except ProviderError as exc:
+            raise await self._worker_failed(pool, worker, exc) from None
+        raise BadUpstreamResponse("the worker ended a stream without an event, and answered "
+                                  "the same request whole")
 
     def _for_engine(self, request: Outgoing, model: str) -> Outgoing:
         """The request as this pool's engine understands it, its answer bounded (`protect`)."""
