@@ -34,21 +34,14 @@ def streams_upstream(provider: Provider, request: Outgoing) -> bool:
             and provider.supports(request.endpoint) and provider.streams_whole_answers())
 
 
-def as_stream(request: Outgoing) -> Outgoing:
-    """The same request, asking for a stream (the kind adds the usage request)."""
-    body = {**request.json(), "stream": True}
-    body.pop("stream_options", None)
-    return Outgoing(request.endpoint, msgspec.json.encode(body), request.model, True,
-                    request.request_id, key_id=request.key_id)
-
-
 async def send(provider: Provider, request: Outgoing, upstream_model: str) -> Reply:
     """The whole answer, assembled from the provider's stream."""
     choices = request.json().get("n") or 1
     assembler: ChatAssembler | CompletionAssembler = ChatAssembler() \
         if request.endpoint == "chat/completions" else CompletionAssembler()
     try:
-        opened = await open_stream(provider.stream(as_stream(request), upstream_model), choices)
+        opened = await open_stream(provider.stream(request.asking(stream=True), upstream_model),
+                                   choices)
     except AnsweredWhole as whole:  # the server ignored `stream`: what came is the answer
         return _whole(whole.payload)
     first_token()  # a hedged race is decided here, though the answer is read to its end

@@ -41,6 +41,14 @@ class Outgoing:
             self._json = decode_body(self.raw)
         return self._json
 
+    def asking(self, stream: bool) -> Outgoing:
+        """The same request asking for a stream, or for the whole answer (a stream's usage is
+        asked for by the kind that sends it)."""
+        body = {**self.json(), "stream": stream}
+        body.pop("stream_options", None)
+        return Outgoing(self.endpoint, msgspec.json.encode(body), self.model, stream,
+                        self.request_id, key_id=self.key_id)
+
 
 def decode_body(raw: bytes) -> dict[str, Any]:
     """A client's body, whole, for a kind that translates it. The gateway checked its head;

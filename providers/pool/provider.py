@@ -166,12 +166,8 @@ class PoolProvider(Provider):
                          model: str) -> NoReturn:
         """A stream the engine ended without an event refused the request inside it: asked
         whole, the engine says why (a client error, or a 500 judged as `_worker_failed`)."""
-        body = {**request.json(), "stream": False}
-        body.pop("stream_options", None)
-        whole = Outgoing(request.endpoint, msgspec.json.encode(body), request.model, False,
-                         request.request_id, key_id=request.key_id)
         try:
-            await self._client(worker).send(whole, model)
+            await self._client(worker).send(request.asking(stream=False), model)
         except ProviderError as exc:
             raise await self._worker_failed(pool, worker, exc) from None
         raise BadUpstreamResponse("the worker ended a stream without an event, and answered "
