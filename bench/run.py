@@ -15,7 +15,9 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
 - failover: primary refuses connections, vs the secondary alone, at 1 client;
 - startup: spawn to /health 200, and idle RSS, with no pool provider;
 - whole_streamed: whole requests relayed whole vs asked upstream as a stream and assembled
-  (early failover's cost), paired rounds at 10 clients.
+  (early failover's cost), paired rounds at 10 clients;
+- assembly: one whole chat answer of 100,000 logprob events assembled by the gateway, vs the same
+  events relayed as a stream, with /health polled meanwhile (assembly.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -45,6 +47,7 @@ from typing import Any
 
 import scenarios
 import stages
+from assembly import assembly
 from harness import (
     BENCH,
     PY,
@@ -72,7 +75,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed")
+         "startup", "whole_streamed", "assembly")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -196,6 +199,7 @@ def throughput(work: Path, levels: list[int], duration: float, wrk: str | None,
     return results, paired
 
 
+ASSEMBLY_EVENTS = 100_000  # the assembly part's answer: one token and its logprobs an event
 WHOLE_CHUNKS = 16  # the upstream's stream for a whole answer: one event per token of 16
 
 
@@ -258,6 +262,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "failover": lambda: scenarios.failover(work, 2 if quick else 5, repeats),
         "startup": lambda: scenarios.startup(work, repeats),
         "whole_streamed": lambda: whole_streamed(work, duration, wrk, 2 if quick else 5),
+        "assembly": lambda: assembly(work, ASSEMBLY_EVENTS, 1 if quick else 3),
     }
     for name, step in steps.items():
         if name in parts:
@@ -380,6 +385,14 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                      "assembled (early failover), 10 clients", "none: the cost, reported",
                      f"{ws['ratio_median']:.2f}x the req/s of relaying them whole "
                      f"({len(ws['rounds'])} paired rounds)", None))
+    if asm := data.get("assembly"):
+        rows.append((f"a whole chat answer of {asm['events']:,} logprob events, assembled from "
+                     "the stream (1 request)", "none: the cost, reported",
+                     f"{asm['assembled_s']:.2f} s, {asm['ratio']:.2f}x relaying it as a stream "
+                     f"({asm['relayed_s']:.2f} s); /health meanwhile p50 "
+                     f"{asm['health_p50_ms']:.1f} ms, max {asm['health_max_ms']:.0f} ms; "
+                     + ("complete" if asm["complete"] else "**incomplete**")
+                     + f" (medians of {asm['rounds']} rounds)", None))
     if su := data.get("startup"):
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))

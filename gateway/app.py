@@ -30,19 +30,19 @@ from gateway import (
     discovery,
     logs,
     openapi,
-    relay,
     reload,
     router,
     status_page,
 )
-from gateway.cache import RedisResponseCache, ResponseCache
+from gateway.cache import ResponseCache
 from gateway.config import Snapshot
 from gateway.front import Front
 from gateway.guard import Guard
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.redis_sync import RedisSync
+from gateway.record import request_id
+from gateway.redis_sync import RedisSync, redis_client
 from gateway.responses import routes as stored_responses
-from gateway.responses.store import RedisResponseStore, ResponseStore
+from gateway.responses.store import ResponseStore
 from gateway.services import Services, model_card
 from providers.contract.errors import (
     GatewayError,
@@ -50,7 +50,7 @@ from providers.contract.errors import (
     MethodNotAllowed,
     NotFound,
     RequestTooLarge,
-    envelope,
+    error_body,
 )
 from providers.contract.log import get_logger
 from providers.transport import AiohttpTransport
@@ -166,8 +166,9 @@ def _reader(request: Request[Any, Any, Any], path: str) -> Services:
 
 def _error_response(request: Request[Any, Any, Any], error: GatewayError, status: int,
                     headers: dict[str, str] | None = None) -> Response[bytes]:
-    headers = {**(headers or {}), "x-request-id": relay.request_id(request.headers)}
-    body = envelope(error)
+    headers = {**error.headers(), **(headers or {}),
+               "x-request-id": request_id(request.headers)}
+    body = error_body(error)
     services: Services | None = getattr(request.app.state, "services", None)
     if services is not None:
         body = services.live.redactor.encoded(body)
@@ -213,13 +214,22 @@ def _on_sighup() -> asyncio.Event:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Litestar) -> AsyncIterator[None]:
-    """Own the process's one upstream transport, the live config, and the reload watcher.
+    """Own the process's one upstream transport, its one Redis client (with the Redis state
+    backend), the live config, and the reload watcher.
 
     Every upstream call (relayed requests, discovery, pool workers' health checks) goes through
-    the transport; it is closed, with its kept connections, when the app stops."""
+    the transport; every Redis call (shared state, response cache, Responses store) through the
+    client. The runtime is built whole here, before it serves, and both are closed, with their
+    kept connections, when the app stops."""
     snapshot: Snapshot = app.state.initial
-    async with AiohttpTransport() as transport:
-        services = Services(transport, providers.load_kinds(), app.state.request_log)
+    state, cache_policy = snapshot.state, snapshot.default_policy.cache  # sized once, at start
+    async with AiohttpTransport() as transport, redis_client(state) as redis:
+        cache = ResponseCache(cache_policy.max_bytes, cache_policy.max_entry_bytes,
+                              redis, state.prefix)
+        responses = ResponseStore(snapshot.responses.store_max_bytes,
+                                  snapshot.responses.store_max_entry_bytes, redis, state.prefix)
+        services = Services(transport, providers.load_kinds(), app.state.request_log,
+                            cache=cache, responses=responses, redis=redis)
         await services.apply(snapshot)
         app.state.services = services
         services.drain.listen(snapshot.server.drain_timeout)
@@ -229,22 +239,10 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             supervisor.start("config_reload", lambda: reload.watch(
                 source, snapshot.server.reload_interval, services, sighup))
         supervisor.start("model_discovery", lambda: discovery.watch(services))
-        shared = None
-        cache_policy = snapshot.default_policy.cache  # sized once, at start
-        if snapshot.state.backend == "redis":
-            shared = RedisSync(snapshot.state, services.health, services.limiter,
+        if redis is not None:
+            shared = RedisSync(state, redis, services.health, services.limiter,
                                services.longest_cooldown, services.latencies)
             supervisor.start("shared_state", shared.run)
-            services.responses = RedisResponseStore(
-                snapshot.state.url, snapshot.state.prefix, snapshot.responses.store_max_bytes,
-                snapshot.responses.store_max_entry_bytes)
-            services.cache = RedisResponseCache(snapshot.state.url, snapshot.state.prefix,
-                                                cache_policy.max_bytes,
-                                                cache_policy.max_entry_bytes)
-        else:
-            services.responses = ResponseStore(snapshot.responses.store_max_bytes,
-                                               snapshot.responses.store_max_entry_bytes)
-            services.cache = ResponseCache(cache_policy.max_bytes, cache_policy.max_entry_bytes)
         # Startup objects never become garbage: park them outside the collector.
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
@@ -255,13 +253,10 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             yield
         finally:
             await supervisor.stop()
-            cleanups = [shared.close] if shared is not None else []
-            for cleanup in (*cleanups, services.responses.close, services.cache.close,
-                            services.close):
-                try:  # each runs, whatever the one before did
-                    await cleanup()
-                except Exception:
-                    get_logger().exception("shutdown_cleanup_failed")
+            try:  # the Redis client is closed after it, whatever it did
+                await services.close()
+            except Exception:
+                get_logger().exception("shutdown_cleanup_failed")
 
 
 def create_app(snapshot: Snapshot | None = None) -> ASGIApp:

@@ -3,101 +3,173 @@
 A whole answer gives no sign of life until it is done, so a hung provider could only be given
 up after `total`. Sent upstream as a stream instead, the request gets the stream's watchdogs
 (`first_token`, `idle`), and since the client has been sent nothing, a break anywhere before
-the end is still a failover. The chunks are assembled (`ChatAssembler`,
-`CompletionAssembler`, pure) into the very answer the provider would have given whole: every
-choice, content, reasoning, refusal, tool calls, logprobs, `finish_reason`, usage,
-`system_fingerprint`. A provider with `"stream_upstream": false` is asked for the whole answer.
+the end is still a failover. The events are assembled (`ChatAssembler`, `CompletionAssembler`,
+pure, each event decoded once, every piece kept and joined once at the end) into the very
+answer the provider would have given whole: every choice, content, reasoning, refusal, tool
+calls, logprobs, `finish_reason`, usage, `system_fingerprint`. The answer is bounded in bytes
+(`max_answer_bytes`) and in events (`max_answer_events`). A provider with
+`"stream_upstream": false` is asked for the whole answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
 
-from gateway.router import first_token
-from gateway.streaming import DONE_EVENT, open_stream, read_to_end
 from providers.contract.answer import check_json
 from providers.contract.errors import AnsweredWhole, BadUpstreamResponse, ProviderUnavailable
-from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.provider import Adapter, Answer, Gathering, Outgoing, Provider, Reply
+from providers.contract.stream import (
+    UNREADABLE_ANSWER,
+    close_quietly,
+    open_stream,
+    read_to_end,
+    unreadable,
+)
 from providers.contract.usage import Usage
+from providers.wire import sse
 
 ENDPOINTS = frozenset({"chat/completions", "completions"})
 # Fields of the first chunk that the whole answer carries as they are.
 _TOP = ("id", "created", "model", "system_fingerprint", "service_tier")
+_TEXT_LOGPROBS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
 
 
-def streams_upstream(provider: Provider, request: Outgoing) -> bool:
-    """Whether this whole-answer request goes upstream as a stream."""
-    return (not request.stream and request.endpoint in ENDPOINTS
-            and provider.supports(request.endpoint) and provider.streams_whole_answers())
+class Assembled(Adapter):
+    """A provider whose whole answers are asked for as streams and gathered (`Gathering`)."""
+
+    kind = "assembled"
+
+    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
+        if request.stream or request.endpoint not in ENDPOINTS:
+            return await self.inner.answer(request, upstream_model)
+        assembler = ChatAssembler(request.choices) if request.endpoint == "chat/completions" \
+            else CompletionAssembler(request.choices)
+        chunks = self.inner.stream(request.asking(stream=True), upstream_model)
+        try:
+            head, _ = await open_stream(chunks, watch=assembler)
+        except AnsweredWhole as whole:  # the server ignored `stream`: what came is the answer
+            return Reply(whole.payload, usage=check_json(whole.payload))
+        return _Gathering(self.name, assembler, len(head), chunks, self.spec.max_answer_bytes,
+                          self.spec.max_answer_events)
 
 
-async def send(provider: Provider, request: Outgoing, upstream_model: str) -> Reply:
-    """The whole answer, assembled from the provider's stream."""
-    choices = request.json().get("n") or 1
-    assembler: ChatAssembler | CompletionAssembler = ChatAssembler() \
-        if request.endpoint == "chat/completions" else CompletionAssembler()
-    try:
-        opened = await open_stream(provider.stream(request.asking(stream=True), upstream_model),
-                                   choices)
-    except AnsweredWhole as whole:  # the server ignored `stream`: what came is the answer
-        return _whole(whole.payload)
-    first_token()  # a hedged race is decided here, though the answer is read to its end
-    watch = opened.watch
-    limit, size = provider.spec.max_answer_bytes, len(opened.head)
-    try:
-        assembler.feed(opened.head)
-        if not watch.done:
-            async for chunk in opened.rest:
-                size += len(chunk)
-                if size > limit:  # held in memory until whole: bounded as whole answers are
+def assembles(provider: Provider, endpoint: str) -> bool:
+    """Whether whole answers of `endpoint` from `provider` are gathered from streams."""
+    return endpoint in ENDPOINTS and provider.supports(endpoint) \
+        and provider.streams_whole_answers()
+
+
+class _Gathering(Gathering):
+    def __init__(self, provider: str, assembler: _Assembler, size: int,
+                 rest: AsyncIterator[bytes], max_bytes: int, max_events: int) -> None:
+        self.provider = provider
+        self.assembler = assembler
+        self.size = size
+        self.rest = rest
+        self.max_bytes = max_bytes
+        self.max_events = max_events
+
+    async def reply(self) -> Reply:
+        try:
+            return await self._read()
+        except UNREADABLE_ANSWER as exc:
+            raise unreadable(self.provider, exc) from None
+        finally:
+            await close_quietly(self.rest)
+
+    async def _read(self) -> Reply:
+        assembler = self.assembler
+        if not assembler.done:
+            async for chunk in self.rest:
+                self.size += len(chunk)
+                if self.size > self.max_bytes:  # held in memory until whole: bounded
                     raise BadUpstreamResponse(f"answer is larger than max_answer_bytes "
-                                              f"({limit})")
-                watch.feed(chunk)
-                if watch.error_event is not None or watch.malformed or watch.garbage:
-                    raise ProviderUnavailable("stream broke before it finished")
+                                              f"({self.max_bytes})")
                 assembler.feed(chunk)
-                if watch.done:
+                if assembler.broken:
+                    raise ProviderUnavailable("stream broke before it finished")
+                if assembler.data_events > self.max_events:
+                    raise BadUpstreamResponse(f"answer has more events than "
+                                              f"max_answer_events ({self.max_events})")
+                if assembler.done:
                     break
-        if watch.done:  # read the body's end, so its connection is kept for the next request
-            await read_to_end(opened.rest)
-    finally:
-        aclose = getattr(opened.rest, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    if not (watch.done or watch.finished) or not assembler.choices:
-        raise ProviderUnavailable("stream ended before it finished")
-    answer = assembler.answer()
-    usage = msgspec.convert(answer["usage"], Usage) if answer.get("usage") else None
-    return Reply(msgspec.json.encode(answer), usage=usage)
+            else:
+                assembler.flush()
+        if assembler.done:  # read the body's end, so its connection is kept for the next request
+            await read_to_end(self.rest)
+        if assembler.broken or not (assembler.done or assembler.finished) \
+                or not assembler.choices:
+            raise ProviderUnavailable("stream ended before it finished")
+        answer = assembler.answer()
+        usage = msgspec.convert(answer["usage"], Usage) if answer.get("usage") else None
+        return Reply(msgspec.json.encode(answer), usage=usage)
 
-
-def _whole(payload: bytes) -> Reply:
-    """A whole answer that came instead of a stream, if it is one (a failover if not)."""
-    return Reply(payload, usage=check_json(payload))
+    async def close(self) -> None:
+        await close_quietly(self.rest)
 
 
 class _Assembler:
-    """Events in, one answer out; subclasses say how a choice grows."""
+    """Events in, one answer out; the stream's watch too (`providers.contract.stream.Watch`).
+    Subclasses say how a choice grows."""
 
     object_name = ""
 
-    def __init__(self) -> None:
+    def __init__(self, choices: int = 1) -> None:
+        self.wanted = choices
         self.top: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: Any = None
-        self._partial = b""
+        self.reader = sse.Reader()
+        self.data_events = 0
+        self.done = False
+        self.malformed = False
+        self.error_event: bytes | None = None
+        self._ended: set[int] = set()
+
+    @property
+    def garbage(self) -> bool:
+        return self.reader.garbage
+
+    @property
+    def broken(self) -> bool:
+        """Something came that a finished answer cannot hold."""
+        return self.error_event is not None or self.malformed or self.garbage
+
+    @property
+    def finished(self) -> bool:
+        """Every choice started, and every one asked for, has its `finish_reason`."""
+        return bool(self.choices) and self.choices.keys() <= self._ended \
+            and len(self._ended) >= self.wanted
 
     def feed(self, chunk: bytes) -> None:
-        buffer = self._partial + chunk
-        *events, self._partial = buffer.split(b"\n\n")
-        for event in events:
-            for line in event.split(b"\n"):
-                line = line.strip()
-                if line.startswith(b"data:") and line[5:].strip() != DONE_EVENT[5:].strip():
-                    self._event(msgspec.json.decode(line[5:]))
+        """Take the next chunk of the stream."""
+        for event in self.reader.feed(chunk):
+            self._data(event.data)
+
+    def flush(self) -> None:
+        """The body ended: an event it did not close with a blank line counts too."""
+        for event in self.reader.flush():
+            self._data(event.data)
+
+    def _data(self, payload: bytes) -> None:
+        self.data_events += 1
+        if payload == sse.DONE:
+            self.done = True
+            return
+        try:
+            event = msgspec.json.decode(payload)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            self.malformed = True
+            return
+        if not isinstance(event, dict):
+            self.malformed = True
+        elif "error" in event or event.get("object") == "error":
+            self.error_event = payload
+        else:
+            self._event(event)
 
     def _event(self, event: Mapping[str, Any]) -> None:
         for name in _TOP:
@@ -107,10 +179,13 @@ class _Assembler:
             self.usage = event["usage"]
         for choice in event.get("choices") or ():
             index = choice.get("index", 0)
-            grown = self.choices.setdefault(index, self._new(index))
+            grown = self.choices.get(index)
+            if grown is None:
+                grown = self.choices[index] = self._new(index)
             self._grow(grown, choice)
             if choice.get("finish_reason") is not None:
                 grown["finish_reason"] = choice["finish_reason"]
+                self._ended.add(index)
             for extra in ("stop_reason", "matched_stop"):  # vLLM's and SGLang's
                 if extra in choice:
                     grown[extra] = choice[extra]
@@ -137,16 +212,18 @@ class _Assembler:
 
 
 class ChatAssembler(_Assembler):
-    """`chat.completion.chunk` events into a `chat.completion`."""
+    """`chat.completion.chunk` events into a `chat.completion`. Text arrives in pieces, kept
+    in lists (`_texts`) and joined once in `_done`: appending to a string per event would copy
+    the whole answer each time."""
 
     object_name = "chat.completion"
 
     def _new(self, index: int) -> dict[str, Any]:
         return {"index": index, "message": {"role": "assistant", "content": None},
-                "logprobs": None, "finish_reason": None}
+                "logprobs": None, "finish_reason": None, "_texts": {}}
 
     def _grow(self, grown: dict[str, Any], choice: Mapping[str, Any]) -> None:
-        message = grown["message"]
+        message, texts = grown["message"], grown["_texts"]
         delta = choice.get("delta") or {}
         for name, value in delta.items():
             if name == "role":
@@ -155,21 +232,32 @@ class ChatAssembler(_Assembler):
                 for call in value or ():
                     _grow_call(message.setdefault("tool_calls", []), call)
             elif name == "function_call" and isinstance(value, dict):
-                legacy = message.setdefault("function_call", {"name": "", "arguments": ""})
-                legacy["name"] += value.get("name") or ""
-                legacy["arguments"] += value.get("arguments") or ""
+                legacy = message.setdefault("function_call", {"name": [], "arguments": []})
+                legacy["name"].append(value.get("name") or "")
+                legacy["arguments"].append(value.get("arguments") or "")
             elif isinstance(value, str):  # content, refusal, reasoning, reasoning_content
-                message[name] = (message.get(name) or "") + value
-            elif name not in message:
+                texts.setdefault(name, []).append(value)
+            elif name not in message and name not in texts:
                 message[name] = value
         if (logprobs := choice.get("logprobs")) is not None:
             grown["logprobs"] = grown["logprobs"] or {"content": None, "refusal": None}
             for part in ("content", "refusal"):
                 if logprobs.get(part) is not None:
-                    grown["logprobs"][part] = (grown["logprobs"][part] or []) + logprobs[part]
+                    kept = grown["logprobs"][part]
+                    if kept is None:
+                        kept = grown["logprobs"][part] = []
+                    kept.extend(logprobs[part])
 
     def _done(self, grown: dict[str, Any]) -> dict[str, Any]:
         message = grown["message"]
+        for name, pieces in grown.pop("_texts").items():
+            message[name] = "".join(pieces)
+        if isinstance(legacy := message.get("function_call"), dict):
+            message["function_call"] = {key: "".join(value) for key, value in legacy.items()}
+        for call in message.get("tool_calls") or ():
+            function = call["function"]
+            function["name"] = "".join(function["name"])
+            function["arguments"] = "".join(function["arguments"])
         message.setdefault("refusal", None)
         if message.get("tool_calls") and not message.get("content"):
             message["content"] = None  # as whole answers with tool calls say it
@@ -179,13 +267,13 @@ class ChatAssembler(_Assembler):
 def _grow_call(calls: list[dict[str, Any]], delta: Mapping[str, Any]) -> None:
     index = delta.get("index", len(calls))
     while len(calls) <= index:
-        calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        calls.append({"id": "", "type": "function", "function": {"name": [], "arguments": []}})
     call = calls[index]
     for name, value in delta.items():
         if name == "function":
             function = value or {}
-            call["function"]["name"] += function.get("name") or ""
-            call["function"]["arguments"] += function.get("arguments") or ""
+            call["function"]["name"].append(function.get("name") or "")
+            call["function"]["arguments"].append(function.get("arguments") or "")
         elif name != "index" and value:  # id, type, and what a kind adds (extra_content)
             call[name] = value
 
@@ -196,14 +284,17 @@ class CompletionAssembler(_Assembler):
     object_name = "text_completion"
 
     def _new(self, index: int) -> dict[str, Any]:
-        return {"text": "", "index": index, "logprobs": None, "finish_reason": None}
+        return {"text": [], "index": index, "logprobs": None, "finish_reason": None}
 
     def _grow(self, grown: dict[str, Any], choice: Mapping[str, Any]) -> None:
-        grown["text"] += choice.get("text") or ""
+        grown["text"].append(choice.get("text") or "")
         logprobs = choice.get("logprobs")
         if not logprobs:
             return
-        merged = grown["logprobs"] = grown["logprobs"] or {
-            "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-            merged[name] = merged.get(name, []) + list(logprobs.get(name) or ())
+        merged = grown["logprobs"] = grown["logprobs"] or {name: [] for name in _TEXT_LOGPROBS}
+        for name in _TEXT_LOGPROBS:
+            merged[name].extend(logprobs.get(name) or ())
+
+    def _done(self, grown: dict[str, Any]) -> dict[str, Any]:
+        grown["text"] = "".join(grown["text"])
+        return grown

@@ -4,25 +4,24 @@ Exact match on the alias and the whole body, except what does not change the ans
 (`stream`, `stream_options`, `user`), and on the key that asked when keys are configured. Only
 complete, successful answers are kept: a whole answer as its bytes, a stream as the bytes the
 client got. Either serves either: a stream request hitting a whole answer gets it as chunks
-(`chunks_of`), a whole request hitting a stream gets it assembled (`gateway.assemble`). In memory
-by default (bounded by bytes, least recently used out first); with the Redis state backend in
-Redis too, so replicas share hits. Redis trouble is a miss, never a failure.
+(`chunks_of`), a whole request hitting a stream gets it assembled (`gateway.assemble`). Kept in
+a `gateway.kept.Kept`: in memory (bounded by bytes, least recently used out first), and with the
+Redis state backend in Redis too, so replicas share hits. Redis trouble is a miss, never a
+failure.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio import Redis
 
 from gateway.assemble import ChatAssembler, CompletionAssembler
+from gateway.kept import Kept
 from gateway.streaming import DONE_EVENT
 
 ENDPOINTS = frozenset({"chat/completions", "completions"})
@@ -115,47 +114,40 @@ _CACHED = msgspec.json.Decoder(Cached)
 
 
 class ResponseCache:
-    """Kept answers in this process: at most `max_bytes`, least recently used out first."""
+    """Kept answers (`gateway.kept`): at most `max_bytes` in this process, least recently used
+    out first; with the process's Redis client, in Redis too for each answer's time to live."""
 
-    def __init__(self, max_bytes: int, max_entry_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.max_entry_bytes = max_entry_bytes
-        self.bytes = 0
-        self._kept: OrderedDict[str, bytes] = OrderedDict()
+    def __init__(self, max_bytes: int, max_entry_bytes: int,
+                 redis: Redis | None = None, prefix: str = "") -> None:
+        self.kept = Kept(max_bytes, max_entry_bytes, redis, f"{prefix}cache:")
+
+    @property
+    def max_entry_bytes(self) -> int:
+        """The largest answer kept (a stream past it is not gathered: `gateway.relay`)."""
+        return self.kept.max_entry_bytes
 
     async def get(self, key: str) -> Cached | None:
-        encoded = self._kept.get(key)
+        encoded = await self.kept.get(key)
         if encoded is None:
             return None
         found = _decoded(encoded)
         if found is None or found.expires <= time.time():
-            self._drop(key)
+            self.kept.forget(key)
             return None
-        self._kept.move_to_end(key)
+        self.kept.keep(key, encoded)  # most recently used; held here if it came from Redis
         return found
 
     async def put(self, key: str, cached: Cached) -> int:
         """Keep an answer; the bytes it takes (0 when it is too large to keep)."""
         encoded = msgspec.json.encode(cached)
-        if len(encoded) > self.max_entry_bytes:
-            return 0
-        self._keep(key, encoded)
-        return len(encoded)
+        kept = await self.kept.put(key, encoded, cached.expires - time.time())
+        return len(encoded) if kept else 0
 
-    def _keep(self, key: str, encoded: bytes) -> None:
-        self._drop(key)
-        self._kept[key] = encoded
-        self.bytes += len(encoded)
-        while self.bytes > self.max_bytes:
-            _, evicted = self._kept.popitem(last=False)
-            self.bytes -= len(evicted)
-
-    def _drop(self, key: str) -> None:
-        if (old := self._kept.pop(key, None)) is not None:
-            self.bytes -= len(old)
-
-    async def close(self) -> None:
-        """Release connections, if any."""
+    # Last in the class: above it, `bytes` in an annotation would name this property.
+    @property
+    def bytes(self) -> int:
+        """The bytes held in this process."""
+        return self.kept.bytes
 
 
 def _decoded(encoded: bytes) -> Cached | None:
@@ -163,39 +155,3 @@ def _decoded(encoded: bytes) -> Cached | None:
         return _CACHED.decode(encoded)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None  # not what this gateway writes: a miss
-
-
-class RedisResponseCache(ResponseCache):
-    """Also in Redis, with the answer's time to live, shared by every replica."""
-
-    def __init__(self, url: str, prefix: str, max_bytes: int, max_entry_bytes: int) -> None:
-        super().__init__(max_bytes, max_entry_bytes)
-        self.prefix = f"{prefix}cache:"
-        self._client = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-
-    async def get(self, key: str) -> Cached | None:
-        if (found := await super().get(key)) is not None:
-            return found
-        try:
-            stored = await self._client.get(self.prefix + key)
-        except (RedisError, OSError):
-            return None
-        if not isinstance(stored, bytes) or len(stored) > self.max_entry_bytes:
-            return None
-        found = _decoded(stored)
-        if found is None or found.expires <= time.time():
-            return None
-        self._keep(key, stored)
-        return found
-
-    async def put(self, key: str, cached: Cached) -> int:
-        size = await super().put(key, cached)
-        ttl = cached.expires - time.time()
-        if size and ttl > 0:
-            with contextlib.suppress(RedisError, OSError):
-                await self._client.set(self.prefix + key, msgspec.json.encode(cached),
-                                       px=max(1, int(ttl * 1000)))
-        return size
-
-    async def close(self) -> None:
-        await self._client.aclose()

@@ -23,6 +23,7 @@ from gateway.config import BIND_ENV, CONFIG_ENV, OPEN_ENV, ConfigError, Snapshot
 from providers.contract.errors import GatewayError, ProviderUnavailable
 from providers.contract.transport import HttpResponse, Link, ProxyEnvironment
 from providers.transport import AiohttpTransport
+from providers.wire import sse
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 
@@ -222,13 +223,16 @@ def _check(args: argparse.Namespace) -> int:
 
 async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     import providers
+    from gateway.responses.store import ResponseStore
     from gateway.services import build
     from providers.contract.provider import Outgoing, Provider
 
     failures = 0
     kinds = providers.load_kinds()
     async with AiohttpTransport() as transport:
-        live = build(snapshot, transport, kinds)
+        responses = snapshot.responses  # a check stores nothing: any store will do
+        live = build(snapshot, transport, kinds,
+                     ResponseStore(responses.store_max_bytes, responses.store_max_entry_bytes))
         for spec in snapshot.providers:
             if spec.name not in names:
                 continue
@@ -294,25 +298,31 @@ async def _stream_chat(url: str, key: str | None, model: str, prompt: str) -> in
 
 async def _print_stream(response: HttpResponse) -> int:
     """Write each content delta of an SSE chat stream as it arrives; 1 on an in-band error."""
-    pending = b""
+    reader = sse.Reader()
     while chunk := await response.readany():
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                sys.stdout.write("\n")
-                return 0
-            event = msgspec.json.decode(payload)
-            if "error" in event:
-                print(f"\nerror: {event['error'].get('message')}", file=sys.stderr)
-                return 1
-            for choice in event.get("choices") or ():
-                sys.stdout.write((choice.get("delta") or {}).get("content") or "")
-                sys.stdout.flush()
+        for event in reader.feed(chunk):
+            if (ended := _print_event(event)) is not None:
+                return ended
+    for event in reader.flush():
+        if (ended := _print_event(event)) is not None:
+            return ended
     sys.stdout.write("\n")
     return 0
+
+
+def _print_event(event: sse.Event) -> int | None:
+    """Write one event's content; the exit status once the stream is over (`[DONE]`, error)."""
+    if event.done:
+        sys.stdout.write("\n")
+        return 0
+    said = msgspec.json.decode(event.data)
+    if "error" in said:
+        print(f"\nerror: {said['error'].get('message')}", file=sys.stderr)
+        return 1
+    for choice in said.get("choices") or ():
+        sys.stdout.write((choice.get("delta") or {}).get("content") or "")
+    sys.stdout.flush()
+    return None
 
 
 def _link_to(url: str) -> Link:

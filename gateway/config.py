@@ -26,6 +26,7 @@ from gateway.responses.store import DEFAULT_MAX_BYTES as DEFAULT_STORE_MAX_BYTES
 from gateway.responses.store import DEFAULT_MAX_ENTRY_BYTES as DEFAULT_STORE_MAX_ENTRY_BYTES
 from providers.contract.redact import url_secrets
 from providers.contract.spec import (
+    DEFAULT_MAX_ANSWER_EVENTS,
     CircuitPolicy,
     Discovery,
     ModelEntry,
@@ -143,6 +144,8 @@ class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stream_upstream: bool = True
     # The largest whole upstream answer, also once decompressed; a provider may set its own.
     max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_BYTES
+    # The most events of a stream assembled into a whole answer; a provider may set its own.
+    max_answer_events: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_EVENTS
 
 
 class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -270,7 +273,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
     providers = tuple(
         _provider(name, raw, timeouts, retries, circuit, environ, where,
-                  file.defaults.max_answer_bytes, file.defaults.stream_upstream)
+                  file.defaults.max_answer_bytes, file.defaults.stream_upstream,
+                  file.defaults.max_answer_events)
         for name, raw in file.providers.items()
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
@@ -354,7 +358,8 @@ def _is_http_url(url: str) -> bool:
 def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
               circuit: CircuitPolicy, environ: Mapping[str, str], file: str,
               max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
-              stream_upstream: bool = True) -> ProviderSpec:
+              stream_upstream: bool = True,
+              max_answer_events: int = DEFAULT_MAX_ANSWER_EVENTS) -> ProviderSpec:
     where = f"providers.{name}"
     try:
         entry = msgspec.convert(raw, ProviderEntry)
@@ -400,6 +405,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         proxy=_proxy(entry, environ, file, where),
         tls=_tls(entry.tls, environ, file, where),
         max_answer_bytes=entry.max_answer_bytes or max_answer_bytes,
+        max_answer_events=entry.max_answer_events or max_answer_events,
         max_embedding_batch=entry.max_embedding_batch,
         weight=entry.weight,
         stream_upstream=stream_upstream if entry.stream_upstream is None

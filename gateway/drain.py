@@ -15,10 +15,11 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from gateway.record import Outcome, Record
 from providers.contract.log import get_logger
 
 
@@ -26,8 +27,8 @@ class Drain:
     """Tracks the open streams and ends them `timeout` seconds after SIGTERM."""
 
     def __init__(self) -> None:
-        # Each open stream's task, and who to tell why it is ended (its log line).
-        self._streams: dict[asyncio.Task[Any], Callable[[str], None] | None] = {}
+        # Each open stream's task, and its request's record (ended here if the drain cuts it).
+        self._streams: dict[asyncio.Task[Any], Record | None] = {}
         self._cut: set[asyncio.Task[Any]] = set()
 
     def listen(self, timeout: float) -> None:
@@ -59,19 +60,19 @@ class Drain:
         if self._streams:
             get_logger().warning("shutdown_cutting_streams", open_streams=len(self._streams),
                                  reason="still open when the drain time ran out")
-        for task, told in self._streams.items():
-            if told is not None:
-                told("shutdown")
+        for task, record in self._streams.items():
+            if record is not None:
+                record.end(Outcome.ERROR, reason="shutdown")
             self._cut.add(task)
             task.cancel()
 
     @contextlib.contextmanager
-    def tracking(self, told: Callable[[str], None] | None = None) -> Iterator[None]:
-        """Count the current task's stream as open while in this block; `told` hears why, if
-        the drain ends it."""
+    def tracking(self, record: Record | None = None) -> Iterator[None]:
+        """Count the current task's stream as open while in this block; its `record` ends as
+        an error if the drain cuts it."""
         task = asyncio.current_task()
         assert task is not None
-        self._streams[task] = told
+        self._streams[task] = record
         try:
             yield
         finally:

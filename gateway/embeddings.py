@@ -3,7 +3,7 @@
 A batch past the provider's limit (`max_embedding_batch`) goes out as several calls, one after
 another (a provider's rate limit is the reason it has a limit), and their answers are joined in
 input order. A part that fails fails the whole try, so the router's failover applies to the
-request as a whole: a client never gets half a batch.
+request as a whole: a client never gets half a batch (`Batched`, an adapter).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import msgspec
 from gateway.config import Route
 from providers.contract import embeddings
 from providers.contract.errors import InvalidRequest
-from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.provider import Adapter, Outgoing, Provider, Reply
 from providers.contract.usage import Usage
 
 ENDPOINT = "embeddings"
@@ -33,16 +33,21 @@ def embedding_routes(model: str, routes: tuple[Route, ...],
     return able
 
 
-async def send(provider: Provider, request: Outgoing, upstream_model: str) -> Reply:
-    """The provider's answer to the whole request, in as many calls as its limit needs."""
-    parts = embeddings.batches(request.json(), provider.embedding_batch_limit)
-    if parts is None:
-        return await provider.send(request, upstream_model)
-    answers = []
-    for part in parts:
-        outgoing = Outgoing(ENDPOINT, msgspec.json.encode(part), request.model, False,
-                            request.request_id)
-        answers.append(msgspec.json.decode((await provider.send(outgoing,
-                                                                upstream_model)).body))
-    answer = embeddings.joined(answers)
-    return Reply(msgspec.json.encode(answer), usage=msgspec.convert(answer["usage"], Usage))
+class Batched(Adapter):
+    """A provider sent a batch larger than it takes as several calls, answers joined."""
+
+    kind = "batched"
+
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        """The provider's answer to the whole request, in as many calls as its limit needs."""
+        parts = embeddings.batches(request.json(), self.inner.embedding_batch_limit)
+        if parts is None:
+            return await self.inner.send(request, upstream_model)
+        answers = []
+        for part in parts:
+            outgoing = Outgoing(ENDPOINT, msgspec.json.encode(part), request.model, False,
+                                request.request_id, key_id=request.key_id)
+            reply = await self.inner.send(outgoing, upstream_model)
+            answers.append(msgspec.json.decode(reply.body))
+        answer = embeddings.joined(answers)
+        return Reply(msgspec.json.encode(answer), usage=msgspec.convert(answer["usage"], Usage))

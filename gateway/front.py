@@ -13,24 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from litestar import Litestar
+from litestar.enums import ScopeType
 from litestar.types import Message, Receive, Scope, Send
 
 from gateway import relay
+from gateway.delivery import Streamed, Whole
 from gateway.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.drain import Drain
+from gateway.record import request_id
 from gateway.services import Services
-from gateway.streaming import close_quietly
 from providers.contract.errors import (
-    GatewayError,
+    Dialect,
     MethodNotAllowed,
     RequestTooLarge,
     ShuttingDown,
-    envelope,
-    sse_error_event,
+    error_body,
+    error_event,
 )
+from providers.contract.stream import close_quietly
 
 _ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
               "messages/count_tokens")
@@ -79,18 +82,18 @@ class Front:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = RELAY_PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        endpoint = RELAY_PATHS.get(scope["path"]) if scope["type"] == ScopeType.HTTP else None
         if endpoint is None:
             await self.app(scope, receive, send)
             return
         services: Services = self.app.state.services
-        if services.trace is not None:
-            services.trace("request")
+        services.stage("request")
         request = RawRequest(scope, receive, services.live.snapshot.server.max_body_bytes)
         if (method := scope.get("method")) != "POST":
             error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
-            headers = {"allow": "POST", "x-request-id": relay.request_id(request.headers)}
-            await send_whole(relay.Whole(envelope(error), headers, error.status), send)
+            headers = {"allow": "POST", "x-request-id": request_id(request.headers)}
+            await _send_body(error_body(error), error.status, "application/json", headers,
+                             send)
             return
         services.enter()
         try:
@@ -104,17 +107,17 @@ class Front:
         try:
             answer = await relay.handle(request, endpoint, services)
         except Exception:  # a bug past the relay's own net: logged, answered and counted
-            answer = relay.internal_error(request, endpoint, services)
-        if isinstance(answer, relay.Streamed):
+            answer = relay.bug(request, endpoint, services)
+        if answer is None:  # the client left: nothing to write
+            return
+        if isinstance(answer, Streamed):
             await send_stream(answer, request.receive, send, services.drain)
             return
         try:
             await send_whole(answer, send)
-            if services.trace is not None:
-                services.trace("answered")
-        finally:
-            if answer.after is not None:
-                answer.after()
+            services.stage("answered")
+        finally:  # the request's end is not the client's to wait for: after its answer
+            answer.record.end(answer.outcome)
 
 
 def _head(status: int, media_type: str, headers: Mapping[str, str],
@@ -127,16 +130,19 @@ def _head(status: int, media_type: str, headers: Mapping[str, str],
     return {"type": "http.response.start", "status": status, "headers": encoded}
 
 
-async def send_whole(answer: relay.Whole, send: Send) -> None:
+async def send_whole(answer: Whole, send: Send) -> None:
     """A complete answer, its bytes as they are, nothing re-encoded."""
-    if answer.status == 499:  # the client left before its answer: nothing to write
-        return
-    length = (b"content-length", b"%d" % len(answer.body))
-    await send(_head(answer.status, answer.media_type, answer.headers, length))
-    await send({"type": "http.response.body", "body": answer.body, "more_body": False})
+    await _send_body(answer.body, answer.status, answer.media_type, answer.headers, send)
 
 
-async def send_stream(answer: relay.Streamed, receive: Receive, send: Send,
+async def _send_body(body: bytes, status: int, media_type: str, headers: Mapping[str, str],
+                     send: Send) -> None:
+    length = (b"content-length", b"%d" % len(body))
+    await send(_head(status, media_type, headers, length))
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_stream(answer: Streamed, receive: Receive, send: Send,
                       drain: Drain | None = None) -> None:
     """Relay a stream's chunks as they come, one ASGI message each.
 
@@ -150,7 +156,7 @@ async def send_stream(answer: relay.Streamed, receive: Receive, send: Send,
     chunks = answer.chunks
     head: Message | None = _head(answer.status, answer.media_type, answer.headers, None)
     try:
-        tracked = drain.tracking(answer.interrupted) if drain is not None else None
+        tracked = drain.tracking(answer.record) if drain is not None else None
         with tracked or contextlib.nullcontext():
             async with DisconnectGuard(receive):
                 async for chunk in chunks:  # the first chunk is at hand: the stream has begun
@@ -166,18 +172,17 @@ async def send_stream(answer: relay.Streamed, receive: Receive, send: Send,
     except asyncio.CancelledError:
         if drain is None or not drain.was_cut():
             raise
-        await _cut_short(head, send, answer.error_event)
+        await _cut_short(head, send, answer.record.dialect)
     finally:
         await close_quietly(chunks)
 
 
-async def _cut_short(head: Message | None, send: Send,
-                     error_event: Callable[[GatewayError], bytes] = sse_error_event) -> None:
+async def _cut_short(head: Message | None, send: Send, dialect: Dialect) -> None:
     error = ShuttingDown("The gateway is shutting down and its drain time ran out; the "
                          "answer is incomplete: retry it")
     with contextlib.suppress(OSError):
         if head is not None:
             await send(head)
-        await send({"type": "http.response.body", "body": error_event(error),
+        await send({"type": "http.response.body", "body": error_event(error, dialect),
                     "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from providers.contract.errors import (
     GatewayError,
     HeadersTooLarge,
     RequestTimeout,
-    envelope,
+    error_body,
 )
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def inspect_head(scope: Scope) -> tuple[int, bool]:
 async def answer(send: Send, error: GatewayError) -> None:
     """A whole error answer in the envelope, closing the connection after it: the rest of what
     this client sends on it is not worth reading."""
-    body = envelope(error)
+    body = error_body(error)
     await send({"type": "http.response.start", "status": error.status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
@@ -89,7 +90,7 @@ class Guard:
         return getattr(self.inner, name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await self.inner(scope, receive, send)
             return
         size, has_body = inspect_head(scope)

@@ -125,7 +125,7 @@ class LocalValues:
                 yield counter
                 continue
             histogram = HistogramMetricFamily(family.name, family.help, labels=names)
-            bounds = [floatToGoString(b) for b in family.buckets] + ["+Inf"]
+            bounds = [_go_float(b) for b in family.buckets] + ["+Inf"]
             for labels, row in rows.items():
                 cumulative, running = [], 0
                 for bound, count in zip(bounds, row[:-1], strict=True):
@@ -223,7 +223,7 @@ class Metrics:
         if self._shared is None:
             return generate_latest(self._registry)
         combined = CollectorRegistry()
-        multiprocess.MultiProcessCollector(combined)
+        multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
         combined.register(_CircuitCollector(self._health))
         return generate_latest(combined)
 
@@ -255,3 +255,9 @@ class _CircuitCollector(Collector):
             family.add_metric([str(row["provider"]), str(row["model"] or "")],
                               CIRCUIT_VALUES.get(str(row["state"]), 0))
         yield family
+
+
+def _go_float(value: float) -> str:
+    """A bucket bound as Prometheus writes it (`le="0.5"`, `le="+Inf"`)."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text

@@ -5,15 +5,19 @@ and cooldowns are queued as they happen; every `sync_interval` one task writes t
 Redis hash and reads back what the other processes wrote, so a provider one replica saw fail is
 skipped by the others within a second. If Redis is down the gateway serves on local state, logs
 once, and reconnects by itself.
+
+A process has one Redis client (`redis_client`, entered by the app's lifespan), shared by this
+sync (breakers, rate-limit counts, latencies), the response cache and the Responses store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import redis.asyncio as aioredis
@@ -29,6 +33,21 @@ from providers.contract.spec import Retries
 _SEPARATOR = "\x1f"
 LATENCY_TTL = 3600  # what no replica refreshed for an hour is forgotten
 LATENCY_CAP = 3600.0  # an average past this is not one any gateway measured
+
+
+@contextlib.asynccontextmanager
+async def redis_client(config: StateConfig) -> AsyncIterator[aioredis.Redis | None]:
+    """The process's one Redis client, closed on leaving; None with the memory backend. It
+    connects when first used, so a Redis that is down delays nothing here."""
+    if config.backend != "redis":
+        yield None
+        return
+    client = aioredis.from_url(config.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(RedisError, OSError):
+            await client.aclose()
 
 
 class _Stored(msgspec.Struct, array_like=True):
@@ -51,9 +70,10 @@ def decode(field: bytes | str, value: bytes | str) -> Change:
 
 
 class RedisSync:
-    """Keeps one process's `ProviderHealth` in step with every other process's."""
+    """Keeps one process's `ProviderHealth` in step with every other process's, through the
+    process's one Redis client (`redis_client`: closed by its owner, not here)."""
 
-    def __init__(self, config: StateConfig, health: ProviderHealth,
+    def __init__(self, config: StateConfig, client: aioredis.Redis, health: ProviderHealth,
                  limiter: RateLimiter | None = None,
                  longest_cooldown: Callable[[str], float] | None = None,
                  latencies: Latencies | None = None) -> None:
@@ -65,8 +85,7 @@ class RedisSync:
         self.key = f"{config.prefix}health"
         self.pending: deque[Change] = deque(maxlen=10_000)
         self.connected: bool | None = None  # None until the first sync says which
-        self._client = aioredis.from_url(config.url, socket_timeout=1.0,
-                                         socket_connect_timeout=1.0)
+        self._client = client
         health.listeners.append(self.pending.append)
         # What the latency strategy learned here, since the last sync (latest per route).
         self.latency_key = f"{config.prefix}latency"
@@ -183,6 +202,3 @@ class RedisSync:
                         error=type(error).__name__ if error else None,
                         action="serving on local state; reconnecting")
         self.connected = up
-
-    async def close(self) -> None:
-        await self._client.aclose()

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from redis.asyncio import Redis
 
+from gateway.adapters import Adapted, adapted
 from gateway.cache import ResponseCache
 from gateway.config import (
-    CachePolicy,
     ConfigError,
     Snapshot,
     with_discovered,
@@ -27,9 +28,9 @@ from gateway.drain import Drain
 from gateway.health import ProviderHealth
 from gateway.limits import RateLimiter
 from gateway.logs import RequestLog
-from gateway.messages import MessagesBridge
 from gateway.metrics import Metrics
-from gateway.responses.bridge import ResponsesBridge
+from gateway.observers import counted_by, drawn_by, logged_by, spent_by
+from gateway.record import Listener
 from gateway.responses.store import ResponseStore
 from gateway.strategy import Latencies, Spread
 from gateway.supervise import Supervisor
@@ -53,6 +54,8 @@ class LiveConfig:
 
     snapshot: Snapshot
     providers: Mapping[str, Provider]
+    # Per endpoint, the providers as its requests reach them (bridges, batches, assembly).
+    adapted: Adapted
     models_body: bytes
     prices: Mapping[tuple[str, str], Price]
     # Removes this config's secrets from everything that leaves the process.
@@ -68,9 +71,10 @@ def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None
                               f"type '{spec.kind}' (known: {known})")
 
 
-def build(snapshot: Snapshot, transport: Transport,
-          kinds: Mapping[str, type[Provider]]) -> LiveConfig:
-    """Instantiate every enabled provider; an unknown type or bad field is a ConfigError."""
+def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Provider]],
+          store: ResponseStore) -> LiveConfig:
+    """Instantiate every enabled provider and its adapters; an unknown type or bad field is a
+    ConfigError."""
     check_kinds(snapshot, kinds)
     providers: dict[str, Provider] = {}
     for spec in snapshot.enabled:
@@ -80,8 +84,8 @@ def build(snapshot: Snapshot, transport: Transport,
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {(spec.name, alias): model.price for spec in snapshot.providers
               for alias, model in spec.models.items() if model.price is not None}
-    return LiveConfig(snapshot, providers, models_list(snapshot), prices,
-                      Redactor.of(config_secrets(snapshot)))
+    return LiveConfig(snapshot, providers, adapted(providers, store), models_list(snapshot),
+                      prices, Redactor.of(config_secrets(snapshot)))
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
@@ -101,7 +105,8 @@ class Services:
     """Holds the current LiveConfig; swapped atomically on reload."""
 
     def __init__(self, transport: Transport, kinds: Mapping[str, type[Provider]],
-                 request_log: RequestLog | None = None) -> None:
+                 request_log: RequestLog | None = None, *, cache: ResponseCache,
+                 responses: ResponseStore, redis: Redis | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -116,10 +121,9 @@ class Services:
         self.inflight = 0  # relay requests being served, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
-        self.responses = ResponseStore()
-        self.cache: ResponseCache = ResponseCache(CachePolicy().max_bytes,
-                                                  CachePolicy().max_entry_bytes)
-        self._bridged: tuple[LiveConfig, dict[str, Mapping[str, Provider]]] | None = None
+        self.responses = responses
+        self.cache = cache
+        self.redis = redis  # the process's one Redis client; None with the memory backend
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
         self.config_error: dict[str, Any] | None = None
@@ -129,6 +133,10 @@ class Services:
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
         # profiler such as bench/stages.py; None in production, where it costs one check each.
         self.trace: Callable[[str], None] | None = None
+        # Told of every request's record when it ends, in this order.
+        self.listeners: tuple[Listener, ...] = (
+            counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
+            logged_by(self.request_log), spent_by(self.limiter), self._staged)
         self._live: LiveConfig | None = None
 
     @property
@@ -145,23 +153,13 @@ class Services:
             else (Retries(), CircuitPolicy())
         return max(retries.max_retry_after, circuit.rate_limit_cooldown)
 
-    def bridged_providers(self, endpoint: str) -> Mapping[str, Provider]:
-        """The providers for /v1/responses or /v1/messages: those that speak it natively as
-        they are, the others behind that endpoint's bridge (built once per config)."""
-        live = self.live
-        if self._bridged is None or self._bridged[0] is not live:
-            self._bridged = (live, {})
-        found = self._bridged[1].get(endpoint)
-        if found is None:
-            found = {name: p if p.supports(endpoint) else self._bridge(endpoint, p)
-                     for name, p in live.providers.items()}
-            self._bridged[1][endpoint] = found
-        return found
+    def stage(self, name: str) -> None:
+        """Tell the profiler, if one listens, that a request passed stage `name`."""
+        if self.trace is not None:
+            self.trace(name)
 
-    def _bridge(self, endpoint: str, provider: Provider) -> Provider:
-        if endpoint == "responses":
-            return ResponsesBridge(provider, self.responses)
-        return MessagesBridge(provider)
+    def _staged(self, _: object) -> None:
+        self.stage("logged")
 
     def enter(self) -> None:
         """A relay request takes its in-flight slot (`front.Front`, the one caller)."""
@@ -178,15 +176,15 @@ class Services:
         effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
-        live = build(effective, self.transport, self.kinds)
+        live = build(effective, self.transport, self.kinds, self.responses)
         self.configured = snapshot
         disabled = await _start_all(live, self.lasting)
         if disabled:
             for name, reason in disabled.items():
                 effective = with_provider_disabled(effective, name, reason)
-            live = LiveConfig(effective, {n: p for n, p in live.providers.items()
-                                          if n not in disabled}, models_list(effective),
-                              live.prices, live.redactor)
+            serving = {n: p for n, p in live.providers.items() if n not in disabled}
+            live = LiveConfig(effective, serving, adapted(serving, self.responses),
+                              models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor
         routed = [route for routes in effective.routes.values() for route in routes]

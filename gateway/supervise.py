@@ -36,7 +36,7 @@ class TaskState:
 
 def backoff(failures_in_a_row: int) -> float:
     """Seconds before the next start after this many failures in a row."""
-    return min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** max(0, failures_in_a_row - 1))
+    return min(MAX_BACKOFF, FIRST_BACKOFF * 2.0 ** max(0, failures_in_a_row - 1))
 
 
 class Supervisor:

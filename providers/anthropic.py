@@ -22,6 +22,7 @@ from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.http import HttpUpstream, scrub
+from providers.wire import sse
 
 API_VERSION = "2023-06-01"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -209,18 +210,19 @@ class StreamTranslator:
         self.blocks: dict[int, tuple[str, int]] = {}  # block index → (kind, tool call index)
         self.calls = 0
         self.usage: dict[str, Any] = {}
-        self._buffer = b""
+        self._reader = sse.Reader()
 
     def feed(self, chunk: bytes) -> bytes:
         """Chunks for every complete event in `chunk`; raises on an `error` event."""
-        self._buffer += chunk
-        *events, self._buffer = self._buffer.split(b"\n\n")
-        return b"".join(self._event(event) for event in events)
+        return b"".join(self._event(event.data) for event in self._reader.feed(chunk))
 
-    def _event(self, event: bytes) -> bytes:
-        data = next((line[5:].strip() for line in event.split(b"\n")
-                     if line.startswith(b"data:")), None)
-        if not data:
+    def close(self) -> bytes:
+        """At the upstream's clean end: chunks for a last event it did not end with a blank
+        line."""
+        return b"".join(self._event(event.data) for event in self._reader.flush())
+
+    def _event(self, data: bytes) -> bytes:
+        if not data or data.isspace():
             return b""
         try:
             payload = msgspec.json.decode(data)
@@ -244,9 +246,9 @@ class StreamTranslator:
             return self._chunk({}, STOP_REASONS.get(reason or "", "stop")) if reason else b""
         if kind == "message_stop":
             usage = usage_of(self.usage)
-            return (b"data: " + msgspec.json.encode({
+            return sse.encode(msgspec.json.encode({
                 "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n")
+                "model": self.model, "choices": [], "usage": usage})) + sse.encode(sse.DONE)
         if kind == "error":
             error = payload.get("error") or {}
             said = f"{error.get('type', 'error')}: {error.get('message')}"
@@ -278,10 +280,10 @@ class StreamTranslator:
         return b""
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return b"data: " + msgspec.json.encode({
+        return sse.encode(msgspec.json.encode({
             "id": self.id, "object": "chat.completion.chunk", "created": self.created,
             "model": self.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                              "finish_reason": finish}]}) + b"\n\n"
+                                              "finish_reason": finish}]}))
 
 
 # Endpoints relayed as they are, and their paths after /v1/messages.
@@ -365,5 +367,7 @@ class AnthropicProvider(Provider):
             async for chunk in chunks:
                 if out := translator.feed(chunk):
                     yield out
+            if tail := translator.close():
+                yield tail
         finally:
             await chunks.aclose()

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from providers.contract.chat import FunctionCall, FunctionDefinition, NamedFunction, checked
+from providers.wire import sse
 
 ReasoningKnob = Literal["chat_template_kwargs", "enable_thinking", "reasoning_effort"]
 MaxTokensField = Literal["max_tokens", "max_completion_tokens"]
@@ -198,40 +199,37 @@ _EVENT_NEEDS = re.compile(rb'"reasoning|"tool_calls"|"finish_reason"\s*:\s*"tool
 
 
 class StreamNormalizer:
-    """The streaming twin of `normalize_reply`, event by event; holds back partial events."""
+    """The streaming twin of `normalize_reply`, event by event; holds back partial events.
+    Events that need no change pass through as the bytes they came in."""
 
     def __init__(self, legacy: bool) -> None:
         self.legacy = legacy
-        self._partial = b""
+        self._framer = sse.Framer()
 
     def feed(self, chunk: bytes) -> bytes:
         """Normalised complete events from this chunk (plus any held from the last one)."""
-        buffer = self._partial + chunk if self._partial else chunk
-        end = buffer.rfind(b"\n\n")
-        if end < 0:
-            self._partial = buffer
-            return b""
-        complete, self._partial = buffer[:end + 2], buffer[end + 2:]
-        if not _EVENT_NEEDS.search(complete):
+        complete = self._framer.feed(chunk)
+        if not complete or not _EVENT_NEEDS.search(complete):
             return complete
-        return b"\n\n".join(self._event(e) for e in complete.split(b"\n\n"))
+        return b"".join(self._event(e) for e in sse.split(complete))
 
     def flush(self) -> bytes:
         """Whatever is held when the stream ends."""
-        rest, self._partial = self._partial, b""
-        return rest
+        return self._framer.flush()
 
-    def _event(self, event: bytes) -> bytes:
-        if not event.startswith(b"data:") or not _EVENT_NEEDS.search(event):
-            return event
+    def _event(self, raw: bytes) -> bytes:
+        if not _EVENT_NEEDS.search(raw) or (event := sse.parse(raw)) is None:
+            return raw
         try:
-            chunk = msgspec.json.decode(event[5:])
+            chunk = msgspec.json.decode(event.data)
         except msgspec.DecodeError:
-            return event
+            return raw
+        if not isinstance(chunk, dict):
+            return raw
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 normalize_message(delta, self.legacy)
             if self.legacy and choice.get("finish_reason") == "tool_calls":
                 choice["finish_reason"] = "function_call"
-        return b"data: " + msgspec.json.encode(chunk)
+        return sse.encode(msgspec.json.encode(chunk), event.name)

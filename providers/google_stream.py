@@ -18,6 +18,7 @@ import msgspec
 
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 from providers.http import scrub
+from providers.wire import sse
 
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
                   "RECITATION": "content_filter", "BLOCKLIST": "content_filter",
@@ -126,29 +127,24 @@ class StreamTranslator:
         self.finished: set[int] = set()
         self.calls: dict[int, int] = {}  # choice → tool calls streamed so far
         self.usage: dict[str, Any] = {}
-        self._buffer = b""
+        self._reader = sse.Reader()
 
     def feed(self, chunk: bytes) -> bytes:
         """Chunks for every complete event in `chunk`; raises on an error event."""
-        self._buffer = (self._buffer + chunk).replace(b"\r\n", b"\n")
-        *events, self._buffer = self._buffer.split(b"\n\n")
-        return b"".join(self._event(event) for event in events)
+        return b"".join(self._event(event.data) for event in self._reader.feed(chunk))
 
     def close(self) -> bytes:
         """At the upstream's clean end: the usage chunk and `[DONE]` if every choice finished."""
-        out = self._event(self._buffer) if self._buffer.strip() else b""
-        self._buffer = b""
+        out = b"".join(self._event(event.data) for event in self._reader.flush())
         if not self.started or self.started - self.finished:
             return out  # the relay reports a stream that ended before it finished
         usage: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
                                  "created": self.created, "model": self.model, "choices": [],
                                  "usage": usage_of(self.usage)}
-        return out + b"data: " + msgspec.json.encode(usage) + b"\n\ndata: [DONE]\n\n"
+        return out + sse.encode(msgspec.json.encode(usage)) + sse.encode(sse.DONE)
 
-    def _event(self, event: bytes) -> bytes:
-        data = b"\n".join(line[5:].strip() for line in event.split(b"\n")
-                          if line.startswith(b"data:"))
-        if not data:
+    def _event(self, data: bytes) -> bytes:
+        if not data or data.isspace():
             return b""
         try:
             payload = msgspec.json.decode(data)
@@ -199,7 +195,7 @@ class StreamTranslator:
         return self._chunk(index, {}, reason)
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return b"data: " + msgspec.json.encode({
+        return sse.encode(msgspec.json.encode({
             "id": self.id, "object": "chat.completion.chunk", "created": self.created,
             "model": self.model, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                              "finish_reason": finish}]}) + b"\n\n"
+                                              "finish_reason": finish}]}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -16,6 +17,16 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def dies_with_us() -> None:
+    """In a child before it runs: ask the kernel to SIGKILL it when the test run that started
+    it dies, so a killed pytest leaves no gateway (nor Redis) behind holding ports."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def wait_until(condition: Callable[[], bool], within: float = 10.0) -> None:
@@ -93,7 +104,8 @@ class GatewayProcess:
             command = ["prlimit", f"--nofile={soft}:{hard}", "--", *command]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=self._env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+                                            stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=dies_with_us)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

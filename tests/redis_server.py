@@ -7,6 +7,7 @@ import socket
 import subprocess
 import time
 
+from tests.gateway_process import dies_with_us
 from tests.upstream import free_port
 
 
@@ -25,7 +26,8 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=dies_with_us)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as sock:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# What the app may import of the provider side: the contract, the kinds' registry
-# (`providers.load_kinds`) and the shipped transport it builds once per process.
-APP_MAY_IMPORT = ("providers", "providers.contract", "providers.transport")
+# What the app may import of the provider side: the contract, the wire formats, the kinds'
+# registry (`providers.load_kinds`) and the shipped transport it builds once per process.
+APP_MAY_IMPORT = ("providers", "providers.contract", "providers.wire", "providers.transport")
 
 
 def _imports(path: Path) -> Iterator[str]:
@@ -42,7 +42,8 @@ def test_the_contract_imports_no_provider_kind() -> None:
     offenders = [f"{path.relative_to(ROOT)}: {name}"
                  for path in sorted((ROOT / "providers" / "contract").glob("*.py"))
                  for name in _imports(path)
-                 if name.startswith("providers.") and not name.startswith("providers.contract")]
+                 if name.startswith("providers.")
+                 and not name.startswith(("providers.contract", "providers.wire"))]
 
     assert offenders == []
 
@@ -68,3 +69,21 @@ def test_no_code_touches_a_server_s_private_internals() -> None:
 def test_the_hand_written_http_client_and_dns_cache_are_gone() -> None:
     assert not (ROOT / "providers" / "wire.py").exists()
     assert not (ROOT / "providers" / "resolver.py").exists()
+
+
+def test_the_request_path_has_one_sse_reader_one_failover_loop_and_no_routing_context_var(
+) -> None:
+    sources = {path: path.read_text() for path in _modules("gateway") + _modules("providers")}
+    reader = ROOT / "providers" / "wire" / "sse.py"
+    splitting = [str(p.relative_to(ROOT)) for p, text in sources.items()
+                 if p != reader and ('split(b"\\n\\n")' in text or "split(b'\\n\\n')" in text)]
+    context_vars = [str(p.relative_to(ROOT)) for p, text in sources.items()
+                    if "ContextVar" in text]
+    loops = [str(p.relative_to(ROOT)) for p, text in sources.items()
+             if "while (worker := pool.pick(" in text or "while at < len(candidates)" in text]
+
+    assert splitting == [] and context_vars == [] and loops == []
+
+
+def test_the_pipeline_reads_top_to_bottom_in_under_200_lines() -> None:
+    assert len((ROOT / "gateway" / "relay.py").read_text().splitlines()) < 200

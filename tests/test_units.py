@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from gateway import config, router
-from gateway.streaming import SSEWatch
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
@@ -20,7 +19,9 @@ from providers.contract.errors import (
     ProviderUnavailable,
     UpstreamClientError,
 )
+from providers.contract.provider import Outgoing, Reply
 from providers.contract.spec import CircuitPolicy, Retries
+from providers.contract.stream import SSEWatch
 from providers.http import error_for_status, read_error, retry_after_seconds, scrub
 
 SNAPSHOT = config.parse(
@@ -115,17 +116,18 @@ class FakeProvider:
                                       "circuit": CircuitPolicy()})()
         self.calls = 0
 
-
-def run_attempt(providers: dict[str, FakeProvider]) -> router.Served[str]:
-    async def call(provider: FakeProvider, model: str) -> str:  # type: ignore[override]
-        outcome = provider.outcomes[min(provider.calls, len(provider.outcomes) - 1)]
-        provider.calls += 1
+    async def answer(self, request: Outgoing, model: str) -> Reply:
+        outcome = self.outcomes[min(self.calls, len(self.outcomes) - 1)]
+        self.calls += 1
         if isinstance(outcome, Exception):
             raise outcome
-        return f"{outcome}:{model}"
+        return Reply(f"{outcome}:{model}".encode())
 
+
+def run_attempt(providers: dict[str, FakeProvider]) -> router.Served:
     routes = tuple(config.Route(name, f"{name}-id") for name in providers)
-    return asyncio.run(router.attempt("m", routes, providers, call))  # type: ignore[arg-type]
+    request = Outgoing("chat/completions", b"{}", "m", False, "r")
+    return asyncio.run(router.attempt("m", routes, providers, request))  # type: ignore[arg-type]
 
 
 def test_attempt_retries_then_fails_over_and_reports_every_try() -> None:
@@ -134,7 +136,8 @@ def test_attempt_retries_then_fails_over_and_reports_every_try() -> None:
 
     served = run_attempt({"a": a, "b": b})
 
-    assert served.result == "ok:b-id" and served.provider == "b"
+    assert isinstance(served.answer, Reply) and served.answer.body == b"ok:b-id"
+    assert served.provider == "b"
     assert served.attempts == 3 and a.calls == 2
     assert [(f.provider, f.status) for f in served.failed] == [("a", 503), ("a", 503)]
 

@@ -12,28 +12,26 @@ from gateway.responses.events import ResponseEvents
 from gateway.responses.request import to_chat
 from gateway.responses.store import ResponseStore, StoredTurn
 from providers.contract.errors import ProviderError, ProviderUnavailable
-from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.provider import Adapter, Outgoing, Provider, Reply
+from providers.contract.stream import close_quietly
+from providers.wire import sse
 
 
-class ResponsesBridge(Provider):
+class ResponsesBridge(Adapter):
     """Wraps `inner`: Responses requests go out as chat completions and come back translated."""
 
     kind = "responses-bridge"
     endpoints = frozenset({"responses"})
 
     def __init__(self, inner: Provider, store: ResponseStore) -> None:
-        super().__init__(inner.spec, inner.transport)
-        self.inner = inner
+        super().__init__(inner)
         self.store = store
 
     async def _chat(self, request: Outgoing) -> tuple[dict[str, Any], Outgoing]:
         body = request.json()
         history = await self.store.get(body["previous_response_id"]) \
             if body.get("previous_response_id") else None
-        chat = to_chat(body, history)
-        outgoing = Outgoing("chat/completions", msgspec.json.encode(chat), request.model,
-                            request.stream, request.request_id, client_wants_usage=True)
-        return body, outgoing
+        return body, request.with_body("chat/completions", to_chat(body, history))
 
     def _turn(self, request: Outgoing, body: dict[str, Any],
               response: dict[str, Any]) -> bytes | None:
@@ -68,13 +66,11 @@ class ResponsesBridge(Provider):
             events.response["store"] = False
         turns: list[bytes | None] = []  # decided as the stream ends, before its last event
         events.before_end = lambda response: turns.append(self._turn(request, body, response))
-        buffer = b""
+        reader = sse.Reader()
         sent = False
         try:
             async for chunk in chunks:
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n\n")
-                out = b"".join(_translate(events, event) for event in complete)
+                out = b"".join(_translate(events, event) for event in reader.feed(chunk))
                 if out:
                     sent = True
                     yield out
@@ -89,21 +85,15 @@ class ResponsesBridge(Provider):
                                           f"{exc.message}")
             return
         finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await close_quietly(chunks)
         if events.response["status"] != "failed" and turns and turns[0] is not None:
             await self.store.put(events.response["id"], turns[0])
 
 
-def _translate(events: ResponseEvents, event: bytes) -> bytes:
-    line = event.strip()
-    if not line.startswith(b"data:"):
-        return b""
-    payload = line[5:].strip()
-    if payload == b"[DONE]":
+def _translate(events: ResponseEvents, event: sse.Event) -> bytes:
+    if event.done:
         return events.finish() if events.response["status"] == "in_progress" else b""
-    data = msgspec.json.decode(payload)
+    data = msgspec.json.decode(event.data)
     if "error" in data:
         message = str((data["error"] or {}).get("message", "upstream error"))
         raise ProviderUnavailable(message)

@@ -7,23 +7,22 @@ the conversation cannot be rebuilt and it is a miss, never a silently shortened 
 
 Bounded by bytes (`responses.store_max_bytes`; the turns least recently stored or continued are
 evicted first), and a turn larger than `responses.store_max_entry_bytes` is not stored at all
-(the answer says `store: false`). With the Redis state backend turns are also kept in Redis, so
-any worker or replica can continue a conversation another one started. Redis trouble never
-fails a request, and a value there that is not a stored turn is a miss.
+(the answer says `store: false`). Turns are kept in a `gateway.kept.Kept`: with the Redis state
+backend in Redis too, so any worker or replica can continue a conversation another one started.
+Redis trouble never fails a request, and a value there that is not a stored turn is a miss.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections import OrderedDict
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio import Redis
 
+from gateway.kept import Kept
 from gateway.responses.request import input_messages
-from gateway.schemas import InputItem, Message, check_items
+from gateway.schemas import InputItem, check_items
+from providers.contract.chat import Message
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_ENTRY_BYTES = 16 * 1024 * 1024
@@ -64,33 +63,24 @@ _CHECKED = msgspec.json.Decoder(_CheckedTurn)
 
 
 class ResponseStore:
-    """Stored turns, encoded, in memory: at most `max_bytes` of them, least recently stored or
-    continued evicted first."""
+    """Stored turns, encoded, in a `gateway.kept.Kept`: at most `max_bytes` in this process,
+    least recently stored or continued evicted first; with the process's Redis client, in Redis
+    too for a week, shared by every gateway process."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.max_entry_bytes = min(max_entry_bytes, max_bytes)
-        self.bytes = 0
-        self._turns: OrderedDict[str, bytes] = OrderedDict()
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+                 redis: Redis | None = None, prefix: str = "") -> None:
+        self.kept = Kept(max_bytes, max_entry_bytes, redis, f"{prefix}response:")
 
     def encode(self, turn: StoredTurn) -> bytes | None:
         """The turn as it would be stored, or None when it is too large to be."""
         encoded = msgspec.json.encode(turn)
-        return encoded if len(encoded) <= self.max_entry_bytes else None
+        return encoded if self.kept.fits(encoded) else None
 
     async def put(self, response_id: str, encoded: bytes) -> None:
-        """Keep an encoded turn (`encode`), evicting the oldest past the byte bound."""
-        self._keep(response_id, encoded)
-
-    def _keep(self, response_id: str, encoded: bytes) -> None:
-        if (old := self._turns.pop(response_id, None)) is not None:
-            self.bytes -= len(old)
-        self._turns[response_id] = encoded
-        self.bytes += len(encoded)
-        while self.bytes > self.max_bytes:
-            _, evicted = self._turns.popitem(last=False)
-            self.bytes -= len(evicted)
+        """Keep an encoded turn (`encode`), evicting the oldest past the byte bound. On Redis
+        trouble the local copy still serves this process."""
+        await self.kept.put(response_id, encoded, REDIS_TTL)
 
     async def get(self, response_id: str) -> list[dict[str, Any]] | None:
         """The whole conversation up to and including `response_id`, or None if any of its
@@ -102,7 +92,10 @@ class ResponseStore:
             if at in seen:  # a loop is no conversation (only a forged value can make one)
                 return None
             seen.add(at)
-            turn = await self._turn(at)
+            # A turn held here is now recently used, so a conversation in use keeps its
+            # earliest turns while turns nobody continues are evicted first.
+            encoded = await self.kept.get(at)
+            turn = None if encoded is None else _decoded(encoded)
             if turn is None:
                 return None
             turns.append(turn)
@@ -113,27 +106,20 @@ class ResponseStore:
                 for message in input_messages(turn.input) + turn.messages]
 
     async def turn(self, response_id: str) -> StoredTurn | None:
-        """One stored response, or None."""
-        return await self._turn(response_id)
+        """One stored response, or None. Redis first: a response another replica deleted is
+        gone here too (this process's copy answers only while Redis cannot)."""
+        encoded = await self.kept.latest(response_id)
+        return None if encoded is None else _decoded(encoded)
 
     async def delete(self, response_id: str) -> bool:
         """Forget a response; whether it was held. A conversation through it ends here."""
-        encoded = self._turns.pop(response_id, None)
-        if encoded is not None:
-            self.bytes -= len(encoded)
-        return encoded is not None
+        return await self.kept.delete(response_id)
 
-    async def _turn(self, response_id: str) -> StoredTurn | None:
-        encoded = self._turns.get(response_id)
-        if encoded is None:
-            return None
-        # Continued: kept as recently used, so a conversation in use keeps its earliest turns
-        # while turns nobody continues are evicted first.
-        self._turns.move_to_end(response_id)
-        return _decoded(encoded)
-
-    async def close(self) -> None:
-        """Release connections, if any."""
+    # Last in the class: above it, `bytes` in an annotation would name this property.
+    @property
+    def bytes(self) -> int:
+        """The bytes held in this process."""
+        return self.kept.bytes
 
 
 def _decoded(encoded: bytes) -> StoredTurn | None:
@@ -143,52 +129,3 @@ def _decoded(encoded: bytes) -> StoredTurn | None:
         return _TURNS.decode(encoded)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-
-
-class RedisResponseStore(ResponseStore):
-    """Also keeps each turn in Redis for a week, shared by every gateway process."""
-
-    def __init__(self, url: str, prefix: str, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
-        super().__init__(max_bytes, max_entry_bytes)
-        self.prefix = f"{prefix}response:"
-        self._client = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-
-    async def put(self, response_id: str, encoded: bytes) -> None:
-        self._keep(response_id, encoded)
-        # On failure the local copy still serves this process; the state sync logs the outage.
-        with contextlib.suppress(RedisError, OSError):
-            await self._client.set(self.prefix + response_id, encoded, ex=REDIS_TTL)
-
-    async def _turn(self, response_id: str) -> StoredTurn | None:
-        if (found := await super()._turn(response_id)) is not None:
-            return found
-        try:
-            stored = await self._client.get(self.prefix + response_id)
-        except (RedisError, OSError):
-            return None
-        if not isinstance(stored, bytes) or len(stored) > self.max_entry_bytes:
-            return None
-        return _decoded(stored)
-
-    async def turn(self, response_id: str) -> StoredTurn | None:
-        """Redis first: a response another replica deleted is gone here too (this process's
-        copy answers only while Redis cannot)."""
-        try:
-            stored = await self._client.get(self.prefix + response_id)
-        except (RedisError, OSError):
-            return await super().turn(response_id)
-        if not isinstance(stored, bytes) or len(stored) > self.max_entry_bytes:
-            await super().delete(response_id)
-            return None
-        return _decoded(stored)
-
-    async def delete(self, response_id: str) -> bool:
-        held = await super().delete(response_id)
-        try:
-            return bool(await self._client.delete(self.prefix + response_id)) or held
-        except (RedisError, OSError):
-            return held
-
-    async def close(self) -> None:
-        await self._client.aclose()

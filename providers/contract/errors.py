@@ -31,12 +31,16 @@
      │    └── BadUpstreamResponse     a body that is not what the protocol promises
      └── AllProvidersFailed           every candidate failed: 502, or 429 / 504 when all failed so
 
-Every `ProviderError` moves the request to the next candidate; the envelope is built in one place,
-`envelope()`, and the HTTP layer turns any `GatewayError` into it.
+Every `ProviderError` moves the request to the next candidate. An error knows its status and
+its headers (`Retry-After` from its `retry_after`); it leaves one way, as the body
+`error_body()` shapes in the endpoint's dialect (OpenAI's envelope, or Anthropic's on the
+Messages routes), or as the in-band event `error_event()` shapes once a stream has begun.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +55,8 @@ class GatewayError(Exception):
     http_status: ClassVar[int] = 500
     error_type: ClassVar[str] = "api_error"
     code: ClassVar[str] = "internal_error"
+    # Seconds the client should wait before retrying, when the error knows (`Retry-After`).
+    retry_after: float | None = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -61,6 +67,13 @@ class GatewayError(Exception):
     def status(self) -> int:
         """The HTTP status this error leaves with."""
         return self.http_status
+
+    def headers(self) -> dict[str, str]:
+        """The response headers this error leaves with: `Retry-After` on a 429 or 503 that
+        knows when to come back, in whole seconds, at least one."""
+        if self.retry_after is None or self.status not in (429, 503):
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
 
     def body(self) -> dict[str, Any]:
         """The `error` object of the envelope."""
@@ -224,6 +237,7 @@ class Overloaded(GatewayError):
     """This gateway process is at its concurrency cap; try again shortly."""
 
     http_status = 503
+    retry_after = 1.0
     code = "overloaded"
 
 
@@ -424,11 +438,33 @@ class AllProvidersFailed(GatewayError):
         return body
 
 
-def envelope(error: GatewayError) -> bytes:
-    """The JSON body of an error response: `{"error": {...}}`."""
-    return msgspec.json.encode({"error": error.body()})
+class Dialect(enum.Enum):
+    """Whose error shape an endpoint speaks."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
 
 
-def sse_error_event(error: GatewayError) -> bytes:
-    """An in-band SSE error event, sent when a stream breaks after its first byte."""
-    return b"data: " + envelope(error) + b"\n\n"
+# Anthropic's error types by status; anything else is an `api_error`.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def error_body(error: GatewayError, dialect: Dialect = Dialect.OPENAI) -> bytes:
+    """The error's JSON body: OpenAI's `{"error": {...}}`, or Anthropic's
+    `{"type": "error", "error": {type, message}}` with the field at fault starting the message,
+    as Anthropic writes it."""
+    if dialect is Dialect.OPENAI:
+        return msgspec.json.encode({"error": error.body()})
+    message = error.message
+    if error.param and error.param not in message:
+        message = f"{error.param}: {message}"
+    return msgspec.json.encode({"type": "error", "error": {
+        "type": ANTHROPIC_TYPES.get(error.status, "api_error"), "message": message}})
+
+
+def error_event(error: GatewayError, dialect: Dialect = Dialect.OPENAI) -> bytes:
+    """The in-band SSE event for a stream that breaks after its first byte."""
+    prefix = b"event: error\n" if dialect is Dialect.ANTHROPIC else b""
+    return prefix + b"data: " + error_body(error, dialect) + b"\n\n"

@@ -13,4 +13,5 @@ LOGGER_NAME = "llms-gateway"
 def get_logger(name: str = LOGGER_NAME) -> structlog.typing.FilteringBoundLogger:
     """The gateway's logger, one per name: structlog caches its bound form on first use only
     when the same proxy is reused, and a fresh one per request cost a logger per log line."""
-    return structlog.get_logger(name)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)
+    return logger

@@ -18,6 +18,7 @@ import msgspec
 from providers.contract.errors import InvalidRequest
 from providers.contract.lasting import Lasting
 from providers.contract.spec import ProviderSpec
+from providers.contract.stream import Opened, peek
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 
@@ -33,6 +34,7 @@ class Outgoing:
     request_id: str
     client_wants_usage: bool = False  # the client asked for stream usage itself
     key_id: str | None = None  # the gateway key that sent it, when keys are configured
+    choices: int = 1  # the request's `n`: a stream is finished once that many have ended
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -47,7 +49,13 @@ class Outgoing:
         body = {**self.json(), "stream": stream}
         body.pop("stream_options", None)
         return Outgoing(self.endpoint, msgspec.json.encode(body), self.model, stream,
-                        self.request_id, key_id=self.key_id)
+                        self.request_id, key_id=self.key_id, choices=self.choices)
+
+    def with_body(self, endpoint: str, body: dict[str, Any]) -> Outgoing:
+        """The same request as another endpoint's body (what a bridge sends on)."""
+        return Outgoing(endpoint, msgspec.json.encode(body), self.model, self.stream,
+                        self.request_id, client_wants_usage=True, key_id=self.key_id,
+                        choices=self.choices)
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
@@ -73,6 +81,28 @@ class Reply:
     body: bytes
     content_type: str = "application/json"
     usage: Usage | None = None  # from the answer, when it reports one
+
+    async def close(self) -> None:
+        """A whole answer holds nothing open."""
+
+
+class Gathering(ABC):
+    """A whole answer whose first token has come and whose rest is still arriving (a stream
+    assembled for a client that asked for the whole answer)."""
+
+    @abstractmethod
+    async def reply(self) -> Reply:
+        """Read the rest: the whole answer, or a `ProviderError` (still a failover)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop reading; the upstream request is closed."""
+
+
+# What one try at a provider gives, once its first token is there: a whole reply, a peeked
+# stream to relay, or a whole answer still gathering. A try returns nothing sooner, so whoever
+# races tries (hedging) races on these values.
+Answer = Reply | Opened | Gathering
 
 
 class ProviderDisabled(Exception):
@@ -102,6 +132,13 @@ class Provider(ABC):
     @abstractmethod
     def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         """Stream OpenAI-format SSE bytes; failures before the first chunk allow failover."""
+
+    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
+        """One try: a peeked stream for a streamed request, else the whole reply. Adapters
+        (`gateway.adapters`) override this; kinds implement `send` and `stream`."""
+        if request.stream:
+            return await peek(self.stream(request, upstream_model), request.choices)
+        return await self.send(request, upstream_model)
 
     async def list_models(self) -> list[str]:
         """The upstream's model ids, for `"models": "*"`; kinds that can list them override."""
@@ -137,3 +174,31 @@ class Provider(ABC):
     def embedding_batch_limit(self) -> int | None:
         """The most inputs one upstream embeddings call may carry."""
         return self.spec.max_embedding_batch or self.embedding_batch
+
+
+class Adapter(Provider):
+    """A provider wrapped to serve what it cannot as it is (an endpoint it does not speak, a
+    batch larger than it takes, a whole answer gathered from its stream): the same shape in and
+    out, its errors passed through, so the router fails over as for the provider itself."""
+
+    kind = "adapter"
+
+    def __init__(self, inner: Provider) -> None:
+        super().__init__(inner.spec, inner.transport)
+        self.inner = inner
+
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        return await self.inner.send(request, upstream_model)
+
+    def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        return self.inner.stream(request, upstream_model)
+
+    def supports(self, endpoint: str) -> bool:
+        return endpoint in self.endpoints or self.inner.supports(endpoint)
+
+    def streams_whole_answers(self) -> bool:
+        return self.inner.streams_whole_answers()
+
+    @property
+    def embedding_batch_limit(self) -> int | None:
+        return self.inner.embedding_batch_limit

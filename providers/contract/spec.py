@@ -21,6 +21,10 @@ from providers.contract.transport import (
 )
 from providers.contract.usage import Price
 
+# Events of one stream assembled into a whole answer: far more than the longest answer a model
+# writes (an event a token), few enough that a lying upstream cannot hold a request for long.
+DEFAULT_MAX_ANSWER_EVENTS = 500_000
+
 
 class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Seconds allowed for each phase of an upstream exchange."""
@@ -95,6 +99,7 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     proxy: str | msgspec.UnsetType | None = msgspec.UNSET
     tls: TlsEntry | None = None
     max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    max_answer_events: Annotated[int, msgspec.Meta(gt=0)] | None = None
     # Inputs per upstream embeddings call; larger batches are split (the kind's own default
     # when absent).
     max_embedding_batch: Annotated[int, msgspec.Meta(gt=0)] | None = None
@@ -146,6 +151,8 @@ class ProviderSpec:
     proxy: str | ProxyEnvironment | None = field(default=None, repr=False)
     tls: TlsOptions | None = None
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    # The most events a whole answer assembled from a stream may have (`gateway.assemble`).
+    max_answer_events: int = DEFAULT_MAX_ANSWER_EVENTS
     max_embedding_batch: int | None = None
     weight: float = 1.0
     stream_upstream: bool = True

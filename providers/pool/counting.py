@@ -5,9 +5,10 @@ gateway), because a stream is how the worker learns its client left. So every an
 here (and the gateway counts tokens against the key): each content, reasoning or tool call
 event is one token (llama.cpp sends one per event), and the prompt is estimated from its
 characters. A stream that ends without any event is `EmptyStream`: the engine refused the
-request inside it. The usage event goes in before
-`[DONE]`, as OpenAI places it. Its embeddings of a generative model are per token: mean-pooled
-and normalised into one vector per input (`pooled`).
+request inside it. The usage event goes in before `[DONE]`, as OpenAI places it. Events pass on
+re-framed (`sse.encode`): comments are left out, and a line that is no SSE field is
+`BadUpstreamResponse`. Its embeddings of a generative model are per token: mean-pooled and
+normalised into one vector per input (`pooled`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from typing import Any
 import msgspec
 
 from providers.contract.errors import BadUpstreamResponse
-
-DONE = b"data: [DONE]"
+from providers.wire import sse
 
 
 def estimated_prompt_tokens(body: Mapping[str, Any]) -> int:
@@ -55,8 +55,8 @@ async def with_usage(chunks: AsyncIterator[bytes], prompt_tokens: int,
         async for chunk in chunks:
             if out := counter.feed(chunk):
                 yield out
-        if counter.buffer:
-            yield counter.buffer
+        if tail := counter.close():
+            yield tail
         if not counter.events:
             raise EmptyStream
     finally:
@@ -77,27 +77,33 @@ class _Counter:
         self.counted = 0
         self.events = 0
         self.reported = False
-        self.buffer = b""
+        self.reader = sse.Reader()
 
     def feed(self, chunk: bytes) -> bytes:
-        """The complete events in `chunk` (and before it), the usage event added at `[DONE]`."""
-        self.buffer += chunk
-        *events, self.buffer = self.buffer.split(b"\n\n")
+        """The events `chunk` completes, the usage event added at `[DONE]`."""
+        return self._passed(self.reader.feed(chunk))
+
+    def close(self) -> bytes:
+        """At the stream's end: a last event it did not end with a blank line."""
+        return self._passed(self.reader.flush())
+
+    def _passed(self, events: list[sse.Event]) -> bytes:
+        if self.reader.garbage:  # left out here, it would pass unnoticed by the relay's checks
+            raise BadUpstreamResponse("stream is not server-sent events")
         out = []
         for event in events:
-            line = event.strip()
-            if line == DONE and not self.reported:
-                out.append(_usage_event(self.model, self.prompt_tokens, self.counted))
-                self.reported = True
-            elif line.startswith(b"data:"):
+            if not event.done:
                 self.events += 1
                 try:
-                    parsed = msgspec.json.decode(line[5:], type=_Event)
+                    parsed = msgspec.json.decode(event.data, type=_Event)
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     parsed = _Event()  # the relay's own checks judge it
                 self.reported = self.reported or parsed.usage is not None
                 self.counted += sum(1 for c in parsed.choices or () if _says_something(c))
-            out.append(event + b"\n\n")
+            elif not self.reported:
+                out.append(_usage_event(self.model, self.prompt_tokens, self.counted))
+                self.reported = True
+            out.append(sse.encode(event.data, event.name))
         return b"".join(out)
 
 
@@ -109,10 +115,10 @@ def _says_something(choice: _Choice) -> bool:
 
 
 def _usage_event(model: str, prompt: int, completion: int) -> bytes:
-    return b"data: " + msgspec.json.encode({
+    return sse.encode(msgspec.json.encode({
         "id": "usage", "object": "chat.completion.chunk", "model": model, "choices": [],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                  "total_tokens": prompt + completion}}) + b"\n\n"
+                  "total_tokens": prompt + completion}}))
 
 
 class _TokenVectors(msgspec.Struct):

@@ -28,7 +28,7 @@ async def discover() -> tuple[Gpu, ...]:
 
 def _from_nvml() -> tuple[Gpu, ...] | None:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:

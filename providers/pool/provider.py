@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 
@@ -19,10 +19,12 @@ from providers.contract.errors import (
     ProviderError,
     UpstreamClientError,
 )
+from providers.contract.failover import NoneAnswered, first_answer
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
-from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Reply
+from providers.contract.provider import Answer, Outgoing, Provider, ProviderDisabled, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.stream import Opened, close_quietly, peek
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.openai import OpenAIProvider
@@ -89,56 +91,74 @@ class PoolProvider(Provider):
 
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
-        request = self._for_engine(request, upstream_model)
-        pool, hashes = self._pool(), self._hashes(request, upstream_model)
-        tried: set[str] = set()
-        failure: ProviderError | None = None
-        while (worker := pool.pick(upstream_model, hashes, tried)) is not None:
-            tried.add(worker.name)
-            worker.load.inflight += 1
-            try:
-                if request.endpoint == "embeddings" and pool.engine == LLAMACPP:
-                    return await self._embed(worker, request, upstream_model)
-                return await self._client(worker).send(request, upstream_model)
-            except ProviderError as exc:
-                failure = await self._worker_failed(pool, worker, exc)
-            finally:
-                worker.load.inflight -= 1
-        raise failure or _not_ready(pool, upstream_model)
+        answer = await self._tried(request, upstream_model)
+        assert isinstance(answer, Reply)
+        return answer
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        opened = await self._tried(request, upstream_model)
+        assert isinstance(opened, Opened)
+        try:
+            yield opened.head
+            async for chunk in opened.rest:
+                yield chunk
+        finally:
+            await opened.close()
+
+    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
+        return await self._tried(request, upstream_model)
+
+    async def _tried(self, request: Outgoing, upstream_model: str) -> Reply | Opened:
+        """The request tried on the pool's workers in turn (the one failover loop), each
+        chosen by the pool; the last worker's failure, or why none could take it."""
         request = self._for_engine(request, upstream_model)
         pool, hashes = self._pool(), self._hashes(request, upstream_model)
         tried: set[str] = set()
-        failure: ProviderError | None = None
-        while (worker := pool.pick(upstream_model, hashes, tried)) is not None:
-            tried.add(worker.name)
-            worker.load.inflight += 1
-            chunks = self._client(worker).stream(request, upstream_model)
-            if pool.engine == LLAMACPP:  # its streams count no usage: counted here
-                chunks = with_usage(chunks, estimated_prompt_tokens(request.json()),
-                                    upstream_model)
+
+        def pick() -> Worker | None:
+            worker = pool.pick(upstream_model, hashes, tried)
+            if worker is not None:
+                tried.add(worker.name)
+            return worker
+
+        try:
+            return await first_answer(
+                pick, lambda worker: self._try(pool, worker, request, upstream_model))
+        except NoneAnswered as none:
+            raise none.last or _not_ready(pool, upstream_model) from None
+
+    async def _try(self, pool: Pool, worker: Worker, request: Outgoing,
+                   model: str) -> Reply | Opened:
+        """One worker's answer: whole, or a stream peeked to its first event (a worker that
+        fails before it is skipped: nothing was sent yet)."""
+        worker.load.inflight += 1
+        held = False
+        try:
             try:
-                try:
-                    first = await anext(chunks)
-                except ProviderError as exc:  # nothing sent yet: another worker may answer
-                    failure = await self._worker_failed(pool, worker, exc)
-                    continue
-                except StopAsyncIteration:
-                    return
-                except EmptyStream:
-                    await self._why_empty(pool, worker, request, upstream_model)
-                yield first
-                try:
-                    async for chunk in chunks:
-                        yield chunk
-                except EmptyStream:  # only comments came: nothing was relayed yet
-                    await self._why_empty(pool, worker, request, upstream_model)
-                return
-            finally:
+                answer = await self._ask(pool, worker, request, model)
+            except EmptyStream:
+                failure = await self._why_empty(pool, worker, request, model)
+            except ProviderError as exc:
+                failure = await self._worker_failed(pool, worker, exc)
+            else:
+                held = isinstance(answer, Opened)
+                return answer
+            raise failure
+        finally:
+            if not held:
                 worker.load.inflight -= 1
-                await chunks.aclose()
-        raise failure or _not_ready(pool, upstream_model)
+
+    async def _ask(self, pool: Pool, worker: Worker, request: Outgoing,
+                   model: str) -> Reply | Opened:
+        if not request.stream:
+            if request.endpoint == "embeddings" and pool.engine == LLAMACPP:
+                return await self._embed(worker, request, model)
+            return await self._client(worker).send(request, model)
+        chunks = self._client(worker).stream(request, model)
+        if pool.engine == LLAMACPP:  # its streams count no usage: counted here
+            chunks = with_usage(chunks, estimated_prompt_tokens(request.json()), model)
+        opened = await peek(chunks, request.choices)
+        return Opened(opened.head, _Held(opened.rest, worker), opened.watch)
 
     def loading_models(self) -> list[str]:
         if self.pool is None:
@@ -163,14 +183,14 @@ class PoolProvider(Provider):
         return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
 
     async def _why_empty(self, pool: Pool, worker: Worker, request: Outgoing,
-                         model: str) -> NoReturn:
+                         model: str) -> ProviderError:
         """A stream the engine ended without an event refused the request inside it: asked
         whole, the engine says why (a client error, or a 500 judged as `_worker_failed`)."""
         try:
             await self._client(worker).send(request.asking(stream=False), model)
         except ProviderError as exc:
-            raise await self._worker_failed(pool, worker, exc) from None
-        raise BadUpstreamResponse("the worker ended a stream without an event, and answered "
+            return await self._worker_failed(pool, worker, exc)
+        return BadUpstreamResponse("the worker ended a stream without an event, and answered "
                                   "the same request whole")
 
     def _for_engine(self, request: Outgoing, model: str) -> Outgoing:
@@ -221,3 +241,28 @@ class PoolProvider(Provider):
                            proxy=self.link.proxy)
             client = self._clients[worker.base_url] = OpenAIProvider(spec, self.transport)
         return client
+
+
+class _Held:
+    """A worker's stream, counted in its in-flight load until it is read to its end or
+    closed, whichever comes first (closed unread, a generator's own `finally` would not run)."""
+
+    def __init__(self, rest: AsyncIterator[bytes], worker: Worker) -> None:
+        self.rest = rest
+        self.worker: Worker | None = worker
+
+    def __aiter__(self) -> _Held:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await anext(self.rest)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self.worker is not None:
+            self.worker.load.inflight -= 1
+            self.worker = None
+        await close_quietly(self.rest)

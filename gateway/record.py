@@ -1,0 +1,119 @@
+"""The request's record: what one relayed request did, and its one ending.
+
+The pipeline fills the record as the request goes (model, key, who served it, usage, cost);
+the request ends once, with an `Outcome`, and every listener registered at startup hears the
+finished record: metrics, recent traffic, the request log, the key's token spend (next: traces,
+spend per key). A listener observes; it never changes the answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from providers.contract.errors import Attempt, Dialect
+from providers.contract.usage import Price, Usage
+from providers.contract.usage import cost as cost_of
+
+MAX_REQUEST_ID = 128
+MESSAGES_ENDPOINTS = frozenset({"messages", "messages/count_tokens"})
+
+
+class Outcome(enum.Enum):
+    """How a request ended."""
+
+    COMPLETED = "completed"  # the whole answer, or the whole stream, was sent
+    ERROR = "error"  # an error answer, or a stream that ended with an in-band error
+    CLIENT_LEFT = "client_disconnected"  # the client went away before its answer was sent
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The client's `x-request-id` if it sent a sane one, else a new one."""
+    sent = headers.get("x-request-id")
+    if sent and len(sent) <= MAX_REQUEST_ID and sent.isprintable():
+        return sent
+    return os.urandom(12).hex()
+
+
+@dataclass(slots=True)
+class Record:
+    """One relayed request, from admission to its end."""
+
+    request_id: str
+    endpoint: str
+    listeners: Sequence[Listener] = field(repr=False)
+    started: float = field(default_factory=time.perf_counter)
+    model: str | None = None
+    known_model: bool = False  # `model` is an alias of the config (a metrics label)
+    stream: bool = False
+    key_id: str | None = None
+    provider: str | None = None
+    cache_hit: bool = False  # answered from the response cache (`provider` said who first did)
+    failed: tuple[Attempt, ...] = ()
+    hedged: bool = False
+    hedge_won: bool = False
+    status: int = 200
+    error_code: str | None = None
+    usage: Usage | None = None
+    cost: float | None = None
+    ttft: float | None = None
+    upstream_time: float | None = None
+    outcome: Outcome | None = None  # set once, by `end`
+    duration: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)  # extra fields for the log line
+
+    @property
+    def dialect(self) -> Dialect:
+        """The error shape this endpoint's clients read."""
+        return Dialect.ANTHROPIC if self.endpoint in MESSAGES_ENDPOINTS else Dialect.OPENAI
+
+    @property
+    def attempts(self) -> int:
+        """Tries made: every failed one, and the one that answered."""
+        return len(self.failed) + (1 if self.provider is not None and not self.cache_hit
+                                   else 0)
+
+    def headers(self) -> dict[str, str]:
+        """What the answer tells of the request: its id, tries, provider, cost."""
+        headers = {"x-request-id": self.request_id}
+        if self.attempts:
+            headers["x-llms-attempts"] = str(self.attempts)
+        if self.provider:
+            headers["x-llms-provider"] = self.provider
+        if self.cost is not None:
+            headers["x-llms-cost"] = f"{self.cost:.6f}"
+        if self.hedged:
+            headers["x-llms-hedged"] = "1"
+        if self.cache_hit:
+            headers["x-llms-cache"] = "hit"
+        return headers
+
+    def used(self, usage: Usage | None, price: Price | None) -> None:
+        """What the answer used, priced."""
+        self.usage = usage
+        if usage is not None and price is not None:
+            self.cost = cost_of(usage, price)
+
+    def first_token(self) -> None:
+        """The answer's first byte is ready to go."""
+        self.ttft = time.perf_counter() - self.started
+
+    def end(self, outcome: Outcome, usage: Usage | None = None,
+            price: Price | None = None, **detail: Any) -> None:
+        """The request is over: every listener hears it, once (a later call is ignored)."""
+        if self.outcome is not None:
+            return
+        if usage is not None:
+            self.used(usage, price)
+        self.outcome = outcome
+        self.duration = time.perf_counter() - self.started
+        self.detail.update(detail)
+        for listener in self.listeners:
+            listener(self)
+
+
+Listener = Callable[[Record], None]

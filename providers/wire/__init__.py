@@ -1,0 +1,1 @@
+"""Wire formats the providers and the gateway read and write; pure, no I/O."""
