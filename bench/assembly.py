@@ -1,7 +1,7 @@
 """The assembly part: one whole chat answer of many events, assembled by the gateway.
 
 A non-streamed chat request is sent upstream as a stream and its events assembled into the
-whole answer (gateway/assemble.py). This part asks for one answer of `events` events (one
+whole answer (gateway/adapters/assemble.py). This part asks for one answer of `events` events (one
 token `a` each, with its logprobs entry; `fake_upstream.py --logprobs`) and times it:
 
 - assembled: ONE non-streamed request with `logprobs: true` through the gateway, while the same

@@ -8,8 +8,8 @@ then POST /v1/chat/completions after POST, each body at hand at once, the answer
 counted. The upstream is a `Transport` (the contract's interface) answering from memory with the
 bench upstream's canned completion, or a stream of `--chunks` events, the last with
 finish_reason, each after a turn of the event loop as a chunk from a socket would be. It takes
-the place of the app's own through public attributes: `Services.transport`, then
-`Services.apply`, which builds the providers anew on it. Prints µs per request, best and all of
+the place of the app's own through public attributes: `Runtime.transport`, then
+`Runtime.apply`, which builds the providers anew on it. Prints µs per request, best and all of
 five rounds; `--profile` adds cProfile's top functions. On this shared machine wrk's req/s moves
 ±15% run to run; this moves a few %, which is what it is for: comparing a change before/after.
 """
@@ -34,8 +34,8 @@ from fake_upstream import CHUNK, COMPLETION, LAST  # run by path, bench/ is on s
 from harness import gateway_config
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway import config
 from gateway.app import create_app
+from gateway.state import config
 from providers.contract.transport import DIRECT, Link, Transport
 
 App = Any  # an ASGI app: create_app()'s, whatever layers it puts in front of Litestar
@@ -113,12 +113,12 @@ async def lifespan(app: App) -> AsyncIterator[None]:
 
 
 def services_of(app: App) -> Any:
-    """The live `Services` of a started app: on the state of the Litestar app behind `Front`."""
+    """The live `Runtime` of a started app: on the state of the Litestar app behind `Front`."""
     from litestar import Litestar
 
     while not isinstance(app, Litestar):
         app = app.app
-    return app.state.services
+    return app.state.runtime
 
 
 class Client:
@@ -162,9 +162,9 @@ class Client:
 async def measure(app: App, client: Client, transport: CannedTransport, requests: int,
                   profile: bool) -> None:
     async with lifespan(app):
-        services = services_of(app)
-        services.transport = transport
-        await services.apply(services.configured)  # providers built anew on the canned one
+        runtime = services_of(app)
+        runtime.transport = transport
+        await runtime.apply(runtime.configured)  # providers built anew on the canned one
         for _ in range(500):  # warm-up
             await client.request()
         if client.statuses != {200: 500} or transport.requests != 500:

@@ -1,7 +1,7 @@
 """Simulated pool of vLLM workers: prefix-cache hits and time to first token per picking policy.
 
 A seeded discrete-event simulation. The same workload (multi-turn chats, shared system prompts,
-one-off prompts) goes through round-robin, least-loaded and `providers.pool.picking.choose()`,
+one-off prompts) goes through round-robin, least-loaded and `providers.kinds.pool.picking.choose()`,
 and the tables compare cache-hit rate, TTFT and balance. `--out` also writes a Markdown report.
 
     .venv/bin/python bench/pool_sim.py [--workers 4] [--requests 20000] [--seed 1] [--rate R]
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from providers.pool.picking import (
+from providers.kinds.pool.picking import (
     BLOCK_CHARS,
     Load,
     Policy,
@@ -710,7 +710,7 @@ def document(report: Report, command: str) -> str:
         "A seeded discrete-event simulation of the gateway in front of a pool of vLLM workers. "
         "The identical request stream goes through three pickers: **round-robin**, "
         "**least-loaded** (lowest `pressure()` of each worker's `Load`, no affinity) and "
-        "**ours**, `providers.pool.picking.choose()` with a `PrefixTable` and the default "
+        "**ours**, `providers.kinds.pool.picking.choose()` with a `PrefixTable` and the default "
         "`Policy()`. All three read the same `Load` per worker: `inflight` is exact (the "
         "gateway counts its own requests), `running`, `waiting` and `kv_cache` come from a "
         f"metrics scrape every {pool.scrape_interval:g} s (staggered across workers) and are "

@@ -26,7 +26,7 @@ API only. The checks, each against a fresh server:
   server on core 0 and wrk on core 1, rounds alternating the candidates (medians); latency:
   bench/openloop.py at a steady 500 req/s, p50 and p99.
 
-The app (`app`, and `guarded`: the same app behind `gateway.guard.Guard`) is served by
+The app (`app`, and `guarded`: the same app behind `gateway.edge.guard.Guard`) is served by
 `python bench/servers.py serve NAME PORT WORKERS`, which the checks start as a subprocess.
 """
 
@@ -110,7 +110,7 @@ async def _json(send: Send, doc: dict[str, Any]) -> None:
 
 
 def _guarded() -> Any:
-    from gateway.guard import Guard
+    from gateway.edge.guard import Guard
 
     return Guard(app, max_header_bytes=MAX_HEADER, body_timeout=BODY_TIMEOUT)
 

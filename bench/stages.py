@@ -4,7 +4,7 @@
 
 The latency part's setup (fake upstream and load on core 1, the target on core 0), with the
 gateway started by `stage_probe/serve.py`: the app `gateway serve` runs, on the same server with
-the same options, its `Services.trace` hook and aiohttp's client tracing stamping each stage
+the same options, its `Runtime.trace` hook and aiohttp's client tracing stamping each stage
 (`stage_probe/probe.py`). Open-loop load at `--rate` against direct, the byte forwarder and the
 gateway in turn, then the quantiles of each span of the gateway's requests and of the added
 latency, printed as a table and as JSON. At a low rate the same code takes about twice its time

@@ -24,7 +24,7 @@ import time
 import aiohttp
 import uvloop
 
-from gateway import openfiles
+from gateway.edge import openfiles
 
 BODY = json.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "hi"}],
                    "max_tokens": 256, "stream": True}).encode()

@@ -2,7 +2,7 @@
 
 `create_app()` is the ASGI server's factory (one per worker process): it reads the config named
 by `$LLMS_CONFIG` (the CLI sets it) or found by discovery. The relay routes are served by
-`gateway.front` in front of Litestar (the data plane skips the framework); Litestar serves
+`gateway.edge.front` in front of Litestar (the data plane skips the framework); Litestar serves
 everything else: models, admin, status, health, metrics.
 """
 
@@ -23,27 +23,19 @@ from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp
 
 import providers
-from gateway import (
-    admin,
-    auth,
-    config,
-    discovery,
-    logs,
-    openapi,
-    reload,
-    router,
-    status_page,
-)
-from gateway.cache import ResponseCache
-from gateway.config import Snapshot
-from gateway.front import Front
-from gateway.guard import Guard
-from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.record import request_id
-from gateway.redis_sync import RedisSync, redis_client
-from gateway.responses import routes as stored_responses
-from gateway.responses.store import ResponseStore
-from gateway.services import Services, model_card
+from gateway.edge import admin, auth, openapi, status_page, stored_responses
+from gateway.edge.front import Front
+from gateway.edge.guard import Guard
+from gateway.observe import logs
+from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.pipeline import router
+from gateway.pipeline.record import request_id
+from gateway.state import config, discovery, reload
+from gateway.state.config import Snapshot
+from gateway.state.redis_sync import RedisSync, redis_client
+from gateway.state.runtime import Runtime, model_card
+from gateway.stores.cache import ResponseCache
+from gateway.stores.responses import ResponseStore
 from providers.contract.errors import (
     GatewayError,
     InvalidRequest,
@@ -82,7 +74,7 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Resp
     live = _reader(request, "/v1/models").live
     alias = model_id.lstrip("/")
     routes = router.candidates(live.snapshot, alias)
-    card = model_card(alias, routes[0].provider, int(_services(request).started))
+    card = model_card(alias, routes[0].provider, int(_runtime(request).started))
     return Response(msgspec.json.encode(card), media_type=JSON)
 
 
@@ -102,8 +94,8 @@ async def status_html() -> Response[bytes]:
 @get("/status.json")
 async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     """What the status page shows, refreshed every two seconds."""
-    services = _reader(request, "/status.json")
-    return _json(services, status_page.status(services))
+    runtime = _reader(request, "/status.json")
+    return _json(runtime, status_page.status(runtime))
 
 
 @get("/openapi.json")
@@ -123,10 +115,10 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Readiness: a config is loaded, a provider is enabled, and every pool model can answer
     (`loading` lists those that cannot yet). Providers, circuits and load are listed only for
     a request that may read them (`auth.authenticated`)."""
-    services = _services(request)
-    snapshot = services.live.snapshot
+    runtime = _runtime(request)
+    snapshot = runtime.live.snapshot
     is_ready = any(p.enabled for p in snapshot.providers)
-    loading = sorted({alias for provider in services.live.providers.values()
+    loading = sorted({alias for provider in runtime.live.providers.values()
                       for alias in provider.loading_models()})
     body: dict[str, Any] = {"status": "ready" if is_ready and not loading else "not_ready"}
     if not is_ready:
@@ -136,32 +128,32 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
         body["loading"] = loading
         is_ready = False
     if auth.authenticated(request.headers, snapshot):
-        live = services.live.providers
+        live = runtime.live.providers
         body["providers"] = [
             {"name": p.name, "type": p.kind, "enabled": p.enabled, "reason": p.disabled_reason,
              **({"state": state} if p.name in live and (state := live[p.name].live_state())
                 else {})}
             for p in snapshot.providers]
-        body["inflight"] = services.inflight
-        body["circuits"] = services.health.snapshot()
-    return _json(services, body, 200 if is_ready else 503)
+        body["inflight"] = runtime.inflight
+        body["circuits"] = runtime.health.snapshot()
+    return _json(runtime, body, 200 if is_ready else 503)
 
 
-def _services(request: Request[Any, Any, Any]) -> Services:
-    services: Services = request.app.state.services
-    return services
+def _runtime(request: Request[Any, Any, Any]) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
 
 
-def _json(services: Services, body: Any, status: int = 200) -> Response[bytes]:
+def _json(runtime: Runtime, body: Any, status: int = 200) -> Response[bytes]:
     """A JSON answer about the gateway's state (it quotes upstream messages): redacted."""
-    return Response(status_page.encoded(services, body), media_type=JSON, status_code=status)
+    return Response(status_page.encoded(runtime, body), media_type=JSON, status_code=status)
 
 
-def _reader(request: Request[Any, Any, Any], path: str) -> Services:
-    """The services, for a request allowed to read `path` (a key, or a public path)."""
-    services = _services(request)
-    auth.check_reader(request.headers, services.live.snapshot, path)
-    return services
+def _reader(request: Request[Any, Any, Any], path: str) -> Runtime:
+    """The runtime, for a request allowed to read `path` (a key, or a public path)."""
+    runtime = _runtime(request)
+    auth.check_reader(request.headers, runtime.live.snapshot, path)
+    return runtime
 
 
 def _error_response(request: Request[Any, Any, Any], error: GatewayError, status: int,
@@ -169,9 +161,9 @@ def _error_response(request: Request[Any, Any, Any], error: GatewayError, status
     headers = {**error.headers(), **(headers or {}),
                "x-request-id": request_id(request.headers)}
     body = error_body(error)
-    services: Services | None = getattr(request.app.state, "services", None)
-    if services is not None:
-        body = services.live.redactor.encoded(body)
+    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
+    if runtime is not None:
+        body = runtime.live.redactor.encoded(body)
     return Response(body, status_code=status, media_type=JSON, headers=headers)
 
 
@@ -228,20 +220,20 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                               redis, state.prefix)
         responses = ResponseStore(snapshot.responses.store_max_bytes,
                                   snapshot.responses.store_max_entry_bytes, redis, state.prefix)
-        services = Services(transport, providers.load_kinds(), app.state.request_log,
+        runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                             cache=cache, responses=responses, redis=redis)
-        await services.apply(snapshot)
-        app.state.services = services
-        services.drain.listen(snapshot.server.drain_timeout)
-        supervisor = services.supervisor
+        await runtime.apply(snapshot)
+        app.state.runtime = runtime
+        runtime.drain.listen(snapshot.server.drain_timeout)
+        supervisor = runtime.supervisor
         if snapshot.source is not None:
             source, sighup = snapshot.source, _on_sighup()
             supervisor.start("config_reload", lambda: reload.watch(
-                source, snapshot.server.reload_interval, services, sighup))
-        supervisor.start("model_discovery", lambda: discovery.watch(services))
+                source, snapshot.server.reload_interval, runtime, sighup))
+        supervisor.start("model_discovery", lambda: discovery.watch(runtime))
         if redis is not None:
-            shared = RedisSync(state, redis, services.health, services.limiter,
-                               services.longest_cooldown, services.latencies)
+            shared = RedisSync(state, redis, runtime.health, runtime.limiter,
+                               runtime.longest_cooldown, runtime.latencies)
             supervisor.start("shared_state", shared.run)
         # Startup objects never become garbage: park them outside the collector.
         gc.freeze()
@@ -254,7 +246,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         finally:
             await supervisor.stop()
             try:  # the Redis client is closed after it, whatever it did
-                await services.close()
+                await runtime.close()
             except Exception:
                 get_logger().exception("shutdown_cleanup_failed")
 

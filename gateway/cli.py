@@ -18,8 +18,9 @@ from typing import Any
 
 import msgspec
 
-from gateway import config, openfiles
-from gateway.config import BIND_ENV, CONFIG_ENV, OPEN_ENV, ConfigError, Snapshot, is_loopback
+from gateway.edge import openfiles
+from gateway.state import config
+from gateway.state.config import BIND_ENV, CONFIG_ENV, OPEN_ENV, ConfigError, Snapshot, is_loopback
 from providers.contract.errors import GatewayError, ProviderUnavailable
 from providers.contract.transport import HttpResponse, Link, ProxyEnvironment
 from providers.transport import AiohttpTransport
@@ -84,8 +85,8 @@ def _load(path: str | None) -> tuple[Path, Snapshot]:
 
 def _serve(args: argparse.Namespace) -> int:
     import providers
-    from gateway import serving
-    from gateway.services import check_kinds
+    from gateway.edge import serving
+    from gateway.state.runtime import check_kinds
 
     path, snapshot = _load(args.config)
     check_kinds(snapshot, providers.load_kinds())
@@ -223,8 +224,8 @@ def _check(args: argparse.Namespace) -> int:
 
 async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     import providers
-    from gateway.responses.store import ResponseStore
-    from gateway.services import build
+    from gateway.state.runtime import build
+    from gateway.stores.responses import ResponseStore
     from providers.contract.provider import Outgoing, Provider
 
     failures = 0

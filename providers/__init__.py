@@ -17,11 +17,11 @@ ENTRY_POINT_GROUP = "llms_gateway.providers"
 
 # The same pairs pyproject.toml declares; used when the package runs from a source tree that was
 # never installed, so a checkout still works.
-_BUILTIN = {"openai": "providers.openai:OpenAIProvider",
-            "anthropic": "providers.anthropic:AnthropicProvider",
-            "google": "providers.google:GoogleProvider",
-            "ollama": "providers.ollama:OllamaProvider",
-            "pool": "providers.pool.provider:PoolProvider"}
+_BUILTIN = {"openai": "providers.kinds.openai:OpenAIProvider",
+            "anthropic": "providers.kinds.anthropic:AnthropicProvider",
+            "google": "providers.kinds.google:GoogleProvider",
+            "ollama": "providers.kinds.ollama:OllamaProvider",
+            "pool": "providers.kinds.pool.provider:PoolProvider"}
 
 
 def load_kinds() -> Mapping[str, type[Provider]]:

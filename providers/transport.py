@@ -16,7 +16,7 @@ The session's settings, and why each:
     trust_env=False              proxies are resolved per provider (`Link`, from llms.json or the
                                  environment, with NO_PROXY) before a request gets here
     no session ClientTimeout     a stream lasts as long as its provider's `total` allows; only
-                                 `connect` is set here, per request; `providers.http` owns the
+                                 `connect` is set here, per request; `providers.wire.http` owns the
                                  first-token, idle and total limits
     auto_decompress=True         gzip, deflate (zlib and raw) and br are decoded by aiohttp, which
                                  inflates at most `read_bufsize` per step and stops reading the
@@ -56,7 +56,7 @@ from providers.contract.transport import DIRECT, Link, TlsOptions, Transport
 
 KEEPALIVE = 60.0
 DNS_TTL = 60
-# No total, read or pool limit: `providers.http` times each phase itself.
+# No total, read or pool limit: `providers.wire.http` times each phase itself.
 _NO_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
 _IDENTITY = "identity"
 

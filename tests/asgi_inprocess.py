@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from gateway import config
 from gateway.app import create_app, lifespan
+from gateway.state import config
 
 
 async def main(config_path: str) -> None:
@@ -26,7 +26,7 @@ async def main(config_path: str) -> None:
         whole = await client.post("/v1/chat/completions", json=body)
         streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
         wrong_method = await client.get("/v1/chat/completions")
-        inflight = app.app.state.services.inflight
+        inflight = app.app.state.runtime.inflight
     print(json.dumps({"answers": [{"status": r.status_code, "headers": dict(r.headers),
                                    "text": r.text} for r in (whole, streamed, wrong_method)],
                       "inflight": inflight}))

@@ -83,7 +83,7 @@ class GatewayProcess:
         # A developer's own proxy settings would send the fakes' loopback traffic to that proxy:
         # proxies are what a test gives, nothing else.
         inherited = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-        # Workers' output files (`providers.pool.process.log_dir`) go to this test's own dir.
+        # Workers' output files (`providers.kinds.pool.process.log_dir`) go to this test's own dir.
         self._env = {**inherited, "XDG_STATE_HOME": str(workdir / "state"), **(env or {})}
         self._args = extra_args
         self._open_files = open_files  # (soft, hard) RLIMIT_NOFILE to start with

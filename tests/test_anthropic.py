@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from providers.anthropic import to_chat_completion, to_messages
+from providers.kinds.anthropic import to_chat_completion, to_messages
 from tests.fake_anthropic import OVERLOADED, FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, status, stream_cut, tool_call
@@ -225,8 +225,8 @@ def test_answer_translation_maps_stop_reasons_and_usage() -> None:
 
 
 def test_a_stream_event_that_is_not_json_is_a_bad_response_not_a_crash() -> None:
-    from providers.anthropic import StreamTranslator
     from providers.contract.errors import BadUpstreamResponse
+    from providers.kinds.anthropic import StreamTranslator
 
     translator = StreamTranslator("claude")
     with pytest.raises(BadUpstreamResponse):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config
-from gateway.config import ConfigError
-from gateway.limits import KeyLimits
+from gateway.pipeline.limits import KeyLimits
+from gateway.state import config
+from gateway.state.config import ConfigError
 from providers.contract.spec import Retries, Timeouts
 
 PATH = Path("/etc/llms/llms.json")

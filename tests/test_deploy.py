@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 import yaml
 
-from gateway.config import parse
-from providers.pool.settings import read_settings
+from gateway.state.config import parse
+from providers.kinds.pool.settings import read_settings
 from tests.gateway_process import ROOT
 
 DEPLOY = ROOT / "deploy"

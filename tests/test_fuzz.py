@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gateway import openapi
+from gateway.edge import openapi
 from tests.conftest import Pair
 from tests.gateway_process import GatewayProcess
 

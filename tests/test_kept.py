@@ -1,5 +1,5 @@
-"""What the gateway keeps between requests (`gateway.kept`): bounded by bytes in each process,
-shared through Redis by every process, through the process's one Redis client."""
+"""What the gateway keeps between requests (`gateway.stores.kept`): bounded by bytes in each
+process, shared through Redis by every process, through the process's one Redis client."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import httpx
 import redis
 import redis.asyncio as aioredis
 
-from gateway.config import StateConfig
-from gateway.kept import Kept
-from gateway.redis_sync import redis_client
+from gateway.state.config import StateConfig
+from gateway.state.redis_sync import redis_client
+from gateway.stores.kept import Kept
 from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream
@@ -136,7 +136,7 @@ def test_only_the_lifespan_s_redis_client_is_ever_built() -> None:
               for n, line in enumerate(path.read_text().splitlines(), 1)
               if re.search(r"\bfrom_url\(|\bRedis\(|\bStrictRedis\(", line)]
 
-    assert [str(path) for path, _ in builds] == ["gateway/redis_sync.py"], builds
+    assert [str(path) for path, _ in builds] == ["gateway/state/redis_sync.py"], builds
 
 
 def test_a_gateway_shares_state_caches_and_stores_responses_through_one_redis_client(

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway import openfiles
+from gateway.edge import openfiles
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from gateway import config
-from gateway.config import ConfigError
+from gateway.state import config
+from gateway.state.config import ConfigError
 from providers.contract.lasting import Lasting
-from providers.pool.engines import LLAMACPP, VLLM, Host, WorkerPlan, choose_engine, plan
-from providers.pool.gpus import Gpu, groups, parse_query, select
-from providers.pool.picking import (
+from providers.kinds.pool.engines import LLAMACPP, VLLM, Host, WorkerPlan, choose_engine, plan
+from providers.kinds.pool.gpus import Gpu, groups, parse_query, select
+from providers.kinds.pool.picking import (
     BLOCK_CHARS,
     Load,
     Policy,
@@ -29,16 +29,16 @@ from providers.pool.picking import (
     pressure,
     prompt_text,
 )
-from providers.pool.scrape import EngineLoad, parse_metrics
-from providers.pool.settings import (
+from providers.kinds.pool.scrape import EngineLoad, parse_metrics
+from providers.kinds.pool.settings import (
     ModelSettings,
     PoolSettings,
     fingerprint,
     read_settings,
     served_name,
 )
-from providers.pool.sources import Weights
-from providers.pool.worker import IllegalTransition, Worker, WorkerState
+from providers.kinds.pool.sources import Weights
+from providers.kinds.pool.worker import IllegalTransition, Worker, WorkerState
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_PATH = Path("/etc/llms/llms.json")
@@ -699,7 +699,7 @@ def test_a_vllm_metrics_page_sums_requests_over_engines_and_takes_the_fullest_ca
                  f"vllm:num_requests_waiting{{{LABELS_0}}}\n"
                  "num_requests_running 7\n"
                  "  vllm:num_requests_running 7\n"
-                 "<html>502 Bad Services</html>\n", EngineLoad(), id="garbage ignored"),
+                 "<html>502 Bad Runtime</html>\n", EngineLoad(), id="garbage ignored"),
     pytest.param("", EngineLoad(), id="empty"),
 ])
 def test_metrics_lines_read_as_load(text: str, load: EngineLoad) -> None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.responses import reply
-from gateway.responses.events import ResponseEvents
-from gateway.responses.request import to_chat
+from gateway.adapters.responses import reply
+from gateway.adapters.responses.events import ResponseEvents
+from gateway.adapters.responses.request import to_chat
 from providers.contract.errors import InvalidRequest
 from tests.openapi import validate
 

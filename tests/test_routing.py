@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import ConfigError, Route, RoutingPolicy, parse
-from gateway.strategy import Latencies, Spread, ordered
+from gateway.pipeline.strategy import Latencies, Spread, ordered
+from gateway.state.config import ConfigError, Route, RoutingPolicy, parse
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, slow_first_token, status

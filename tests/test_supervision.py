@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import redis
 
-from gateway.supervise import MAX_BACKOFF, backoff
+from gateway.state.supervise import MAX_BACKOFF, backoff
 from tests import plugins
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, ok

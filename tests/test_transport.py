@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config
+from gateway.state import config
 from providers.contract.errors import (
     BadUpstreamResponse,
     ConnectTimeout,
@@ -23,8 +23,8 @@ from providers.contract.errors import (
 )
 from providers.contract.spec import Timeouts
 from providers.contract.transport import Link, ProxyEnvironment, TlsOptions, bypasses
-from providers.http import HttpUpstream
 from providers.transport import AiohttpTransport
+from providers.wire.http import HttpUpstream
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config, router
+from gateway.pipeline import router
+from gateway.state import config
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
@@ -22,7 +23,7 @@ from providers.contract.errors import (
 from providers.contract.provider import Outgoing, Reply
 from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.stream import SSEWatch
-from providers.http import error_for_status, read_error, retry_after_seconds, scrub
+from providers.wire.http import error_for_status, read_error, retry_after_seconds, scrub
 
 SNAPSHOT = config.parse(
     '{"providers": {'
@@ -61,7 +62,7 @@ def test_upstream_status_decides_failover(status: int, expected: type,
     (b'{"object": "error", "message": "vllm old", "type": "BadRequestError", "code": 400}',
      "vllm old"),
     (b'{"detail": "fastapi says no"}', "fastapi says no"),
-    (b"<html>502 Bad Services</html>", "<html>502 Bad Services</html>"),
+    (b"<html>502 Bad Runtime</html>", "<html>502 Bad Runtime</html>"),
 ])
 def test_every_common_error_shape_is_read(body: bytes, message: str) -> None:
     assert read_error(body).message == message

@@ -1,17 +1,17 @@
 """Stamps each stage of a relayed whole answer inside the gateway, through public hooks only.
 
-The gateway calls `Services.trace` with each name of `gateway.services.STAGES` as a whole answer
-passes it (`request` when the ASGI call reaches the relay route, `admitted`, `provider`, `reply`,
-`answered` once the answer is handed to the server, `logged` after the log line). aiohttp's
-client tracing (`aiohttp.TraceConfig`, when the transport takes one) can add two stamps on the
-upstream side: `upstream_sent` (the request's last byte handed to the socket) and
+The gateway calls `Runtime.trace` with each name of `gateway.state.runtime.STAGES` as a whole
+answer passes it (`request` when the ASGI call reaches the relay route, `admitted`, `provider`,
+`reply`, `answered` once the answer is handed to the server, `logged` after the log line).
+aiohttp's client tracing (`aiohttp.TraceConfig`, when the transport takes one) can add two stamps
+on the upstream side: `upstream_sent` (the request's last byte handed to the socket) and
 `upstream_head` (the answer's head read). Each answered request becomes one line of
 `time.perf_counter_ns()` stamps in DIR/<pid>.log, after a header line naming the stages.
 
-`trace` hears a stage's name, not which request passed it: the request is told by its context
-(a `ContextVar` set at `request`), since an ASGI server runs each request in a task, and so a
-context, of its own (granian and uvicorn both do: checked with concurrent requests). Requests
-that overlap keep their own stamps. A stamp costs ~1 µs.
+`trace` hears a stage's name, not which request passed it: the request is told by its context (a
+`ContextVar` set at `request`), since an ASGI server runs each request in a task, and so a context,
+of its own (granian and uvicorn both do: checked with concurrent requests). Requests that overlap
+keep their own stamps. A stamp costs ~1 µs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.services import STAGES as APP_STAGES
+from gateway.state.runtime import STAGES as APP_STAGES
 
 UPSTREAM_STAGES = ("upstream_sent", "upstream_head")
 # Every stage in the order a whole answer passes them, the upstream's two among the app's.
@@ -34,7 +34,7 @@ FLUSH_EVERY = 200  # lines: a file write per 200 requests keeps the probe off th
 
 
 class StageRecorder:
-    """`trace` for `Services.trace`, `trace_config()` for the upstream client; lines to `folder`."""
+    """`trace` for `Runtime.trace`, `trace_config()` for the upstream client; lines to `folder`."""
 
     def __init__(self, folder: Path, upstream: bool) -> None:
         self.stages = STAGES if upstream else APP_STAGES

@@ -3,9 +3,9 @@
     .venv/bin/python bench/stage_probe/serve.py --config llms.json --port 8000 --out DIR
 
 The app is `gateway.app.create_app()`, the factory `gateway serve` runs, served by the same
-server with the same options (`gateway.serving.run`, given this module's factory). The probe
+server with the same options (`gateway.edge.serving.run`, given this module's factory). The probe
 comes in through public hooks only: a Litestar startup hook (`Litestar.on_startup`, run once the
-app's lifespan has built its `Services`) sets `Services.trace` to a `probe.StageRecorder`, and a
+app's lifespan has built its `Runtime`) sets `Runtime.trace` to a `probe.StageRecorder`, and a
 shutdown hook writes out the lines still held. Each server worker writes DIR/<pid>.log.
 
 The upstream side is one span (`provider` to `reply`): the transport (`AiohttpTransport`) takes
@@ -45,7 +45,7 @@ def create_probed_app() -> Any:
     recorder = StageRecorder(Path(os.environ[OUT_ENV]), upstream=False)
 
     def start(app: Litestar) -> None:
-        app.state.services.trace = recorder.trace
+        app.state.runtime.trace = recorder.trace
 
     litestar.on_startup.append(start)
     litestar.on_shutdown.append(recorder.close)
@@ -53,8 +53,9 @@ def create_probed_app() -> Any:
 
 
 def main() -> int:
-    from gateway import config, openfiles, serving
-    from gateway.config import CONFIG_ENV
+    from gateway.edge import openfiles, serving
+    from gateway.state import config
+    from gateway.state.config import CONFIG_ENV
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True)

@@ -1,7 +1,7 @@
 """What a whole OpenAI-shaped answer must be before it is relayed: JSON of the right shape.
 
 Used by the `openai` kind for the answers it relays, and by the gateway for a whole answer a
-server sent where a stream was asked for (`gateway.assemble`).
+server sent where a stream was asked for (`gateway.adapters.assemble`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The OpenAI chat-completions body as the translating kinds read it, typed.
 
 A kind that rewrites the body into another wire format (Anthropic's, Gemini's) starts with
-`checked(body, ChatRequest)`: every field its translator reads is converted here, once, so a
-wrong type is an `InvalidRequest` naming its place (`messages[0].content[0].text`), never a
-`TypeError` deep in a translator. Only types are checked: unknown fields and values are left to
-the upstream, and the dict the translator reads is the body as the client sent it.
+`checked(body, ChatRequest)`: every field its translator reads is converted here, once, so a wrong
+type is an `InvalidRequest` naming its place (`messages[0].content[0].text`), never a `TypeError`
+deep in a translator. Only types are checked: unknown fields and values are left to the upstream,
+and the dict the translator reads is the body as the client sent it.
 
-The relay's head (`gateway.schemas.ChatHead`) uses the message and tool types too, so every kind,
-the relaying ones included, refuses the same wrong shapes with the same `param`.
+The relay's head (`gateway.pipeline.schemas.ChatHead`) uses the message and tool types too, so
+every kind, the relaying ones included, refuses the same wrong shapes with the same `param`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one failover loop: try candidates in turn until one answers.
 
-Used by the router over providers (`gateway.router`) and by a worker pool over its workers
-(`providers.pool.provider`): what a candidate is, and what trying it means, are theirs.
+Used by the router over providers (`gateway.pipeline.router`) and by a worker pool over its workers
+(`providers.kinds.pool.provider`): what a candidate is, and what trying it means, are theirs.
 """
 
 from __future__ import annotations

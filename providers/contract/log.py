@@ -1,4 +1,5 @@
-"""The one logger name every part of the gateway logs under; `gateway.logs` configures it."""
+"""The one logger name every part of the gateway logs under; `gateway.observe.logs` configures
+it."""
 
 from __future__ import annotations
 

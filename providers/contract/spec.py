@@ -1,6 +1,6 @@
 """What a provider kind is built from: one provider's resolved entry in llms.json.
 
-`gateway.config` reads and checks the file and resolves these; a kind only reads them. Values
+`gateway.state.config` reads and checks the file and resolves these; a kind only reads them. Values
 are frozen: a config reload builds new ones, it never changes these in place.
 """
 
@@ -151,7 +151,7 @@ class ProviderSpec:
     proxy: str | ProxyEnvironment | None = field(default=None, repr=False)
     tls: TlsOptions | None = None
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
-    # The most events a whole answer assembled from a stream may have (`gateway.assemble`).
+    # The most events a whole answer assembled from a stream may have (`gateway.adapters.assemble`).
     max_answer_events: int = DEFAULT_MAX_ANSWER_EVENTS
     max_embedding_batch: int | None = None
     weight: float = 1.0

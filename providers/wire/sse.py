@@ -216,7 +216,7 @@ _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 class Framer:
     """Whole events as the bytes they came in: for a reader that rewrites a few events and
-    passes every other byte through untouched (`providers.compat`)."""
+    passes every other byte through untouched (`providers.kinds.compat`)."""
 
     __slots__ = ("_partial",)
 

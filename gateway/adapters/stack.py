@@ -1,0 +1,43 @@
+"""Every provider as each endpoint's requests reach it: adapted once per config snapshot.
+
+An adapter is a `Provider` wrapped in another (`providers.contract.provider.Adapter`), so the
+relay makes one call whatever the endpoint: a chat provider answers `/v1/messages` through the
+Messages bridge and `/v1/responses` through the Responses bridge; an embeddings batch larger
+than a provider takes is split (`Batched`); whole chat and completion answers are gathered from
+streams (`Assembled`) where the provider allows it. Next: resume, idempotency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.adapters.assemble import Assembled, assembles
+from gateway.adapters.embeddings import Batched
+from gateway.adapters.messages import MessagesBridge
+from gateway.adapters.responses.bridge import ResponsesBridge
+from gateway.stores.responses import ResponseStore
+from providers.contract.provider import Provider
+
+ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
+             "messages/count_tokens")
+
+Adapted = Mapping[str, Mapping[str, Provider]]
+
+
+def adapt(endpoint: str, provider: Provider, store: ResponseStore) -> Provider:
+    """`provider` as `endpoint`'s requests reach it."""
+    if endpoint in ("chat/completions", "completions"):
+        return Assembled(provider) if assembles(provider, endpoint) else provider
+    if endpoint == "embeddings":
+        return Batched(provider)
+    if provider.supports(endpoint):
+        return provider
+    if endpoint == "responses":
+        return ResponsesBridge(provider, store)
+    return MessagesBridge(provider)
+
+
+def adapted(providers: Mapping[str, Provider], store: ResponseStore) -> Adapted:
+    """Per endpoint, every provider adapted to it."""
+    return {endpoint: {name: adapt(endpoint, p, store) for name, p in providers.items()}
+            for endpoint in ENDPOINTS}

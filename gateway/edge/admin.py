@@ -1,0 +1,50 @@
+"""Admin endpoints: list providers, enable or disable one at live.
+
+They need an admin key (`server.admin_keys`); with none configured they answer only requests
+from this machine that no proxy forwarded (`gateway.edge.auth.check_admin`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get, post
+
+from gateway.edge import auth, status_page
+from gateway.edge.status_page import providers_view
+from gateway.state.runtime import Runtime
+from providers.contract.errors import NotFound
+
+JSON = "application/json"
+
+
+def _authorized(request: Request[Any, Any, Any]) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    auth.check_admin(request.headers, runtime.live.snapshot,
+                     request.client.host if request.client else "")
+    return runtime
+
+
+def _json(runtime: Runtime, body: Any) -> Response[bytes]:
+    return Response(status_page.encoded(runtime, body), media_type=JSON)
+
+
+@get("/admin/providers")
+async def list_providers(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Providers in file order with state, models and circuits."""
+    runtime = _authorized(request)
+    return _json(runtime, {"providers": providers_view(runtime)})
+
+
+@post("/admin/providers/{name:str}/{action:str}", status_code=200)
+async def toggle_provider(request: Request[Any, Any, Any], name: str,
+                          action: str) -> Response[bytes]:
+    """`enable` or `disable` a provider; routing changes with the next request."""
+    runtime = _authorized(request)
+    if action not in ("enable", "disable"):
+        raise NotFound(f"No admin action '{action}': use enable or disable")
+    if name not in {spec.name for spec in runtime.live.snapshot.providers}:
+        raise NotFound(f"No provider named '{name}'")
+    await runtime.set_enabled(name, action == "enable")
+    row = next(p for p in providers_view(runtime) if p["name"] == name)
+    return _json(runtime, row)

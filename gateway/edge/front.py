@@ -1,0 +1,188 @@
+"""The one ASGI adapter: the relay routes served as plain ASGI, everything else by Litestar.
+
+`POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/embeddings`, `/v1/messages`
+and `/v1/messages/count_tokens` are the data plane: the relay (`gateway.pipeline.relay`) needs none
+of Litestar's per-request work (routing, its Request object, response conversion), so `Front` reads
+the request from the scope, asks the relay for an answer, and turns that framework-free value into
+ASGI messages here, and only here. The request's in-flight slot is taken and given back here too,
+once, however the answer ends. Only `scope`, `receive` and `send` are touched, so any ASGI server
+runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+from litestar import Litestar
+from litestar.enums import ScopeType
+from litestar.types import Message, Receive, Scope, Send
+
+from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
+from gateway.edge.drain import Drain
+from gateway.pipeline import relay
+from gateway.pipeline.delivery import Streamed, Whole
+from gateway.pipeline.record import request_id
+from gateway.state.runtime import Runtime
+from providers.contract.errors import (
+    Dialect,
+    MethodNotAllowed,
+    RequestTooLarge,
+    ShuttingDown,
+    error_body,
+    error_event,
+)
+from providers.contract.stream import close_quietly
+
+_ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
+              "messages/count_tokens")
+# With and without the /v1 prefix, as vLLM and LiteLLM answer them.
+RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS}}
+
+
+class RawRequest:
+    """What the relay reads of a request, from the ASGI scope: headers, body, the channel."""
+
+    __slots__ = ("_max_body", "headers", "receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, max_body: int) -> None:
+        self.scope = scope
+        self.receive = receive
+        self._max_body = max_body
+        # ASGI servers send header names lowercased; a repeated header keeps its last value.
+        self.headers: Mapping[str, str] = {
+            name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+    async def body(self) -> bytes:
+        """The whole body; RequestTooLarge past the limit (announced or streamed)."""
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body:
+            raise RequestTooLarge("Request body is larger than the gateway accepts")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected
+            chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+            size += len(chunk)
+            if size > self._max_body:
+                raise RequestTooLarge("Request body is larger than the gateway accepts")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class Front:
+    """An ASGI app: the relay routes itself, everything else through Litestar."""
+
+    def __init__(self, app: Litestar) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = RELAY_PATHS.get(scope["path"]) if scope["type"] == ScopeType.HTTP else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        runtime: Runtime = self.app.state.runtime
+        runtime.stage("request")
+        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes)
+        if (method := scope.get("method")) != "POST":
+            error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
+            headers = {"allow": "POST", "x-request-id": request_id(request.headers)}
+            await _send_body(error_body(error), error.status, "application/json", headers,
+                             send)
+            return
+        runtime.enter()
+        try:
+            await self._answer(request, endpoint, runtime, send)
+        finally:
+            runtime.leave()
+
+    @staticmethod
+    async def _answer(request: RawRequest, endpoint: str, runtime: Runtime,
+                      send: Send) -> None:
+        try:
+            answer = await relay.handle(request, endpoint, runtime)
+        except Exception:  # a bug past the relay's own net: logged, answered and counted
+            answer = relay.bug(request, endpoint, runtime)
+        if answer is None:  # the client left: nothing to write
+            return
+        if isinstance(answer, Streamed):
+            await send_stream(answer, request.receive, send, runtime.drain)
+            return
+        try:
+            await send_whole(answer, send)
+            runtime.stage("answered")
+        finally:  # the request's end is not the client's to wait for: after its answer
+            answer.record.end(answer.outcome)
+
+
+def _head(status: int, media_type: str, headers: Mapping[str, str],
+          framing: tuple[bytes, bytes] | None) -> Message:
+    encoded = [(b"content-type", media_type.encode("latin-1"))]
+    if framing is not None:
+        encoded.append(framing)
+    encoded += [(name.lower().encode("latin-1"), value.encode("latin-1"))
+                for name, value in headers.items()]
+    return {"type": "http.response.start", "status": status, "headers": encoded}
+
+
+async def send_whole(answer: Whole, send: Send) -> None:
+    """A complete answer, its bytes as they are, nothing re-encoded."""
+    await _send_body(answer.body, answer.status, answer.media_type, answer.headers, send)
+
+
+async def _send_body(body: bytes, status: int, media_type: str, headers: Mapping[str, str],
+                     send: Send) -> None:
+    length = (b"content-length", b"%d" % len(body))
+    await send(_head(status, media_type, headers, length))
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_stream(answer: Streamed, receive: Receive, send: Send,
+                      drain: Drain | None = None) -> None:
+    """Relay a stream's chunks as they come, one ASGI message each.
+
+    The stream has already produced its first chunk (`relay` peeks before it commits), so its
+    generator is started and its own `finally` (the log line, metrics, closing the upstream)
+    runs once it is closed here, whether it ended, failed or the client left. A client that
+    leaves is seen at the next write, or while the upstream is quiet by the disconnect guard,
+    which cancels the wait. A shutdown whose drain time runs out (`drain`) ends the stream with
+    the in-band error, never a silent cut.
+    """
+    chunks = answer.chunks
+    head: Message | None = _head(answer.status, answer.media_type, answer.headers, None)
+    try:
+        tracked = drain.tracking(answer.record) if drain is not None else None
+        with tracked or contextlib.nullcontext():
+            async with DisconnectGuard(receive):
+                async for chunk in chunks:  # the first chunk is at hand: the stream has begun
+                    if head is not None:
+                        await send(head)
+                        head = None
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except (ClientDisconnected, OSError):
+        pass  # the client is gone: the stream's own ending records it
+    except asyncio.CancelledError:
+        if drain is None or not drain.was_cut():
+            raise
+        await _cut_short(head, send, answer.record.dialect)
+    finally:
+        await close_quietly(chunks)
+
+
+async def _cut_short(head: Message | None, send: Send, dialect: Dialect) -> None:
+    error = ShuttingDown("The gateway is shutting down and its drain time ran out; the "
+                         "answer is incomplete: retry it")
+    with contextlib.suppress(OSError):
+        if head is not None:
+            await send(head)
+        await send({"type": "http.response.body", "body": error_event(error, dialect),
+                    "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,203 @@
+"""The request guard: the limits on a request that the ASGI server leaves to the app.
+
+The server (granian, started by `gateway serve`) closes a connection whose request head does not
+arrive within `server.header_timeout`, or that stays idle between requests past it, and bounds
+the head it buffers (see `gateway.edge.serving`). What is left is enforced here, in front of every
+route, before any of them reads the request:
+
+- a head over `server.max_header_bytes` is answered 431 `headers_too_large` in the JSON
+  envelope (the server's own buffer is sized above the limit, so only a head far past it is cut
+  by the server itself, with a bare 431);
+- a declared body (`Content-Length` or chunked) must arrive whole within `server.body_timeout`
+  of the request's head: past it the client gets 408 `request_timeout` in the envelope, if no
+  answer has started, with `Connection: close`, and the app is told the client left
+  (`http.disconnect`), so no upstream work starts for a body that never came.
+
+Only `scope`, `receive` and `send` are touched, so any ASGI server runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
+
+from providers.contract.errors import (
+    GatewayError,
+    HeadersTooLarge,
+    RequestTimeout,
+    error_body,
+)
+
+if TYPE_CHECKING:
+    from gateway.state.config import ServerConfig
+
+_DISCONNECT: ReceiveMessage = {"type": "http.disconnect"}
+# ": " and CRLF around each header line as the client sent it.
+_LINE_OVERHEAD = 4
+
+
+def inspect_head(scope: Scope) -> tuple[int, bool]:
+    """The size of the request head as the client sent it (target and header lines, give or take
+    the method and version), and whether it declares a body."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    has_body = False
+    for name, value in scope["headers"]:
+        size += len(name) + len(value) + _LINE_OVERHEAD
+        if name == b"content-length":
+            has_body = has_body or value.strip() not in (b"0", b"")
+        elif name == b"transfer-encoding":
+            has_body = True
+    return size, has_body
+
+
+async def answer(send: Send, error: GatewayError) -> None:
+    """A whole error answer in the envelope, closing the connection after it: the rest of what
+    this client sends on it is not worth reading."""
+    body = error_body(error)
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class Guard:
+    """An ASGI app wrapping `inner`: head size and body deadline enforced for every HTTP request.
+
+    Other attributes read through to `inner` (its `app`, `state`), so code that held the app
+    factory's result before the guard was put around it reaches the same things."""
+
+    __slots__ = ("body_timeout", "inner", "max_header_bytes", "overdue")
+
+    def __init__(self, inner: ASGIApp, *, max_header_bytes: int, body_timeout: float) -> None:
+        self.inner = inner
+        self.max_header_bytes = max_header_bytes
+        self.body_timeout = body_timeout
+        self.overdue = Overdue(min(1.0, body_timeout / 10))
+
+    @classmethod
+    def around(cls, inner: ASGIApp, server: ServerConfig) -> Guard:
+        """`inner` guarded with the limits of llms.json's `server` section."""
+        return cls(inner, max_header_bytes=server.max_header_bytes,
+                   body_timeout=server.body_timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await self.inner(scope, receive, send)
+            return
+        size, has_body = inspect_head(scope)
+        if size > self.max_header_bytes:
+            await answer(send, HeadersTooLarge(
+                f"Request headers are {size} bytes; the gateway accepts up to "
+                f"{self.max_header_bytes}"))
+            return
+        if not has_body:
+            await self.inner(scope, receive, send)
+            return
+        deadline = BodyDeadline(receive, send, self.body_timeout, self.overdue)
+        await self.inner(scope, deadline.receive, deadline.send)
+
+
+class Overdue:
+    """The bodies being waited for, checked against their deadlines every `interval` seconds by
+    one timer, which runs only while some are waited for: a timer per request would cost more
+    than all the rest of the guard. A body is cut at most `interval` late."""
+
+    __slots__ = ("handle", "interval", "waiting")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.waiting: set[BodyDeadline] = set()
+        self.handle: asyncio.TimerHandle | None = None
+
+    def add(self, waiter: BodyDeadline) -> None:
+        """Watch `waiter` until `discard`."""
+        self.waiting.add(waiter)
+        if self.handle is None:
+            self.handle = asyncio.get_running_loop().call_later(self.interval, self.sweep)
+
+    def discard(self, waiter: BodyDeadline) -> None:
+        """Stop watching `waiter`."""
+        self.waiting.discard(waiter)
+
+    def sweep(self) -> None:
+        """Expire every waiter past its deadline; come back while any are left."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for waiter in [w for w in self.waiting if w.deadline <= now]:
+            self.waiting.discard(waiter)
+            waiter.expire()
+        self.handle = loop.call_later(self.interval, self.sweep) if self.waiting else None
+
+
+class BodyDeadline:
+    """One request's `receive` and `send`, with its body due by a deadline.
+
+    Until the body's last chunk, `receive` waits no later than the deadline. Past it: a 408 if
+    no answer has started, then `http.disconnect` to the app for every later `receive`; after a
+    408, whatever the app still sends (its own answer to the disconnect) is dropped: the client
+    has its answer already."""
+
+    __slots__ = ("_receive", "_send", "answered", "deadline", "done", "expired", "overdue",
+                 "started", "task")
+
+    def __init__(self, receive: Receive, send: Send, timeout: float, overdue: Overdue) -> None:
+        self._receive = receive
+        self._send = send
+        self.overdue = overdue
+        self.deadline = asyncio.get_running_loop().time() + timeout
+        self.task: asyncio.Task[Any] | None = None  # the one waiting in `receive`
+        self.done = False  # the body's last chunk has arrived
+        self.expired = False
+        self.started = False  # an answer has begun: no 408 can be sent any more
+        self.answered = False  # the 408 went out
+
+    def expire(self) -> None:
+        """The deadline passed while `receive` waited: wake it."""
+        if self.task is not None and not self.expired:
+            self.expired = True
+            self.task.cancel()
+
+    async def receive(self) -> ReceiveMessage:
+        """The next message; `http.disconnect` once the body is overdue."""
+        if self.done:
+            return await self._receive()
+        if self.expired:
+            return _DISCONNECT
+        self.task = task = asyncio.current_task()
+        self.overdue.add(self)
+        try:
+            message = await self._receive()
+        except asyncio.CancelledError:
+            # Ours (the deadline) unless someone else cancelled this task too.
+            if not self.expired or (task is not None and task.uncancel() > 0):
+                raise
+            return await self._timed_out()
+        finally:
+            self.overdue.discard(self)
+            self.task = None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.done = True
+        return message
+
+    async def _timed_out(self) -> ReceiveMessage:
+        if not self.started:
+            self.started = self.answered = True
+            await answer(self._send, RequestTimeout("The request body did not arrive in time"))
+        return _DISCONNECT
+
+    async def send(self, message: Message) -> None:
+        """Pass the app's message on, unless the 408 went out in its place."""
+        if self.answered:
+            return
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)

@@ -1,0 +1,73 @@
+"""What the status page and `/admin` show: providers in order, their health, recent traffic."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from gateway.state.runtime import Runtime
+
+
+def encoded(runtime: Runtime, body: Any) -> bytes:
+    """The gateway's state as JSON for a client: it quotes upstream messages, so it passes the
+    live config's redactor."""
+    return runtime.live.redactor.encoded(msgspec.json.encode(body))
+
+
+def providers_view(runtime: Runtime) -> list[dict[str, Any]]:
+    """Every provider in file order, with its state, models and circuits."""
+    live = runtime.live
+    circuits = runtime.health.snapshot()
+    rows = []
+    for spec in live.snapshot.providers:
+        mine = [c for c in circuits if c["provider"] == spec.name]
+        cooling = next((c["open_for"] for c in mine if c["state"] == "cooling_down"), None)
+        rows.append({
+            "name": spec.name,
+            "type": spec.kind,
+            "enabled": spec.enabled,
+            "reason": spec.disabled_reason,
+            "models": [{"alias": alias, "id": model.id} for alias, model in spec.models.items()],
+            "circuits": [c for c in mine if c["state"] != "cooling_down"],
+            "cooling_down_for": cooling,
+            "health": _health(spec.enabled, mine),
+            "state": provider.live_state() if (provider := live.providers.get(spec.name))
+            else None,
+            "traffic": runtime.provider_traffic.summary(spec.name),
+        })
+    return rows
+
+
+def _health(enabled: bool, circuits: list[dict[str, Any]]) -> str:
+    if not enabled:
+        return "disabled"
+    states = {c["state"] for c in circuits}
+    if "open" in states or "cooling_down" in states:
+        return "degraded"
+    return "half_open" if "half_open" in states else "ok"
+
+
+def status(runtime: Runtime) -> dict[str, Any]:
+    """The body of `/status.json`, which the status page polls."""
+    series = runtime.traffic.series()
+    window = [row for row in series if row["rps"]]
+    return {
+        "uptime_s": round(time.time() - runtime.started),
+        "config": {"source": str(runtime.live.snapshot.source),
+                   "last_reload_error": runtime.config_error},
+        "tasks": runtime.supervisor.view(),
+        "inflight": runtime.inflight,
+        "providers": providers_view(runtime),
+        "series": series,
+        "summary": {
+            "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),
+            "client_errors": sum(int(r["client_errors"] or 0) for r in series),
+            "cache_hits": sum(int(r["cache_hits"] or 0) for r in series),
+            "hedges": sum(int(r["hedges"] or 0) for r in series),
+            "error_rate": window[-1]["error_rate"] if window else 0.0,
+            "p50_ms": window[-1]["p50_ms"] if window else None,
+            "p99_ms": window[-1]["p99_ms"] if window else None,
+        },
+    }

@@ -1,0 +1,127 @@
+"""structlog setup: JSON lines when not on a terminal, one line per request, never a key.
+
+The request line is written at every request's end, so the JSON path is built for speed: one
+processor stamps and encodes (`JsonLine`) where structlog's stock chain took four, and the
+request line itself skips structlog's per-call work (`RequestLog`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, BinaryIO
+
+import msgspec
+import structlog
+
+from providers.contract.log import get_logger
+from providers.contract.redact import Redactor
+
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}  # as structlog's add_log_level
+
+
+def configure(level: str | None = None, json: bool | None = None) -> RequestLog:
+    """Configure structlog once per process, JSON unless stderr is a terminal; return the
+    writer of the per-request line for that configuration."""
+    level = level or os.environ.get("LLMS_LOG_LEVEL", "info")
+    as_json = not sys.stderr.isatty() if json is None else json
+    pid = os.getpid()  # with --workers N, says which worker wrote the line
+    logger_factory: Any
+    threshold = logging.getLevelName(level.upper())
+    redaction = LogRedaction()
+    line = JsonLine(pid, redaction) if as_json else None
+    request_log = RequestLog(line, sys.stderr.buffer, redaction, enabled=threshold <= logging.INFO)
+    if line is not None:
+        processors: list[structlog.typing.Processor] = [
+            structlog.processors.format_exc_info, line]
+        logger_factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
+    else:
+        def add_pid(_: Any, __: str, event: structlog.typing.EventDict
+                    ) -> structlog.typing.EventDict:
+            event["pid"] = pid
+            return event
+
+        processors = [structlog.processors.add_log_level, add_pid,
+                      structlog.processors.TimeStamper(fmt="iso", utc=True),
+                      structlog.processors.format_exc_info,
+                      structlog.dev.ConsoleRenderer(colors=False), redaction]
+        logger_factory = structlog.PrintLoggerFactory(sys.stderr)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        logger_factory=logger_factory,
+        cache_logger_on_first_use=True,
+    )
+    return request_log
+
+
+
+class LogRedaction:
+    """The redactor every log line passes, swapped with the config (`Runtime.apply`): log
+    lines carry upstream messages, which may echo a configured secret. On a terminal, the last
+    processor."""
+
+    __slots__ = ("redactor",)
+
+    def __init__(self) -> None:
+        self.redactor = Redactor()
+
+    def __call__(self, _: Any, __: str, line: Any) -> Any:
+        # `Any`: structlog's processor signature, though the renderer before it hands a str.
+        return self.redactor.text(line)
+
+
+class JsonLine:
+    """The last processor: adds level, pid and an ISO UTC timestamp, returns the JSON line with
+    every configured secret removed."""
+
+    __slots__ = ("_pid", "_redaction", "_second")
+
+    def __init__(self, pid: int, redaction: LogRedaction) -> None:
+        self._pid = pid
+        self._redaction = redaction
+        self._second: tuple[int, str] = (-1, "")  # one attribute: threads may log too
+
+    def __call__(self, _: Any, method: str, event: structlog.typing.EventDict) -> bytes:
+        event["level"] = _LEVEL_NAMES.get(method, method)
+        event["pid"] = self._pid
+        event["timestamp"] = self.timestamp(time.time())
+        return self._redaction.redactor.encoded(msgspec.json.encode(event, enc_hook=str))
+
+    def timestamp(self, now: float) -> str:
+        """`2026-11-23T16:53:22.123456Z`; the part up to the second is formatted once a second."""
+        second = int(now)
+        cached, text = self._second
+        if second != cached:
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
+        return f"{text}.{int((now - second) * 1_000_000):06d}Z"
+
+
+class RequestLog:
+    """Writes the one `request` line per request. In JSON mode it goes straight to the stream,
+    in the shape every other line has: structlog's per-call work (the fields copied three times,
+    the processor chain) was 3-5% of the gateway's req/s at 50 clients. On a terminal it goes
+    through structlog like everything else."""
+
+    __slots__ = ("_enabled", "_line", "_stream", "redaction")
+
+    def __init__(self, line: JsonLine | None, stream: BinaryIO,
+                 redaction: LogRedaction | None = None, enabled: bool = True) -> None:
+        self._line = line
+        self._stream = stream
+        self._enabled = enabled
+        self.redaction = redaction or LogRedaction()  # shared with the structlog chain
+
+    def write(self, fields: dict[str, Any]) -> None:
+        """Log `fields` as the `request` event at info level."""
+        if not self._enabled:
+            return
+        if self._line is None:
+            get_logger().info("request", **fields)
+            return
+        fields["event"] = "request"
+        self._stream.write(self._line(None, "info", fields) + b"\n")
+        self._stream.flush()

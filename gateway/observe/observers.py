@@ -1,0 +1,98 @@
+"""The listeners every request's record is told of when it ends (`gateway.pipeline.record`).
+
+Each turns a finished `Record` into what one sink keeps: Prometheus metrics, the recent
+traffic the status page draws, the request log line, a key's token spend. They are registered
+once, at startup (`gateway.state.runtime.Runtime`), in the order here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.observe.logs import RequestLog
+from gateway.observe.metrics import Metrics
+from gateway.observe.traffic import ProviderTraffic, RecentTraffic
+from gateway.pipeline.limits import RateLimiter
+from gateway.pipeline.record import Listener, Outcome, Record
+
+# The status a request that lost its client before any answer is counted with (nginx's).
+CLIENT_CLOSED = 499
+CACHE = "cache"  # the provider label of answers served from the response cache
+
+
+def status_of(record: Record) -> int:
+    """The status the request is counted and logged with."""
+    if record.outcome is Outcome.CLIENT_LEFT and record.ttft is None:
+        return CLIENT_CLOSED
+    return record.status
+
+
+def counted_by(metrics: Metrics) -> Listener:
+    """Prometheus: requests, failovers, latencies, tokens, cost, hedges."""
+    def ended(record: Record) -> None:
+        model = record.model if record.known_model and record.model is not None else "_unknown"
+        metrics.record(
+            endpoint=record.endpoint, model=model,
+            provider=CACHE if record.cache_hit else record.provider, status=status_of(record),
+            duration=record.duration, ttft=record.ttft, upstream=record.upstream_time,
+            failed=record.failed, attempts=record.attempts, usage=record.usage,
+            cost=record.cost)
+        if record.hedged:
+            metrics.hedge(model, "started")
+        if record.hedge_won:
+            metrics.hedge(model, "won")
+    return ended
+
+
+def drawn_by(traffic: RecentTraffic, providers: ProviderTraffic) -> Listener:
+    """The status page's recent traffic, the gateway's and each provider's."""
+    def ended(record: Record) -> None:
+        status = status_of(record)
+        traffic.add(record.duration, ok=status < 500 and record.outcome is not Outcome.ERROR,
+                    client_error=400 <= status < 500 and status != CLIENT_CLOSED,
+                    cache_hit=record.cache_hit, hedged=record.hedged)
+        for attempt in record.failed:
+            providers.failed(attempt.provider)
+        if record.provider is not None and not record.cache_hit and status < 400:
+            providers.served(record.provider,
+                             record.ttft if record.stream else record.upstream_time,
+                             record.cost)
+    return ended
+
+
+def logged_by(log: RequestLog) -> Listener:
+    """One line per request."""
+    def ended(record: Record) -> None:
+        log.write({
+            "request_id": record.request_id,
+            "endpoint": record.endpoint,
+            "model": record.model,
+            "provider": CACHE if record.cache_hit else record.provider,
+            "status": status_of(record),
+            "outcome": record.outcome.value if record.outcome else None,
+            "attempts": record.attempts,
+            "failed": [f"{a.provider}:{a.reason}" for a in record.failed] or None,
+            "stream": record.stream,
+            "key_id": record.key_id,
+            "tokens": record.usage.total_tokens if record.usage else None,
+            "cost": round(record.cost, 8) if record.cost is not None else None,
+            "ttft_ms": round(record.ttft * 1000, 2) if record.ttft is not None else None,
+            "latency_ms": round(record.duration * 1000, 2),
+            **({"error": record.error_code} if record.error_code else {}),
+            **({"cache": "hit"} if record.cache_hit else {}),
+            **record.detail,
+        })
+    return ended
+
+
+def spent_by(limiter: RateLimiter) -> Listener:
+    """A key's tokens, counted against its per-minute token limit."""
+    def ended(record: Record) -> None:
+        if record.key_id is not None and record.usage is not None:
+            limiter.spend_tokens(record.key_id, record.usage.total_tokens)
+    return ended
+
+
+def staged_by(trace: Callable[[str], None]) -> Listener:
+    """The last stage a profiler hears (`bench/stages.py`)."""
+    return lambda _: trace("logged")

@@ -1,0 +1,107 @@
+"""The response cache as a step of the pipeline: look a request up before routing it, keep
+its answer once it completed (`gateway.stores.cache` holds the rules and the store)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.observe.metrics import Metrics
+from gateway.pipeline.delivery import STREAM_HEADERS, Streamed, Whole
+from gateway.pipeline.record import Outcome, Record
+from gateway.stores import cache
+from gateway.stores.cache import Cached, ResponseCache
+from providers.contract.stream import close_quietly
+from providers.contract.usage import from_payload
+
+
+@dataclass(frozen=True, slots=True)
+class Caching:
+    """A cacheable request: its key, whether the client lets it be read and written, when
+    what it stores expires, and where."""
+
+    key: str
+    read: bool
+    write: bool
+    expires: float
+    store: ResponseCache
+    metrics: Metrics
+
+
+def caching(headers: Mapping[str, str], record: Record, ttl: float | None,
+            body: Mapping[str, Any], store: ResponseCache, metrics: Metrics) -> Caching | None:
+    """How the cache takes this request; None when its alias is not cached."""
+    if not ttl or record.endpoint not in cache.ENDPOINTS or record.model is None:
+        return None
+    read, write = cache.bypassed(headers)
+    key = cache.key_of(record.endpoint, record.model, body, record.key_id)
+    if not read:
+        metrics.cache_lookup(record.model, "bypass")
+    return Caching(key, read, write, time.time() + ttl, store, metrics)
+
+
+async def lookup(caching: Caching, record: Record, wants_usage: bool) -> Whole | Streamed | None:
+    """The kept answer in the shape the client asked for; None (a miss) if there is none."""
+    model = record.model or ""
+    found = await caching.store.get(caching.key) if caching.read else None
+    kept = None if found is None else cache.stream_of(found, wants_usage) if record.stream \
+        else cache.whole_of(found)
+    if found is None or kept is None:
+        if caching.read:
+            caching.metrics.cache_lookup(model, "miss")
+        return None
+    caching.metrics.cache_lookup(model, "hit")
+    record.provider, record.cache_hit = found.provider, True
+    if not record.stream:
+        record.usage = from_payload(kept)
+        return Whole(kept, record.headers(), record)
+    record.first_token()
+    return Streamed(_replay(kept, record), {**record.headers(), **STREAM_HEADERS}, record)
+
+
+async def _replay(chunks: bytes, record: Record) -> AsyncGenerator[bytes, None]:
+    outcome = Outcome.CLIENT_LEFT
+    try:
+        yield chunks
+        outcome = Outcome.COMPLETED
+    finally:
+        usage = from_payload(chunks.rsplit(b"data: ", 2)[-2]) if b'"usage"' in chunks else None
+        record.end(outcome, usage)
+
+
+async def keep_whole(caching: Caching, record: Record, body: bytes) -> None:
+    """Keep a whole answer that succeeded."""
+    await _keep(caching, record, Cached(record.endpoint, record.provider or "",
+                                        caching.expires, body=body))
+
+
+def keeping(streamed: Streamed, caching: Caching, wants_usage: bool) -> Streamed:
+    """The stream as it goes to the client, kept once it completed (and if it fits)."""
+    return replace(streamed, chunks=_kept_stream(streamed.chunks, caching, streamed.record,
+                                                 wants_usage))
+
+
+async def _kept_stream(chunks: AsyncGenerator[bytes, None], caching: Caching, record: Record,
+                       wants_usage: bool) -> AsyncGenerator[bytes, None]:
+    sent: list[bytes] = []
+    size = 0
+    limit = caching.store.max_entry_bytes
+    try:
+        async for chunk in chunks:
+            if size <= limit:
+                sent.append(chunk)
+                size += len(chunk)
+            yield chunk
+    finally:
+        await close_quietly(chunks)
+    if record.outcome is Outcome.COMPLETED and size <= limit:
+        await _keep(caching, record, Cached(record.endpoint, record.provider or "",
+                                            caching.expires, chunks=b"".join(sent),
+                                            stream_usage=wants_usage))
+
+
+async def _keep(caching: Caching, record: Record, cached: Cached) -> None:
+    if size := await caching.store.put(caching.key, cached):
+        caching.metrics.cache_stored(record.model or "", size)

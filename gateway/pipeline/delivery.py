@@ -1,0 +1,60 @@
+"""What the pipeline hands the edge to send: a whole body or a stream, each with its record.
+
+`gateway.edge.front` turns these framework-free values into ASGI messages and, once a whole body is
+written, ends its record; a stream's generator ends its own record however it stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+
+from gateway.pipeline.record import Outcome, Record
+from providers.contract.errors import AllProvidersFailed, GatewayError, error_body
+from providers.contract.log import get_logger
+from providers.contract.redact import Redactor
+
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """A whole body, its bytes as they will be sent, and how the request ends once it is."""
+
+    body: bytes
+    headers: Mapping[str, str]
+    record: Record
+    status: int = 200
+    media_type: str = "application/json"
+    outcome: Outcome = Outcome.COMPLETED
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A committed stream: its chunks (the first already at hand) and its headers. Whoever
+    sends it must close its generator (`providers.contract.stream.close_quietly`): that ends
+    its record."""
+
+    chunks: AsyncGenerator[bytes, None]
+    headers: Mapping[str, str]
+    record: Record
+    status: int = 200
+    media_type: str = "text/event-stream"
+
+
+def error_delivery(error: GatewayError, record: Record, redactor: Redactor) -> Whole:
+    """An error as the client gets it: its status and headers, its body in the endpoint's
+    dialect, redacted; the record says so."""
+    record.status, record.error_code = error.status, error.code
+    if isinstance(error, AllProvidersFailed):
+        record.failed = error.attempts
+    return Whole(redactor.encoded(error_body(error, record.dialect)),
+                 {**record.headers(), **error.headers()}, record, error.status,
+                 outcome=Outcome.ERROR)
+
+
+def internal_error(record: Record, redactor: Redactor) -> Whole:
+    """The answer to a bug: logged with its traceback and request id, a 500 envelope."""
+    get_logger().exception("unhandled_error", request_id=record.request_id,
+                           endpoint=record.endpoint)
+    return error_delivery(GatewayError("Internal gateway error"), record, redactor)

@@ -1,0 +1,98 @@
+"""The pipeline of one relayed request, top to bottom: admit, look up the cache, route, deliver.
+
+Shared by every relay route (chat, completions, responses, embeddings, messages): endpoint
+differences live in the request heads (`schemas`), the adapters built per config snapshot
+(`adapters.stack`) and the provider kinds, not here. The request's record (`record`) is filled on the
+way and ended once, by whoever delivers its last byte.
+"""
+
+from __future__ import annotations
+
+from gateway.adapters.messages import ENDPOINTS as MESSAGES_ENDPOINTS
+from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
+from gateway.pipeline import caching, router
+from gateway.pipeline.admission import Incoming, admit
+from gateway.pipeline.delivery import (
+    STREAM_HEADERS,
+    Streamed,
+    Whole,
+    error_delivery,
+    internal_error,
+)
+from gateway.pipeline.record import Outcome, Record, request_id
+from gateway.pipeline.streaming import relay
+from gateway.state.runtime import Runtime
+from providers.contract.errors import GatewayError
+from providers.contract.provider import Gathering, Outgoing, Reply
+from providers.contract.stream import Opened
+from providers.contract.usage import Price
+
+
+async def handle(request: Incoming, endpoint: str, runtime: Runtime
+                 ) -> Whole | Streamed | None:
+    """Serve one relay request end to end; every failure leaves as the error envelope, and a
+    client that left gets nothing (None).
+
+    The caller holds the request's in-flight slot (`Runtime.enter`) for as long as the answer
+    is being sent, a stream included."""
+    live = runtime.live
+    record = Record(request_id(request.headers), endpoint, runtime.listeners)
+    try:
+        admitted = await admit(request, runtime, record)
+        runtime.stage("admitted")
+        head = admitted.head
+        options = getattr(head, "stream_options", None)
+        wants_usage = bool(options and options.include_usage) \
+            or endpoint in MESSAGES_ENDPOINTS
+        outgoing = Outgoing(endpoint, admitted.raw, head.model, record.stream,
+                            record.request_id, client_wants_usage=wants_usage,
+                            key_id=record.key_id, choices=getattr(head, "n", None) or 1)
+        policy = live.snapshot.policy(head.model)
+        cached = caching.caching(request.headers, record, policy.cache.ttl, outgoing.json(),
+                                 runtime.cache, runtime.metrics) \
+            if policy.cache.ttl else None
+        if cached is not None and (hit := await caching.lookup(cached, record, wants_usage)):
+            return hit
+        routing = router.Routing(runtime.health, runtime.latencies,
+                                 policy.routing.hedge_after)
+        runtime.stage("provider")
+        async with DisconnectGuard(request.receive):
+            served = await router.attempt(head.model, admitted.routes, admitted.providers,
+                                          outgoing, routing)
+        runtime.stage("reply")
+    except GatewayError as exc:
+        return error_delivery(exc, record, live.redactor)
+    except ClientDisconnected:
+        record.end(Outcome.CLIENT_LEFT)
+        return None
+    except Exception:  # a bug: logged with its traceback and counted, as every request is
+        return internal_error(record, live.redactor)
+    record.provider, record.failed = served.provider, served.failed
+    record.hedged, record.hedge_won = served.hedged, served.hedge_won
+    price = live.prices.get((served.provider, head.model))
+    answer = served.answer
+    if isinstance(answer, Opened):
+        record.first_token()
+        streamed = Streamed(relay(answer, served.provider, record, live.redactor, price,
+                                  strip_usage=not wants_usage),
+                            {**record.headers(), **STREAM_HEADERS}, record)
+        return caching.keeping(streamed, cached, wants_usage) \
+            if cached is not None and cached.write else streamed
+    assert not isinstance(answer, Gathering), "the router reads a gathering answer to its end"
+    record.upstream_time = served.upstream_time  # a stream's is its whole life: not counted
+    return await _whole(answer, record, price, cached)
+
+
+async def _whole(reply: Reply, record: Record, price: Price | None,
+                 cached: caching.Caching | None) -> Whole:
+    record.used(reply.usage, price)
+    if cached is not None and cached.write:
+        await caching.keep_whole(cached, record, reply.body)
+    return Whole(reply.body, record.headers(), record, media_type=reply.content_type)
+
+
+def bug(request: Incoming, endpoint: str, runtime: Runtime) -> Whole:
+    """The answer to a bug that escaped `handle`, called where it is caught: logged with its
+    traceback and request id, counted as a 500."""
+    record = Record(request_id(request.headers), endpoint, runtime.listeners)
+    return internal_error(record, runtime.live.redactor)

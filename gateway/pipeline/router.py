@@ -1,0 +1,287 @@
+"""From a model alias to an answer: ordered candidates, retries per candidate, failover, hedging.
+
+`candidates()` is pure: a config snapshot and a model in, the ordered routes out. `attempt()`
+does the trying, through the one failover loop (`providers.contract.failover`): each
+candidate gets `retries.attempts` tries (exponential backoff with jitter, honouring
+`Retry-After` up to a cap) while its errors are retryable, then the next candidate. A client's
+error (`UpstreamClientError`) ends the loop at once: another provider would say the same.
+
+A try returns once its first token is there (`providers.contract.provider.Answer`), so a hedge
+races on the tries' return values alone. A whole answer still gathering is then read to its end
+within the same candidate's turn: a break before the end is a failover too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from gateway.pipeline.health import Planned, ProviderHealth
+from gateway.pipeline.strategy import Latencies
+from gateway.state.config import Route, Snapshot
+from providers.contract.errors import (
+    AllProvidersFailed,
+    Attempt,
+    CircuitOpen,
+    ModelNotFound,
+    ProviderError,
+    UpstreamClientError,
+)
+from providers.contract.failover import NoneAnswered, first_answer
+from providers.contract.provider import Answer, Gathering, Outgoing, Provider
+from providers.contract.spec import CircuitPolicy, Retries
+from providers.contract.stream import UNREADABLE_ANSWER, unreadable
+
+
+def candidates(snapshot: Snapshot, model: str) -> tuple[Route, ...]:
+    """The enabled providers serving `model`, in file order; ModelNotFound if none."""
+    routes = snapshot.routes.get(model)
+    if not routes:  # say who would serve it, had they not been disabled (an unset key, say)
+        raise ModelNotFound(model, [(p.name, p.disabled_reason) for p in snapshot.providers
+                                    if not p.enabled and model in p.models])
+    return routes
+
+
+def retry_delay(retries: Retries, tries_done: int, retry_after: float | None,
+                jitter: Callable[[], float] = random.random) -> float:
+    """Seconds to wait before try `tries_done + 1` at the same provider."""
+    backoff = min(retries.max_backoff, retries.backoff * 2.0 ** (tries_done - 1))
+    delay = backoff * (0.5 + jitter() / 2)
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, retries.retry_after_cap))
+    return delay
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """What trying candidates uses beside them: circuit and cooldown state, the latencies the
+    latency strategy learns from, and `routing.hedge_after` (None: no hedging)."""
+
+    health: ProviderHealth | None = None
+    latencies: Latencies | None = None
+    hedge_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A successful answer, who served it, and every failed try before it."""
+
+    answer: Answer
+    provider: str
+    failed: tuple[Attempt, ...]
+    upstream_time: float  # the answering try's time, to its first token or its whole answer
+    hedged: bool = False  # a second candidate was started beside the first
+    hedge_won: bool = False  # and answered first
+
+    @property
+    def attempts(self) -> int:
+        return len(self.failed) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    provider: Provider
+    plan: Planned
+
+
+@dataclass(frozen=True, slots=True)
+class _Won:
+    answer: Answer
+    candidate: _Candidate
+    took: float
+
+
+class _Trying:
+    """One request's turn through its candidates: what was tried, what failed."""
+
+    def __init__(self, request: Outgoing, candidates: list[_Candidate], routing: Routing
+                 ) -> None:
+        self.request = request
+        self.candidates = candidates
+        self.routing = routing
+        self.failed: list[Attempt] = []
+        self.at = 0
+        self.hedged = self.hedge_won = False
+
+    def pick(self) -> int | None:
+        return self.at if self.at < len(self.candidates) else None
+
+    async def turn(self, at: int) -> _Won:
+        """The candidate at `at`, raced against the next one when hedging; its answer whole
+        when the client asked for it whole."""
+        after = self.routing.hedge_after
+        self.at += 1
+        if after is None or at + 1 >= len(self.candidates):
+            return await self._tries(self.candidates[at], gather=True)
+        return await self._gathered(await self._race(self.candidates[at],
+                                                     self.candidates[at + 1], after))
+
+    async def _race(self, first: _Candidate, second: _Candidate, after: float) -> _Won:
+        """`first`, and `second` too if `first` has not answered after `after` seconds: the
+        first answer wins and the other try is cancelled (its upstream request closed)."""
+        leader = asyncio.create_task(self._tries(first, gather=False))
+        tasks = {leader}
+        winner: asyncio.Task[_Won] | None = None
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=after)
+            if done:
+                winner = leader
+                return leader.result()
+            self.at += 1  # the second candidate has its turn now, beside the first
+            self.hedged = True
+            tasks.add(asyncio.create_task(self._tries(second, gather=False)))
+            winner = await _first_success(tasks)
+            self.hedge_won = winner is not leader
+            return winner.result()
+        finally:  # cancelled itself (the client left), or a winner chosen: nothing else runs on
+            for task in tasks:
+                if task is not winner:
+                    await _cancel(task)
+
+    async def _gathered(self, won: _Won) -> _Won:
+        if self.request.stream or not isinstance(won.answer, Gathering):
+            return won
+        return await self._accounted(won.candidate, lambda: self._gather(won))
+
+    async def _gather(self, won: _Won) -> _Won:
+        started = time.perf_counter()
+        assert isinstance(won.answer, Gathering)
+        reply = await won.answer.reply()
+        return _Won(reply, won.candidate, won.took + time.perf_counter() - started)
+
+    def _tries(self, candidate: _Candidate, gather: bool) -> Coroutine[Any, Any, _Won]:
+        """The tries at one candidate, to await; with one try (the default) that try itself,
+        without a retry loop around it (a frame less to resume on every upstream read)."""
+        async def once() -> _Won:
+            won = await self._accounted(candidate, lambda: self._try(candidate))
+            return await self._gathered(won) if gather else won
+
+        retries = candidate.provider.spec.retries
+        return once() if retries.attempts <= 1 else _retrying(once, retries)
+
+    async def _try(self, candidate: _Candidate) -> _Won:
+        provider, route = candidate.provider, candidate.plan.route
+        started = time.perf_counter()
+        try:
+            answer = await provider.answer(self.request, route.upstream_model)
+        except UNREADABLE_ANSWER as exc:  # a kind could not read what came: the upstream's
+            raise unreadable(provider.name, exc) from None
+        took = time.perf_counter() - started
+        if self.routing.latencies is not None:  # to the first token (a whole reply's end)
+            self.routing.latencies.observe(provider.name, route.upstream_model, took)
+        return _Won(answer, candidate, took)
+
+    async def _accounted(self, candidate: _Candidate, run: Callable[[], Awaitable[_Won]]
+                         ) -> _Won:
+        """`run` with the candidate's circuit claimed and its outcome recorded: a failure in
+        `failed` and in its circuit, a success in its circuit."""
+        health, plan = self.routing.health, candidate.plan
+        provider, route, policy = candidate.provider, plan.route, candidate.provider.spec.circuit
+        retries = provider.spec.retries
+        if health is not None and not health.acquire(plan, policy):
+            raise CircuitOpen(f"circuit open for {route.provider}/{route.upstream_model}")
+        verdict = False
+        try:
+            won = await run()
+        except ProviderError as exc:
+            if exc.retry_after is not None:  # every provider's hint is bounded here, once
+                exc.retry_after = min(exc.retry_after, retries.max_retry_after)
+            verdict = exc.trips_circuit  # otherwise the claim is only released (finally)
+            self.failed.append(Attempt(provider.name, exc.upstream_status, exc.reason,
+                                       exc.message, exc.retry_after))
+            if health is not None and verdict and not isinstance(exc, CircuitOpen):
+                health.failed(route, policy, exc)
+            raise
+        except UpstreamClientError:
+            verdict = True  # the provider answered sensibly: it is healthy
+            if health is not None:
+                health.succeeded(route, policy)
+            raise
+        finally:
+            if health is not None and not verdict:
+                health.released(route, policy)
+        if health is not None:
+            health.succeeded(route, policy)
+        return won
+
+
+async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str, Provider],
+                  request: Outgoing, routing: Routing = Routing()) -> Served:
+    """Try the routes in order with per-candidate retries; AllProvidersFailed if none answers.
+
+    With `routing.health`, candidates whose circuit is open or who are cooling down are
+    skipped, and every outcome is recorded there. With `routing.hedge_after`, a candidate slow
+    to its first token gets the next one started beside it: never more than two tries in flight.
+    """
+    health = routing.health
+    planned = health.plan(routes, lambda name: _policy(providers, name)) if health else [
+        Planned(route) for route in routes]
+    trying = _Trying(request, [_Candidate(p, plan) for plan in planned
+                               if (p := providers.get(plan.route.provider)) is not None],
+                     routing)
+    try:
+        won = await first_answer(trying.pick, trying.turn)
+    except NoneAnswered:
+        raise AllProvidersFailed(model, trying.failed) from None
+    return Served(won.answer, won.candidate.provider.name, tuple(trying.failed), won.took,
+                  trying.hedged, trying.hedge_won)
+
+
+async def _first_success(tasks: set[asyncio.Task[_Won]]) -> asyncio.Task[_Won]:
+    """The first of `tasks` to answer; one that failed drops out of the race (the last one
+    left is returned, failed or not)."""
+    racing = set(tasks)
+    while True:
+        done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        for task in _in_order(tasks, done):
+            if task.exception() is None:
+                return task
+            if len(racing) == 1:
+                return task  # the last one standing: its error is the race's
+            racing.discard(task)
+
+
+def _in_order(tasks: set[asyncio.Task[_Won]], done: set[asyncio.Task[_Won]]
+              ) -> Iterator[asyncio.Task[_Won]]:
+    yield from (t for t in tasks if t in done)
+
+
+async def _cancel(task: asyncio.Task[_Won]) -> None:
+    """Stop a try that lost; an answer it already had is closed (its upstream request too)."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ProviderError):
+            await task
+        return
+    if not task.cancelled() and task.exception() is None:
+        await task.result().answer.close()
+
+
+def _policy(providers: Mapping[str, Provider], name: str) -> CircuitPolicy:
+    provider = providers.get(name)
+    return provider.spec.circuit if provider is not None else CircuitPolicy()
+
+
+async def _retrying(once: Callable[[], Awaitable[_Won]], retries: Retries) -> _Won:
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        hint = exc.retry_after if isinstance(exc, ProviderError) else None
+        return retry_delay(retries, state.attempt_number, hint)
+
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(retries.attempts),
+        wait=wait,
+        retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+        reraise=True,
+    )
+    async for try_ in retrying:
+        with try_:
+            return await once()
+    raise AssertionError("unreachable: tenacity re-raises the last error")

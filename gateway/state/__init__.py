@@ -1,0 +1,1 @@
+"""What the process holds: config snapshots and the runtime, reload, discovery, shared state."""

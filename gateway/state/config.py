@@ -1,0 +1,562 @@
+"""llms.json: find it, read it, check it, and resolve it into an immutable `Snapshot`.
+
+The file is read into plain structs (what the user wrote), then resolved: `"$NAME"` strings read
+the environment, per-provider `timeouts`/`retries` are merged over `defaults`, providers whose key
+is unset are disabled with a reason, and the alias → candidates table is computed once, so the
+hot path is a dict lookup. Every error names the file, the field and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+import yaml
+
+from gateway.pipeline.limits import KeyLimits
+from gateway.stores.responses import DEFAULT_MAX_BYTES as DEFAULT_STORE_MAX_BYTES
+from gateway.stores.responses import DEFAULT_MAX_ENTRY_BYTES as DEFAULT_STORE_MAX_ENTRY_BYTES
+from providers.contract.redact import url_secrets
+from providers.contract.spec import (
+    DEFAULT_MAX_ANSWER_EVENTS,
+    CircuitPolicy,
+    Discovery,
+    ModelEntry,
+    ProviderEntry,
+    ProviderSpec,
+    Retries,
+    Secret,
+    Timeouts,
+    TlsEntry,
+)
+from providers.contract.transport import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    ProxyEnvironment,
+    TlsOptions,
+    check_proxy,
+)
+
+DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
+# A config is a few KB; one this large is a mistake, and parsing it would hold a core.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+CONFIG_ENV = "LLMS_CONFIG"
+# Set by `serve` for its workers: the address bound, and whether --allow-unauthenticated was given.
+BIND_ENV = "LLMS_BIND_HOST"
+OPEN_ENV = "LLMS_ALLOW_UNAUTHENTICATED"
+CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class ConfigError(Exception):
+    """The config file is missing or invalid; the message names the file and the field."""
+
+
+class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A gateway key with an id for logs and optional per-minute limits."""
+
+    key: str
+    id: str | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
+class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where the gateway listens and who may use it."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str | KeyEntry, ...] = ()
+    # Keys for the admin routes (and accepted wherever a client key is); none: admin routes
+    # answer only this machine.
+    admin_keys: tuple[str | KeyEntry, ...] = ()
+    # Read routes (/v1/models, /metrics, /status.json) that need no key even when keys are set.
+    public_paths: tuple[str, ...] = ()
+    # Browser origins allowed to call the gateway (`"*"` for any); none: no CORS headers.
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
+    max_concurrency: int = 10_000
+    allow_unauthenticated: bool = False
+    reload_interval: float = 1.0
+    # Seconds a connection may take to deliver a whole request head (a slow client holds a file
+    # descriptor all that time), and a declared body after it.
+    header_timeout: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    body_timeout: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Longer than clients keep idle connections (httpx and the OpenAI SDK: 5 s, aiohttp: 15 s):
+    # were it equal, a client could reuse a connection just as the server closes it (a reset).
+    # The server waits for the next request head at most this and `header_timeout` (granian has
+    # one timer for both), so an idle connection closes after the shorter of the two.
+    keepalive_timeout: Annotated[float, msgspec.Meta(gt=0)] = 75.0
+    # Seconds open streams get to finish after SIGTERM; then each ends with an in-band error
+    # (`gateway.edge.drain`), before the server's own patience (a few seconds more) ends.
+    drain_timeout: Annotated[float, msgspec.Meta(gt=0)] = 25.0
+
+
+class RoutingPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How an alias's candidates are tried (`routing`, in defaults or per alias)."""
+
+    # order: file order; weighted: the first try spread by providers' `weight`, then file
+    # order; latency: the lowest recent time to first token first, exploring a share of tries.
+    strategy: Literal["order", "weighted", "latency"] = "order"
+    explore: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
+    # Seconds without a first token before the next candidate is started too (None: never).
+    hedge_after: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
+class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Whether complete answers are kept and replayed (`cache`, in defaults or per alias)."""
+
+    ttl: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # seconds; 0: off
+    # The cache's size in each process (read from defaults only).
+    max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 * 1024 * 1024
+    max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1024 * 1024
+
+
+class AliasPolicy(msgspec.Struct, frozen=True):
+    """What one alias does beyond its candidates: routing and caching."""
+
+    routing: RoutingPolicy = RoutingPolicy()
+    cache: CachePolicy = CachePolicy()
+
+
+class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    routing: dict[str, Any] = {}
+    cache: dict[str, Any] = {}
+
+
+class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    timeouts: dict[str, Any] = {}
+    retries: dict[str, Any] = {}
+    circuit: dict[str, Any] = {}
+    routing: dict[str, Any] = {}
+    cache: dict[str, Any] = {}
+    # Whole-answer requests go upstream as streams, so a hung provider is failed over after
+    # `first_token` (`gateway.adapters.assemble`); a provider's own `stream_upstream` overrides it.
+    stream_upstream: bool = True
+    # The largest whole upstream answer, also once decompressed; a provider may set its own.
+    max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_BYTES
+    # The most events of a stream assembled into a whole answer; a provider may set its own.
+    max_answer_events: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_EVENTS
+
+
+class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where breaker and cooldown state lives: this process, or Redis shared by all."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "llms-gateway:"
+    sync_interval: float = 0.5
+
+
+class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What `/v1/responses` keeps for `previous_response_id` (in each process; restart to
+    change)."""
+
+    store_max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_STORE_MAX_BYTES
+    store_max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_STORE_MAX_ENTRY_BYTES
+
+
+class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    providers: dict[str, dict[str, Any]]
+    # Per alias: `routing` and `cache` over the defaults'.
+    models: dict[str, _AliasEntry] = {}
+    server: dict[str, Any] = {}
+    defaults: _Defaults = _Defaults()
+    state: StateConfig = StateConfig()
+    responses: ResponsesConfig = ResponsesConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayKey:
+    """A key clients may present, resolved from the environment."""
+
+    secret: Secret
+    limits: KeyLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One candidate for an alias: which provider, and the id it wants."""
+
+    provider: str
+    upstream_model: str
+    weight: float = 1.0  # the provider's share of first tries with the `weighted` strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The whole resolved config; swapped as one object on reload."""
+
+    source: Path | None
+    server: ServerConfig
+    providers: tuple[ProviderSpec, ...]
+    routes: Mapping[str, tuple[Route, ...]]
+    state: StateConfig = field(default_factory=StateConfig)
+    keys: tuple[GatewayKey, ...] = ()
+    admin_keys: tuple[GatewayKey, ...] = ()
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    default_policy: AliasPolicy = field(default_factory=AliasPolicy)
+    policies: Mapping[str, AliasPolicy] = field(default_factory=dict)
+
+    def policy(self, alias: str) -> AliasPolicy:
+        """The routing and cache policy of `alias`: its own in `models`, else the defaults."""
+        return self.policies.get(alias, self.default_policy)
+
+    @property
+    def any_keys(self) -> bool:
+        """Whether any key, client or admin, is configured: then reading needs one."""
+        return bool(self.keys or self.admin_keys)
+
+    @property
+    def enabled(self) -> tuple[ProviderSpec, ...]:
+        return tuple(p for p in self.providers if p.enabled)
+
+
+def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Find the config: `--config`, then `$LLMS_CONFIG`, then ./llms.json, then ~/.llms/."""
+    if explicit:
+        return _must_exist(Path(explicit), "--config")
+    if env_path := os.environ.get(CONFIG_ENV):
+        return _must_exist(Path(env_path), f"${CONFIG_ENV}")
+    for folder in (Path.cwd(), Path.home() / ".llms"):
+        for name in CONFIG_NAMES:
+            if (folder / name).is_file():
+                return folder / name
+    raise ConfigError("no config found: pass --config, set $LLMS_CONFIG, or create ./llms.json")
+
+
+def _must_exist(path: Path, origin: str) -> Path:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found (from {origin})")
+    return path
+
+
+def load(path: Path, environ: Mapping[str, str] | None = None) -> Snapshot:
+    """Read and resolve the config file at `path`; raises ConfigError naming file and field.
+
+    Blocking (file I/O and parsing): the reload watcher runs it off the event loop."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size} bytes, over the {MAX_CONFIG_BYTES} a config file "
+                              "may have")
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 at byte {exc.start}") from None
+    return parse(text, path, os.environ if environ is None else environ)
+
+
+def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
+    """Resolve config text (JSON, or YAML for .yaml/.yml) into a Snapshot."""
+    data = _decode(text, path)
+    try:
+        file = msgspec.convert(data, _File)
+    except msgspec.ValidationError as exc:
+        raise _invalid(str(path), "", exc) from exc
+    where = str(path)
+    server = _server(file.server, where)
+    keys = _keys(server.api_keys, environ)
+    admin_keys = _keys(server.admin_keys, environ)
+    timeouts = _merge(Timeouts(), file.defaults.timeouts, where, "defaults.timeouts")
+    retries = _merge(Retries(), file.defaults.retries, where, "defaults.retries")
+    circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
+    providers = tuple(
+        _provider(name, raw, timeouts, retries, circuit, environ, where,
+                  file.defaults.max_answer_bytes, file.defaults.stream_upstream,
+                  file.defaults.max_answer_events)
+        for name, raw in file.providers.items()
+    )
+    state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
+    default_policy = AliasPolicy(
+        _merge(RoutingPolicy(), file.defaults.routing, where, "defaults.routing"),
+        _merge(CachePolicy(), file.defaults.cache, where, "defaults.cache"))
+    policies = {alias: AliasPolicy(
+        _merge(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
+        _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"))
+        for alias, entry in file.models.items()}
+    return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
+                    state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
+                    default_policy=default_policy, policies=policies)
+
+
+def _decode(text: str, path: Path) -> Any:
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                return yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
+
+
+def _invalid(file: str, field: str, exc: msgspec.ValidationError) -> ConfigError:
+    """A ConfigError reading "FILE: dotted.field: problem" from a msgspec error."""
+    # msgspec says "Expected `int`, got `str` - at `$.timeouts.connect`"; lead with the field.
+    problem, _, at = str(exc).partition(" - at `$")
+    path = ".".join(part for part in (field, at.rstrip("`").lstrip(".")) if part)
+    return ConfigError(f"{file}: {path}: {problem}" if path else f"{file}: {problem}")
+
+
+def _server(raw: dict[str, Any], where: str) -> ServerConfig:
+    try:
+        return msgspec.convert(raw, ServerConfig)
+    except msgspec.ValidationError as exc:
+        raise _invalid(where, "server", exc) from exc
+
+
+def _keys(entries: tuple[str | KeyEntry, ...], environ: Mapping[str, str]
+          ) -> tuple[GatewayKey, ...]:
+    """Resolve `server.api_keys`; one whose variable is unset is dropped."""
+    keys = []
+    for entry in entries:
+        item = entry if isinstance(entry, KeyEntry) else KeyEntry(key=entry)
+        secret = _expand(item.key, environ)
+        if not secret:
+            continue
+        key_id = item.id or "key-" + hashlib.sha256(secret.encode()).hexdigest()[:8]
+        keys.append(GatewayKey(Secret(secret), KeyLimits(
+            key_id, item.requests_per_minute, item.tokens_per_minute)))
+    return tuple(keys)
+
+
+def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:
+    try:
+        merged = msgspec.convert({**msgspec.structs.asdict(base), **overrides}, type(base))
+    except msgspec.ValidationError as exc:
+        raise _invalid(file, field, exc) from exc
+    for name in ("connect", "first_token", "idle", "total", "attempts", "failures",
+                 "window", "open_for"):
+        value = getattr(merged, name, None)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{file}: {field}.{name}: must be greater than 0, got {value}")
+    return merged
+
+
+def _is_http_url(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retries,
+              circuit: CircuitPolicy, environ: Mapping[str, str], file: str,
+              max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+              stream_upstream: bool = True,
+              max_answer_events: int = DEFAULT_MAX_ANSWER_EVENTS) -> ProviderSpec:
+    where = f"providers.{name}"
+    try:
+        entry = msgspec.convert(raw, ProviderEntry)
+    except msgspec.ValidationError as exc:
+        raise _invalid(file, where, exc) from exc
+    discovery = None
+    if entry.models == "*":
+        models: dict[str, ModelEntry] = {}
+        discovery = Discovery(entry.include, entry.exclude, entry.discover_interval)
+    else:
+        models = {alias: _model(alias, m, file, f"{where}.models.{alias}")
+                  for alias, m in entry.models.items()}
+    disabled_reason = None if entry.enabled else "disabled in config"
+    api_key = _expand(entry.api_key, environ) if entry.api_key else None
+    if entry.api_key and not api_key and disabled_reason is None:
+        disabled_reason = f"{entry.api_key.lstrip('$').strip('{}')} is not set"
+    base_url = _expand(entry.base_url, environ) if entry.base_url else None
+    if entry.base_url and not base_url and disabled_reason is None:
+        disabled_reason = f"{entry.base_url.lstrip('$').strip('{}')} is not set"
+    if base_url and not _is_http_url(base_url):  # the value is not shown: it may hold a key
+        raise ConfigError(f"{file}: {where}.base_url: must be an http:// or https:// URL "
+                          "with a host")
+    if base_url and api_key and urllib.parse.urlsplit(base_url).password is not None:
+        # Both would be sent, and clients refuse two sets of credentials in one request.
+        raise ConfigError(f"{file}: {where}.base_url: carries credentials (user:password@) "
+                          "and api_key is set too: keep one")
+    spec = ProviderSpec(
+        name=name,
+        kind=entry.type,
+        base_url=base_url.rstrip("/") if base_url else None,
+        api_key=Secret(api_key) if api_key else None,
+        enabled=disabled_reason is None,
+        disabled_reason=disabled_reason,
+        models=models,
+        timeouts=_merge(timeouts, entry.timeouts, file, f"{where}.timeouts"),
+        retries=_merge(retries, entry.retries, file, f"{where}.retries"),
+        circuit=_merge(circuit, entry.circuit, file, f"{where}.circuit"),
+        headers={k: _expand(v, environ) or "" for k, v in entry.headers.items()},
+        params=dict(entry.params),
+        drop_params=frozenset(entry.drop_params),
+        raw=raw,
+        discovery=discovery,
+        proxy=_proxy(entry, environ, file, where),
+        tls=_tls(entry.tls, environ, file, where),
+        max_answer_bytes=entry.max_answer_bytes or max_answer_bytes,
+        max_answer_events=entry.max_answer_events or max_answer_events,
+        max_embedding_batch=entry.max_embedding_batch,
+        weight=entry.weight,
+        stream_upstream=stream_upstream if entry.stream_upstream is None
+        else entry.stream_upstream,
+    )
+    if spec.base_url and spec.enabled:
+        try:  # an environment proxy the transport cannot use, named with its variable
+            spec.link_for(spec.base_url)
+        except ValueError as exc:
+            raise ConfigError(f"{file}: {where}: {exc}") from None
+    return spec
+
+
+def _proxy(entry: ProviderEntry, environ: Mapping[str, str], file: str, where: str
+           ) -> str | ProxyEnvironment | None:
+    """`"proxy"`: absent (or a `"$NAME"` that is unset) means the environment's, null none."""
+    if entry.proxy is None:
+        return None
+    value = _expand(entry.proxy, environ) if isinstance(entry.proxy, str) else None
+    if value is None:
+        return ProxyEnvironment.read(environ)
+    try:
+        return check_proxy(value, f"{where}.proxy")
+    except ValueError as exc:
+        raise ConfigError(f"{file}: {exc}") from None
+
+
+def _tls(tls: TlsEntry | None, environ: Mapping[str, str], file: str, where: str
+         ) -> TlsOptions | None:
+    """`"tls"` with its paths expanded (relative ones from the config file's folder), each
+    file checked to exist."""
+    if tls is None:
+        return None
+    folder = Path(file).parent
+    paths: dict[str, str | None] = {}
+    for field_name in ("ca_file", "cert_file", "key_file"):
+        written = getattr(tls, field_name)
+        value = _expand(written, environ) if written else None
+        if value is not None:
+            value = str(folder / Path(value).expanduser())
+            if not Path(value).is_file():
+                raise ConfigError(f"{file}: {where}.tls.{field_name}: no such file: {value}")
+        paths[field_name] = value
+    if paths["key_file"] and not paths["cert_file"]:
+        raise ConfigError(f"{file}: {where}.tls.key_file: needs tls.cert_file beside it")
+    return TlsOptions(paths["ca_file"], paths["cert_file"], paths["key_file"], tls.verify)
+
+
+def _model(alias: str, raw: str | dict[str, Any], file: str, where: str) -> ModelEntry:
+    """A model entry: an upstream id, or an object of facts about it.
+
+    An object with a `source` (or a `served_model_name`) is a model the provider runs itself (a
+    pool's): its engine options are the kind's to check, and its id is the name workers serve.
+    """
+    if isinstance(raw, str):
+        return ModelEntry(id=raw)
+    known = {k: v for k, v in raw.items() if k in ModelEntry.__struct_fields__}
+    if "source" in raw or "served_model_name" in raw:
+        known["id"] = raw.get("served_model_name") or raw.get("id") or alias
+    elif set(raw) - set(known):
+        unknown = ", ".join(sorted(set(raw) - set(known)))
+        raise ConfigError(f"{file}: {where}: unknown field(s) {unknown}")
+    try:
+        return msgspec.convert(known, ModelEntry)
+    except msgspec.ValidationError as exc:
+        raise _invalid(file, where, exc) from exc
+
+
+def _expand(value: str, environ: Mapping[str, str]) -> str | None:
+    """`"$NAME"` or `"${NAME}"` reads the environment (None when unset); other text is literal."""
+    if value.startswith("${") and value.endswith("}"):
+        return environ.get(value[2:-1]) or None
+    if value.startswith("$") and value[1:].replace("_", "").isalnum():
+        return environ.get(value[1:]) or None
+    return value
+
+
+def secrets(snapshot: Snapshot) -> list[str]:
+    """Every credential the config holds, resolved: the gateway's keys, providers' keys and
+    header values, credentials in their URLs and proxies, and in the Redis URL. What
+    `Redactor` removes from everything that leaves the process."""
+    found = [key.secret.reveal() for key in snapshot.keys + snapshot.admin_keys]
+    found += url_secrets(snapshot.state.url)
+    for spec in snapshot.providers:
+        if spec.api_key is not None:
+            found.append(spec.api_key.reveal())
+        for value in spec.headers.values():
+            found += [value, value.rsplit(" ", 1)[-1]]  # "Bearer <token>": the token alone too
+        if spec.base_url:
+            found += url_secrets(spec.base_url)
+        if isinstance(spec.proxy, str):
+            found += url_secrets(spec.proxy)
+        elif isinstance(spec.proxy, ProxyEnvironment):
+            found += [secret for _, url, _ in spec.proxy.entries for secret in url_secrets(url)]
+    return found
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def weakening(old: Snapshot, new: Snapshot, bind_host: str, allowed_open: bool = False
+              ) -> str | None:
+    """Why reloading `new` over `old` would weaken the gateway, or None: a reload never turns
+    authentication off (an unset or mistyped key variable resolves to no key), never leaves a
+    reachable address open unless that is allowed (`allowed_open`: `--allow-unauthenticated`),
+    and never leaves no provider."""
+    if old.keys and not new.keys:
+        return ("server.api_keys resolves to no key (is its variable unset or misspelt?) while "
+                "keys are in force")
+    if old.admin_keys and not new.admin_keys:
+        return ("server.admin_keys resolves to no key (is its variable unset or misspelt?) "
+                "while admin keys are in force")
+    if not (new.keys or is_loopback(bind_host) or new.server.allow_unauthenticated
+            or allowed_open):
+        return f"it would serve {bind_host} without server.api_keys"
+    if not new.providers:
+        return "providers is empty"
+    return None
+
+
+def _routes(providers: tuple[ProviderSpec, ...]) -> dict[str, tuple[Route, ...]]:
+    routes: dict[str, list[Route]] = {}
+    for spec in providers:
+        if not spec.enabled:
+            continue
+        for alias, model in spec.models.items():
+            routes.setdefault(alias, []).append(Route(spec.name, model.id, spec.weight))
+    return {alias: tuple(candidates) for alias, candidates in routes.items()}
+
+
+def with_discovered(snapshot: Snapshot, found: Mapping[str, tuple[str, ...]]) -> Snapshot:
+    """A copy whose discovering providers serve the models found (alias = upstream id)."""
+    providers = tuple(
+        replace(p, models={m: ModelEntry(id=m) for m in found.get(p.name, ())})
+        if p.discovery is not None else p
+        for p in snapshot.providers
+    )
+    return replace(snapshot, providers=providers, routes=_routes(providers))
+
+
+def with_provider_disabled(snapshot: Snapshot, name: str, reason: str) -> Snapshot:
+    """A copy of the snapshot with one provider disabled (a kind that cannot start, say)."""
+    providers = tuple(
+        replace(p, enabled=False, disabled_reason=reason) if p.name == name else p
+        for p in snapshot.providers
+    )
+    return replace(snapshot, providers=providers, routes=_routes(providers))

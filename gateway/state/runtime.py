@@ -1,0 +1,234 @@
+"""What one gateway process holds, split by lifetime.
+
+`Live` is immutable: a config snapshot, the providers built from it and their adapters, prices,
+the redactor. `Runtime` is built whole at startup and lives as long as the process: the
+registries (health, limits, latencies, metrics, traffic), the stores, the supervisor, the
+listeners. `Runtime.apply()` builds a complete new `Live` and swaps it in with one assignment,
+so a request sees either the old config or the new one, never half of each.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from gateway.adapters.stack import Adapted, adapted
+from gateway.edge.drain import Drain
+from gateway.observe.logs import RequestLog
+from gateway.observe.metrics import Metrics
+from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
+from gateway.observe.traffic import ProviderTraffic, RecentTraffic
+from gateway.pipeline.health import ProviderHealth
+from gateway.pipeline.limits import RateLimiter
+from gateway.pipeline.record import Listener
+from gateway.pipeline.strategy import Latencies, Spread
+from gateway.state.config import (
+    ConfigError,
+    Snapshot,
+    with_discovered,
+    with_provider_disabled,
+)
+from gateway.state.config import secrets as config_secrets
+from gateway.state.supervise import Supervisor
+from gateway.stores.cache import ResponseCache
+from gateway.stores.responses import ResponseStore
+from providers.contract.lasting import Lasting
+from providers.contract.log import get_logger
+from providers.contract.provider import Provider, ProviderDisabled
+from providers.contract.redact import Redactor
+from providers.contract.spec import CircuitPolicy, Retries
+from providers.contract.transport import Transport
+from providers.contract.usage import Price
+
+ADMIN_DISABLED = "disabled by an admin"
+# The stages `Runtime.trace` hears, in the order a whole answer passes them.
+STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """One config snapshot, its live providers and their adapters; replaced whole on reload."""
+
+    snapshot: Snapshot
+    providers: Mapping[str, Provider]
+    # Per endpoint, the providers as its requests reach them (bridges, batches, assembly).
+    adapted: Adapted
+    models_body: bytes
+    prices: Mapping[tuple[str, str], Price]
+    # Removes this config's secrets from everything that leaves the process.
+    redactor: Redactor
+
+
+def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None:
+    """Every enabled provider names a known kind, else a ConfigError naming the field."""
+    for spec in snapshot.enabled:
+        if spec.kind not in kinds:
+            known = ", ".join(sorted(kinds))
+            raise ConfigError(f"{snapshot.source}: providers.{spec.name}.type: unknown provider "
+                              f"type '{spec.kind}' (known: {known})")
+
+
+def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Provider]],
+          store: ResponseStore) -> Live:
+    """Instantiate every enabled provider and its adapters; an unknown type or bad field is a
+    ConfigError."""
+    check_kinds(snapshot, kinds)
+    providers: dict[str, Provider] = {}
+    for spec in snapshot.enabled:
+        try:
+            providers[spec.name] = kinds[spec.kind](spec, transport)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
+    prices = {(spec.name, alias): model.price for spec in snapshot.providers
+              for alias, model in spec.models.items() if model.price is not None}
+    return Live(snapshot, providers, adapted(providers, store), models_list(snapshot),
+                      prices, Redactor.of(config_secrets(snapshot)))
+
+
+def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
+    """`GET /v1/models`: every alias an enabled provider serves, owned by the first of them."""
+    stamp = int(time.time()) if created is None else created
+    data = [model_card(alias, routes[0].provider, stamp)
+            for alias, routes in snapshot.routes.items()]
+    return msgspec.json.encode({"object": "list", "data": data})
+
+
+def model_card(alias: str, owner: str, created: int) -> dict[str, object]:
+    """One entry of the models list, in OpenAI's `Model` shape."""
+    return {"id": alias, "object": "model", "created": created, "owned_by": owner}
+
+
+class Runtime:
+    """The process's state for its whole life, and the current `Live` (swapped on reload)."""
+
+    def __init__(self, transport: Transport, kinds: Mapping[str, type[Provider]],
+                 request_log: RequestLog | None = None, *, cache: ResponseCache,
+                 responses: ResponseStore, redis: Redis | None = None) -> None:
+        self.transport = transport  # the process's one upstream client, shared by every provider
+        self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
+        self.kinds = kinds
+        self.started = time.time()
+        self.health = ProviderHealth()
+        self.spread = Spread()  # the weighted strategy's turns, per alias
+        self.latencies = Latencies()  # what the latency strategy has learned
+        self.limiter = RateLimiter()
+        self.metrics = Metrics(self.health, inflight=lambda: self.inflight)
+        self.traffic = RecentTraffic()
+        self.provider_traffic = ProviderTraffic()
+        self.inflight = 0  # relay requests being served, for the concurrency cap
+        self.disabled_by_admin: set[str] = set()
+        self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
+        self.responses = responses
+        self.cache = cache
+        self.redis = redis  # the process's one Redis client; None with the memory backend
+        self.configured: Snapshot | None = None  # the file's config, before admin overrides
+        # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
+        self.config_error: dict[str, Any] | None = None
+        self.lasting = Lasting()  # what outlives snapshots: worker pools
+        self.supervisor = Supervisor()  # the background tasks, restarted when they fail
+        self.drain = Drain()  # open streams, ended in-band if still open late in a shutdown
+        # Called with the name of each stage a relayed request passes (`STAGES`), for a
+        # profiler such as bench/stages.py; None in production, where it costs one check each.
+        self.trace: Callable[[str], None] | None = None
+        # Told of every request's record when it ends, in this order.
+        self.listeners: tuple[Listener, ...] = (
+            counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
+            logged_by(self.request_log), spent_by(self.limiter), self._staged)
+        self._live: Live | None = None
+
+    @property
+    def live(self) -> Live:
+        if self._live is None:
+            raise RuntimeError("gateway has no config yet")
+        return self._live
+
+    def longest_cooldown(self, provider: str) -> float:
+        """The longest one 429 may keep `provider` out of service: as long as its Retry-After
+        is believed, or its plain cooldown if that is longer (the defaults' if not live)."""
+        found = self.live.providers.get(provider)
+        retries, circuit = (found.spec.retries, found.spec.circuit) if found is not None \
+            else (Retries(), CircuitPolicy())
+        return max(retries.max_retry_after, circuit.rate_limit_cooldown)
+
+    def stage(self, name: str) -> None:
+        """Tell the profiler, if one listens, that a request passed stage `name`."""
+        if self.trace is not None:
+            self.trace(name)
+
+    def _staged(self, _: object) -> None:
+        self.stage("logged")
+
+    def enter(self) -> None:
+        """A relay request takes its in-flight slot (`front.Front`, the one caller)."""
+        self.inflight += 1
+        self.metrics.add_inflight(1)
+
+    def leave(self) -> None:
+        """Its answer is sent, or abandoned: the slot is free."""
+        self.inflight -= 1
+        self.metrics.add_inflight(-1)
+
+    async def apply(self, snapshot: Snapshot) -> None:
+        """Make `snapshot` live; on any error the previous config keeps serving."""
+        effective = with_discovered(snapshot, self.discovered)
+        for name in self.disabled_by_admin:
+            effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
+        live = build(effective, self.transport, self.kinds, self.responses)
+        self.configured = snapshot
+        disabled = await _start_all(live, self.lasting)
+        if disabled:
+            for name, reason in disabled.items():
+                effective = with_provider_disabled(effective, name, reason)
+            serving = {n: p for n, p in live.providers.items() if n not in disabled}
+            live = Live(effective, serving, adapted(serving, self.responses),
+                              models_list(effective), live.prices, live.redactor)
+        previous, self._live = self._live, live
+        self.request_log.redaction.redactor = live.redactor
+        routed = [route for routes in effective.routes.values() for route in routes]
+        self.health.retain(routed)
+        self.latencies.retain(routed)
+        self.spread.retain(effective.routes)
+        self.provider_traffic.retain({p.name for p in effective.providers})
+        log = get_logger()
+        for spec in effective.providers:
+            if not spec.enabled:
+                log.info("provider_disabled", provider=spec.name, reason=spec.disabled_reason)
+        if previous is not None:
+            await _close_all(previous)
+
+    async def set_enabled(self, name: str, enabled: bool) -> None:
+        """Enable or disable a provider at runtime; it lasts across config reloads."""
+        if enabled:
+            self.disabled_by_admin.discard(name)
+        else:
+            self.disabled_by_admin.add(name)
+        if self.configured is not None:
+            await self.apply(self.configured)
+
+    async def close(self) -> None:
+        if self._live is not None:
+            await _close_all(self._live)
+        await self.lasting.close()
+
+
+async def _start_all(live: Live, lasting: Lasting) -> dict[str, str]:
+    """Start every provider; those that cannot serve here are closed and returned with why."""
+    disabled = {}
+    for name, provider in live.providers.items():
+        try:
+            await provider.start(lasting)
+        except ProviderDisabled as exc:
+            disabled[name] = str(exc)
+            await provider.close()
+    return disabled
+
+
+async def _close_all(live: Live) -> None:
+    for provider in live.providers.values():
+        await provider.close()

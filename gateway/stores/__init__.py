@@ -1,0 +1,1 @@
+"""Byte-bounded stores with an optional Redis tier: the response cache and the Responses store."""

@@ -1,0 +1,373 @@
+"""`"type": "anthropic"`: chat completions translated to Anthropic's Messages API and back.
+
+Translation is pure (`to_messages`, `to_chat_completion`, `StreamTranslator`); the provider only
+sends. Approximated: `response_format` becomes an instruction in the system prompt (the Messages
+API has no JSON mode), `n` > 1 and `logprobs` are not available, `seed` and penalties are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from providers.contract.chat import ChatRequest, checked
+from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.contract.messages import STOP_REASONS, THINKING_BUDGETS, image_block, usage_of
+from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
+from providers.contract.usage import Usage
+from providers.wire import sse
+from providers.wire.http import HttpUpstream, scrub
+
+API_VERSION = "2023-06-01"
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+DEFAULT_MAX_TOKENS = 4096
+
+
+def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
+    """The Messages API request for an OpenAI chat-completions body; InvalidRequest names a
+    field of the wrong type."""
+    checked(body, ChatRequest)  # what follows reads only fields of the types checked here
+    system, messages = _conversation(body.get("messages") or ())
+    request: dict[str, Any] = {
+        "model": upstream_model, "messages": messages,
+        "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens")
+        or DEFAULT_MAX_TOKENS,
+    }
+    if schema := _format_instruction(body.get("response_format")):
+        system.append(schema)
+    if system:
+        request["system"] = "\n\n".join(system)
+    for name in ("temperature", "top_p", "top_k", "stream"):
+        if body.get(name) is not None:
+            request[name] = body[name]
+    if (stop := body.get("stop")) is not None:
+        request["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    if body.get("tools"):
+        request["tools"] = [_tool(tool) for tool in body["tools"]]
+    if (choice := _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))):
+        request["tool_choice"] = choice
+    if budget := _thinking_budget(body):
+        request["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        request["max_tokens"] = max(request["max_tokens"], budget + 1024)
+        request.pop("temperature", None)  # extended thinking requires the default temperature
+    if body.get("user"):
+        request["metadata"] = {"user_id": str(body["user"])}
+    return request
+
+
+def _conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """System text, and the turns as alternating user/assistant content blocks."""
+    system: list[str] = []
+    messages: list[dict[str, Any]] = []
+    for message in chat:
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system.append(_text_of(message.get("content")))
+        elif role == "tool":
+            block = {"type": "tool_result", "tool_use_id": message.get("tool_call_id", ""),
+                     "content": _text_of(message.get("content"))}
+            _append(messages, "user", [block])
+        elif role == "assistant":
+            blocks = _blocks(message.get("content"))
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") or {}
+                blocks.append({"type": "tool_use", "id": call.get("id", ""),
+                               "name": function.get("name", ""),
+                               "input": _json_or_empty(function.get("arguments"))})
+            _append(messages, "assistant", blocks)
+        else:
+            _append(messages, "user", _blocks(message.get("content")))
+    return system, messages
+
+
+def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    # The Messages API wants turns to alternate: consecutive same-role turns are merged.
+    if messages and messages[-1]["role"] == role:
+        messages[-1]["content"].extend(blocks)
+    else:
+        messages.append({"role": role, "content": blocks})
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks = []
+    for part in content:
+        if part.get("type") == "text":
+            blocks.append({"type": "text", "text": part.get("text", "")})
+        elif part.get("type") == "image_url":
+            image = part.get("image_url") or ""
+            blocks.append(image_block(image if isinstance(image, str) else image.get("url", "")))
+    return blocks
+
+
+def _json_or_empty(arguments: Any) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function = tool.get("function") or {}
+    declared = {"name": function.get("name", ""),
+                "input_schema": function.get("parameters") or {"type": "object"}}
+    if function.get("description"):
+        declared["description"] = function["description"]
+    return declared
+
+
+def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
+    if choice is None:
+        picked: dict[str, Any] | None = {"type": "auto"} if parallel is False else None
+    elif choice == "required":
+        picked = {"type": "any"}
+    elif choice in ("auto", "none"):
+        picked = {"type": choice}
+    elif isinstance(choice, dict):
+        picked = {"type": "tool", "name": (choice.get("function") or {}).get("name", "")}
+    else:
+        picked = None
+    if picked is not None and parallel is False and picked["type"] != "none":
+        picked["disable_parallel_tool_use"] = True
+    return picked
+
+
+def _thinking_budget(body: Mapping[str, Any]) -> int | None:
+    kwargs = body.get("chat_template_kwargs") or {}
+    if kwargs.get("thinking") is False or body.get("enable_thinking") is False:
+        return None
+    effort = body.get("reasoning_effort")
+    if isinstance(effort, str) and effort in THINKING_BUDGETS:
+        return THINKING_BUDGETS[effort]
+    if kwargs.get("thinking") is True or body.get("enable_thinking") is True:
+        return THINKING_BUDGETS["medium"]
+    return None
+
+
+def _format_instruction(response_format: Any) -> str | None:
+    if not isinstance(response_format, dict):
+        return None
+    if response_format.get("type") == "json_object":
+        return "Respond with a single JSON object and nothing else."
+    if response_format.get("type") == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        return ("Respond with a single JSON object, and nothing else, that matches this JSON "
+                f"schema: {json.dumps(schema)}")
+    return None
+
+
+def to_chat_completion(message: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """An OpenAI chat completion for a Messages API answer."""
+    text, reasoning, calls = [], [], []
+    for block in message.get("content") or ():
+        kind = block.get("type")
+        if kind == "text":
+            text.append(block.get("text", ""))
+        elif kind == "thinking":
+            reasoning.append(block.get("thinking", ""))
+        elif kind == "tool_use":
+            calls.append({"id": block.get("id", ""), "type": "function",
+                          "function": {"name": block.get("name", ""),
+                                       "arguments": json.dumps(block.get("input") or {})}})
+    answer: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None,
+                              "refusal": None}
+    if reasoning:
+        answer["reasoning"] = answer["reasoning_content"] = "".join(reasoning)
+    if calls:
+        answer["tool_calls"] = calls
+    return {"id": f"chatcmpl-{message.get('id', '')}", "object": "chat.completion",
+            "created": int(time.time()), "model": message.get("model") or model,
+            "choices": [{"index": 0, "message": answer, "logprobs": None,
+                         "finish_reason": STOP_REASONS.get(message.get("stop_reason") or "",
+                                                           "stop")}],
+            "usage": usage_of(message.get("usage"))}
+
+
+class StreamTranslator:
+    """Messages API stream events in, OpenAI chat-completion chunks (SSE bytes) out."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.id = "chatcmpl-anthropic"
+        self.created = int(time.time())
+        self.blocks: dict[int, tuple[str, int]] = {}  # block index → (kind, tool call index)
+        self.calls = 0
+        self.usage: dict[str, Any] = {}
+        self._reader = sse.Reader()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Chunks for every complete event in `chunk`; raises on an `error` event."""
+        return b"".join(self._event(event.data) for event in self._reader.feed(chunk))
+
+    def close(self) -> bytes:
+        """At the upstream's clean end: chunks for a last event it did not end with a blank
+        line."""
+        return b"".join(self._event(event.data) for event in self._reader.flush())
+
+    def _event(self, data: bytes) -> bytes:
+        if not data or data.isspace():
+            return b""
+        try:
+            payload = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            raise BadUpstreamResponse(f"stream event is not JSON: {data[:80]!r}") from None
+        if not isinstance(payload, dict):
+            raise BadUpstreamResponse("stream event is not a JSON object")
+        kind = payload.get("type")
+        if kind == "message_start":
+            message = payload.get("message") or {}
+            self.id = f"chatcmpl-{message.get('id', '')}"
+            self.usage.update(message.get("usage") or {})
+            return self._chunk({"role": "assistant", "content": ""})
+        if kind == "content_block_start":
+            return self._block_start(payload.get("index", 0), payload.get("content_block") or {})
+        if kind == "content_block_delta":
+            return self._delta(payload.get("index", 0), payload.get("delta") or {})
+        if kind == "message_delta":
+            self.usage.update(payload.get("usage") or {})
+            reason = (payload.get("delta") or {}).get("stop_reason")
+            return self._chunk({}, STOP_REASONS.get(reason or "", "stop")) if reason else b""
+        if kind == "message_stop":
+            usage = usage_of(self.usage)
+            return sse.encode(msgspec.json.encode({
+                "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [], "usage": usage})) + sse.encode(sse.DONE)
+        if kind == "error":
+            error = payload.get("error") or {}
+            said = f"{error.get('type', 'error')}: {error.get('message')}"
+            raise ProviderUnavailable(scrub(said))  # it may echo the request's headers
+        return b""  # ping, content_block_stop
+
+    def _block_start(self, index: int, block: Mapping[str, Any]) -> bytes:
+        kind = block.get("type", "text")
+        if kind != "tool_use":
+            self.blocks[index] = (kind, -1)
+            return b""
+        self.blocks[index] = (kind, self.calls)
+        self.calls += 1
+        call = {"index": self.calls - 1, "id": block.get("id", ""), "type": "function",
+                "function": {"name": block.get("name", ""), "arguments": ""}}
+        return self._chunk({"tool_calls": [call]})
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> bytes:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            return self._chunk({"content": delta.get("text", "")})
+        if kind == "thinking_delta":
+            thought = delta.get("thinking", "")
+            return self._chunk({"reasoning": thought, "reasoning_content": thought})
+        if kind == "input_json_delta":
+            call = self.blocks.get(index, ("tool_use", 0))[1]
+            return self._chunk({"tool_calls": [{"index": call, "function": {
+                "arguments": delta.get("partial_json", "")}}]})
+        return b""
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse.encode(msgspec.json.encode({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                              "finish_reason": finish}]}))
+
+
+# Endpoints relayed as they are, and their paths after /v1/messages.
+NATIVE = {"messages": "", "messages/count_tokens": "/count_tokens"}
+
+
+class _Message(msgspec.Struct):
+    type: Literal["message"]
+    content: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
+class _Counted(msgspec.Struct):
+    input_tokens: int
+
+
+def checked_answer(payload: bytes, shape: type[msgspec.Struct]) -> bytes:
+    """`payload` if it is a JSON answer of `shape`; a failover if it is not."""
+    try:
+        msgspec.json.decode(payload, type=shape)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise BadUpstreamResponse(f"response is not a Messages answer: {exc}") from None
+    return payload
+
+
+class AnthropicProvider(Provider):
+    """Anthropic's Messages API behind the OpenAI chat-completions interface."""
+
+    kind = "anthropic"
+    # Messages (and their token counts) pass through natively: no double translation.
+    endpoints = frozenset({"chat/completions", "messages", "messages/count_tokens"})
+
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
+        super().__init__(spec, transport)
+        self._url = f"{(spec.base_url or DEFAULT_BASE_URL).removesuffix('/v1')}/v1/messages"
+        headers = {"Content-Type": "application/json", "anthropic-version": API_VERSION,
+                   **spec.headers}
+        secret = spec.api_key.reveal() if spec.api_key else None
+        if secret:
+            headers["x-api-key"] = secret
+        self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret, transport,
+                                 spec.link_for(self._url))
+
+    def _body(self, request: Outgoing, upstream_model: str) -> bytes:
+        if request.endpoint in NATIVE:
+            body = {**request.json(), "model": upstream_model}
+        else:
+            body = to_messages(request.json(), upstream_model)
+        for name in self.spec.drop_params:
+            body.pop(name, None)
+        body.update(self.spec.params)
+        return msgspec.json.encode(body)
+
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        url = NATIVE.get(request.endpoint, "")
+        payload, _ = await self.http.post(self._url + url, self._body(request, upstream_model))
+        if request.endpoint == "messages/count_tokens":
+            return Reply(checked_answer(payload, _Counted))
+        if request.endpoint == "messages":
+            message = msgspec.json.decode(checked_answer(payload, _Message), type=_Message)
+            return Reply(payload, usage=msgspec.convert(usage_of(message.usage), Usage))
+        try:
+            message = msgspec.json.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise ProviderUnavailable(f"response is not JSON: {exc}") from None
+        answer = to_chat_completion(message, upstream_model)
+        usage = msgspec.convert(answer["usage"], Usage)
+        return Reply(msgspec.json.encode(answer), usage=usage)
+
+    async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        chunks = self.http.stream(self._url, self._body(request, upstream_model))
+        if request.endpoint == "messages":  # the client speaks Messages too: bytes as they come
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await chunks.aclose()
+            return
+        translator = StreamTranslator(upstream_model)
+        try:
+            async for chunk in chunks:
+                if out := translator.feed(chunk):
+                    yield out
+            if tail := translator.close():
+                yield tail
+        finally:
+            await chunks.aclose()

@@ -1,0 +1,124 @@
+"""`"type": "openai"`: any OpenAI-compatible server (OpenAI, Lilac, Groq, vLLM, llama.cpp, ...).
+
+The body passes through as bytes when nothing needs changing; otherwise it is rewritten for this
+provider: the model id, forced `params`, `drop_params`, a stream's usage request, and the field
+spellings it understands (`providers.kinds.compat`). Answers come back normalised the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+import msgspec
+
+from providers.contract import embeddings
+from providers.contract.answer import check_json
+from providers.contract.provider import Outgoing, Provider, Reply, decode_body
+from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
+from providers.kinds.compat import (
+    OpenAIOptions,
+    StreamNormalizer,
+    needs_translation,
+    normalize_reply,
+    read_options,
+    translate_request,
+    used_legacy_functions,
+)
+from providers.wire.http import HttpUpstream
+
+
+def asks_stream_usage(request: Outgoing, options: OpenAIOptions) -> bool:
+    """Streams ask for usage (for cost and token limits) unless the client did or config says no."""
+    return (request.stream and not request.client_wants_usage and options.stream_usage
+            and request.endpoint in ("chat/completions", "completions"))
+
+
+def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec,
+               options: OpenAIOptions) -> bytes:
+    """The upstream body: the client's bytes untouched unless something must change."""
+    add_usage = asks_stream_usage(request, options)
+    translate = request.endpoint == "chat/completions" and needs_translation(request.raw,
+                                                                            options)
+    if (upstream_model == request.model and not spec.params and not spec.drop_params
+            and not add_usage and not translate):
+        return request.raw
+    if translate:  # translation changes nested messages: work on a fresh copy
+        body: dict[str, Any] = translate_request(decode_body(request.raw), options)
+    else:
+        body = dict(request.json())
+    body["model"] = upstream_model
+    if add_usage:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    for name in spec.drop_params:
+        body.pop(name, None)
+    body.update(spec.params)
+    return msgspec.json.encode(body)
+
+
+def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
+    """Headers sent with every request to this provider (`HttpUpstream` chooses the encoding)."""
+    headers = {"Content-Type": "application/json", **spec.headers}
+    if spec.api_key is not None:
+        headers["Authorization"] = f"Bearer {spec.api_key.reveal()}"
+    return headers
+
+
+class OpenAIProvider(Provider):
+    """An upstream that speaks OpenAI's HTTP API."""
+
+    kind = "openai"
+    endpoints = frozenset({"chat/completions", "completions", "embeddings"})
+    embedding_batch = embeddings.MAX_INPUTS
+
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
+        super().__init__(spec, transport)
+        if not spec.base_url:
+            raise ValueError(f"provider {spec.name!r} of type openai needs a base_url")
+        self._base_url = spec.base_url
+        self.http = HttpUpstream(spec.name, spec.timeouts, build_headers(spec),
+                                 spec.api_key.reveal() if spec.api_key else None, transport,
+                                 spec.link_for(spec.base_url))
+        self.options = read_options(spec.raw)
+        if self.options.responses:
+            self.endpoints = self.endpoints | {"responses"}
+
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        body, headers = await self.http.post(
+            f"{self._base_url}/{request.endpoint}",
+            build_body(request, upstream_model, self.spec, self.options))
+        usage = check_json(body)
+        if request.endpoint == "embeddings":
+            embeddings.check_list(body, len(embeddings.inputs(request.json())))
+        elif request.endpoint == "chat/completions":
+            body = normalize_reply(body, self._legacy(request))
+        return Reply(body, headers.get("Content-Type", "application/json"), usage)
+
+    async def list_models(self) -> list[str]:
+        listing = await self.http.get_json(f"{self._base_url}/models")
+        return [str(m["id"]) for m in listing.get("data") or () if isinstance(m, dict)
+                and "id" in m]
+
+    def _legacy(self, request: Outgoing) -> bool:
+        """Did the client use the deprecated functions API that this upstream no longer has?"""
+        return (not self.options.legacy_functions and b'"function' in request.raw
+                and used_legacy_functions(request.json()))
+
+    async def stream(self, request: Outgoing, upstream_model: str
+                     ) -> AsyncGenerator[bytes, None]:
+        chunks = self.http.stream(f"{self._base_url}/{request.endpoint}",
+                                  build_body(request, upstream_model, self.spec, self.options))
+        if request.endpoint != "chat/completions":
+            async for chunk in chunks:
+                yield chunk
+            return
+        normalizer = StreamNormalizer(self._legacy(request))
+        try:
+            async for chunk in chunks:
+                if normalized := normalizer.feed(chunk):
+                    yield normalized
+            if rest := normalizer.flush():
+                yield rest
+        finally:
+            await chunks.aclose()
