@@ -125,3 +125,44 @@ def test_stream_upstream_false_asks_for_the_whole_answer(
 
     assert answer.status_code == 200
     assert up.requests[-1].body == raw, "relayed byte for byte, as before"
+
+
+def test_an_answer_of_more_events_than_max_answer_events_fails_over_as_bad_response(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    chatty, backup = upstream_factory("chatty"), upstream_factory("backup")
+    chatty.set_mode(ok(chunks=["a"] * 50))  # one event a piece, and a few around them
+    gateway = start_gateway(config({"chatty": provider(chatty.base_url, {"m": "m"},
+                                                       max_answer_events=20),
+                                    "backup": provider(backup.base_url, {"m": "m"})}))
+
+    answer = httpx.post(f"{gateway.base_url}/chat/completions",
+                        json={"model": "m", "messages": HI})
+    (request,) = gateway.log_events("request")
+
+    assert answer.status_code == 200 and answer.headers["x-llms-provider"] == "backup"
+    assert request["failed"] == ["chatty:bad_response"]
+
+
+def test_the_same_events_in_any_framing_assemble_into_the_same_answer() -> None:
+    from gateway.adapters.assemble import ChatAssembler
+
+    events = [b'{"id":"c1","model":"m","choices":[{"index":0,"delta":{"role":"assistant",'
+              b'"content":"Hel"}}]}',
+              b'{"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}']
+    framings = {
+        "lf": b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n",
+        "crlf": b"".join(b"data: " + e + b"\r\n\r\n" for e in events) + b"data: [DONE]\r\n\r\n",
+        "comments": b"".join(b": ping\ndata:" + e + b"\n\n" for e in events)
+        + b"data: [DONE]\n\n",
+    }
+    answers = {}
+    for name, body in framings.items():
+        assembler = ChatAssembler()
+        for at in range(0, len(body), 7):  # in pieces that split lines and events
+            assembler.feed(body[at:at + 7])
+        assert assembler.done and not assembler.broken, name
+        answers[name] = assembler.answer()
+
+    assert answers["lf"] == answers["crlf"] == answers["comments"]
+    assert answers["lf"]["choices"][0]["message"]["content"] == "Hello"

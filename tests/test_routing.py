@@ -26,7 +26,7 @@ def served_by(gateway: GatewayProcess, model: str = "m", stream: bool = False) -
     return answer.headers["x-llms-provider"]
 
 
-def test_weights_3_to_1_spread_400_requests_75_25(
+def test_weights_3_to_1_send_exactly_three_of_every_four_requests_to_the_heavier(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
     big, small = upstream_factory("big"), upstream_factory("small")
@@ -35,10 +35,11 @@ def test_weights_3_to_1_spread_400_requests_75_25(
         "small": provider(small.base_url, {"m": "m"}),
     }, models={"m": {"routing": {"strategy": "weighted"}}}))
 
-    counts = Counter(served_by(gateway) for _ in range(400))
+    served = [served_by(gateway) for _ in range(8)]
 
-    assert abs(counts["big"] / 400 - 0.75) <= 0.05, counts
-    assert counts["big"] + counts["small"] == 400
+    # Smooth weighted round robin is deterministic: checked exactly, not as a share of many.
+    assert served == ["big", "big", "small", "big", "big", "big", "small", "big"]
+    assert Counter(served) == {"big": 6, "small": 2}
 
 
 def test_the_default_strategy_is_file_order_and_an_alias_may_override_it(

@@ -2,8 +2,8 @@
 
 Shared by every relay route (chat, completions, responses, embeddings, messages): endpoint
 differences live in the request heads (`schemas`), the adapters built per config snapshot
-(`adapters.stack`) and the provider kinds, not here. The request's record (`record`) is filled on the
-way and ended once, by whoever delivers its last byte.
+(`adapters.stack`) and the provider kinds, not here. The request's record (`record`) is filled on
+the way and ended once, by whoever delivers its last byte.
 """
 
 from __future__ import annotations
