@@ -17,7 +17,9 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
 - whole_streamed: whole requests relayed whole vs asked upstream as a stream and assembled
   (early failover's cost), paired rounds at 10 clients;
 - assembly: one whole chat answer of 100,000 logprob events assembled by the gateway, vs the same
-  events relayed as a stream, with /health polled meanwhile (assembly.py).
+  events relayed as a stream, with /health polled meanwhile (assembly.py);
+- chaos: three upstreams flapping every 0.3 s among healthy, 5xx, 429, hang, cut and garbage,
+  400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -48,6 +50,7 @@ from typing import Any
 import scenarios
 import stages
 from assembly import assembly
+from chaos import chaos
 from harness import (
     BENCH,
     PY,
@@ -75,7 +78,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly")
+         "startup", "whole_streamed", "assembly", "chaos")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -263,6 +266,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "startup": lambda: scenarios.startup(work, repeats),
         "whole_streamed": lambda: whole_streamed(work, duration, wrk, 2 if quick else 5),
         "assembly": lambda: assembly(work, ASSEMBLY_EVENTS, 1 if quick else 3),
+        "chaos": lambda: chaos(work, 100 if quick else 400),
     }
     for name, step in steps.items():
         if name in parts:
@@ -393,6 +397,11 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                      f"{asm['health_p50_ms']:.1f} ms, max {asm['health_max_ms']:.0f} ms; "
                      + ("complete" if asm["complete"] else "**incomplete**")
                      + f" (medians of {asm['rounds']} rounds)", None))
+    if ch := data.get("chaos"):
+        rows.append((f"answered under flapping upstreams ({ch['requests']} requests, modes "
+                     f"switching every {ch['flip_s']:g} s)", "none: breakers on beside off, "
+                     "reported", f"breakers on {ch['on_rate']:.0%}, `circuit.enabled: false` "
+                     f"{ch['off_rate']:.0%}", None))
     if su := data.get("startup"):
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))

@@ -1,4 +1,4 @@
-"""A provider that keeps failing is skipped for a while instead of slowing every request."""
+"""A provider that keeps failing goes last for a while instead of slowing every request."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_the_error_rate_window_stays_small_whatever_the_request_rate() -> None:
     assert breaker.state is CircuitState.OPEN, "3 consecutive failures still trip it"
 
 
-def test_plan_skips_open_and_cooling_routes_but_tries_the_soonest_when_all_are_blocked() -> None:
+def test_plan_puts_open_and_cooling_routes_last_the_soonest_to_recover_first() -> None:
     now = [100.0]
     health = ProviderHealth(clock=lambda: now[0])
     a, b, c = Route("a", "m"), Route("b", "m"), Route("c", "m")
@@ -71,14 +71,13 @@ def test_plan_skips_open_and_cooling_routes_but_tries_the_soonest_when_all_are_b
         health.failed(a, POLICY, ProviderUnavailable("down", upstream_status=503))
     health.failed(b, POLICY, ProviderRateLimited("slow down", retry_after=4))
 
-    assert [p.route for p in health.plan([a, b, c], lambda _: POLICY)] == [c]
-
-    health.failed(c, POLICY, ProviderRateLimited("slow down", retry_after=30))
-    only = health.plan([a, b, c], lambda _: POLICY)
-    assert [(p.route, p.forced) for p in only] == [(b, True)], "b cools down first (4 s)"
+    plan = health.plan([a, b, c], lambda _: POLICY)
+    assert [(p.route, p.forced) for p in plan] == [(c, False), (b, True), (a, True)], \
+        "b cools down (4 s) before a's circuit half-opens (10 s)"
 
     now[0] = 105
-    assert [p.route for p in health.plan([a, b, c], lambda _: POLICY)] == [b]
+    assert [(p.route, p.forced) for p in health.plan([a, b, c], lambda _: POLICY)] == [
+        (b, False), (c, False), (a, True)]
 
 
 def test_trips_are_announced_and_remote_ones_applied() -> None:
@@ -93,7 +92,8 @@ def test_trips_are_announced_and_remote_ones_applied() -> None:
     other.apply_remote(seen[0], POLICY)
     other.apply_remote(Change("b", None, 70.0))
     assert [p.route.provider for p in other.plan([Route("a", "m"), Route("b", "m"),
-                                                  Route("c", "m")], lambda _: POLICY)] == ["c"]
+                                                  Route("c", "m")], lambda _: POLICY)] == [
+        "c", "a", "b"], "a opens until 60, b cools until 70: both after c"
 
 
 def chat(gateway: GatewayProcess) -> httpx.Response:

@@ -1,10 +1,18 @@
 """What the gateway remembers about providers between requests: breakers and cooldowns.
 
 `ProviderHealth` lives on the `Runtime` (so it survives config reloads) and is consulted by the
-router: `plan()` drops candidates whose circuit is open or who are cooling down after a 429 —
-unless every candidate is blocked, then the one that recovers soonest is tried rather than
-failing untried. Every trip and cooldown is also offered to `on_change` listeners, which is how a
-shared backend (Redis) spreads them to other processes; `apply_remote()` takes theirs in.
+router. A breaker saves time on a provider that is down; it never refuses a request another try
+could answer. So `plan()` excludes no candidate, it only orders them:
+
+1. the candidates that may be tried now, in the strategy's order;
+2. then the excluded ones (circuit open, half-open with its probe out, or cooling down after a
+   429), the soonest to recover first: tried, `forced`, only once every candidate before them
+   has failed. With every candidate excluded, that is the whole plan (Envoy's panic routing).
+
+A forced try that succeeds ends the exclusion at once (its circuit closes, its cooldown ends);
+one that fails counts as a failed probe. Every trip and cooldown is also offered to `listeners`,
+which is how a shared backend (Redis) spreads them to other processes;
+`apply_remote()` takes theirs in.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ class Change:
 
 
 class Planned(NamedTuple):
-    """A candidate to try; `forced` when every candidate was blocked and this recovers first."""
+    """A candidate to try; `forced` when it is excluded (open, cooling down) and tried only
+    because every candidate before it failed."""
 
     route: Route
     forced: bool = False
@@ -78,27 +87,33 @@ class ProviderHealth:
 
     def plan(self, routes: Sequence[Route], policies: Callable[[str], CircuitPolicy],
              now: float | None = None) -> list[Planned]:
-        """The routes to try in order: unblocked ones, else the one that recovers soonest."""
+        """Every route, in the order to try: those ready now in `routes`' order, then the
+        excluded ones, forced, the soonest to recover first (ties in `routes`' order)."""
         now = self.clock() if now is None else now
         ready: list[Planned] = []
-        soonest: tuple[float, Route] | None = None
-        for route in routes:  # once per request: a plain loop, no intermediate dict
+        excluded: list[tuple[float, int, Route]] = []
+        for at, route in enumerate(routes):  # once per request: a plain loop
             until = self.blocked_until(route, policies(route.provider), now)
             if not until:
                 ready.append(Planned(route))
-            elif soonest is None or until < soonest[0]:
-                soonest = (until, route)
-        if ready or soonest is None:
-            return ready
-        return [Planned(soonest[1], forced=True)]
+            else:
+                excluded.append((until, at, route))
+        if excluded:
+            excluded.sort(key=lambda row: row[:2])
+            ready += [Planned(route, forced=True) for _, _, route in excluded]
+        return ready
 
     def acquire(self, planned: Planned, policy: CircuitPolicy) -> bool:
-        """Claim a try (a half-open circuit lets one probe through); forced tries always go."""
-        claimed = self.breaker(planned.route, policy).acquire(self.clock())
-        return claimed or planned.forced
+        """Claim a try at the route's circuit (half-open lets one probe through); False when
+        refused. A forced try goes without a claim, and must not release one it never held."""
+        return self.breaker(planned.route, policy).acquire(self.clock())
 
-    def succeeded(self, route: Route, policy: CircuitPolicy) -> None:
-        self.breaker(route, policy).success(self.clock())
+    def succeeded(self, planned: Planned, policy: CircuitPolicy) -> None:
+        """Close the route's circuit; a forced try that answered also ends its provider's
+        cooldown (it was tried during it, so the provider is taking requests again)."""
+        self.breaker(planned.route, policy).success(self.clock())
+        if planned.forced:
+            self.cooldowns.pop(planned.route.provider, None)
 
     def failed(self, route: Route, policy: CircuitPolicy, error: ProviderError) -> None:
         """Count a failure; a 429 cools the whole provider down instead."""

@@ -107,6 +107,7 @@ class _Trying:
         self.candidates = candidates
         self.routing = routing
         self.failed: list[Attempt] = []
+        self.tried: set[Route] = set()
         self.at = 0
         self.hedged = self.hedge_won = False
 
@@ -118,10 +119,15 @@ class _Trying:
         when the client asked for it whole."""
         after = self.routing.hedge_after
         self.at += 1
-        if after is None or at + 1 >= len(self.candidates):
+        if after is None or at + 1 >= len(self.candidates) or self._excluded_after(at):
             return await self._tries(self.candidates[at], gather=True)
         return await self._gathered(await self._race(self.candidates[at],
                                                      self.candidates[at + 1], after))
+
+    def _excluded_after(self, at: int) -> bool:
+        """A hedge never starts an excluded candidate beside one that may be tried: those wait
+        until the others have failed (with every candidate excluded, they hedge each other)."""
+        return self.candidates[at + 1].plan.forced and not self.candidates[at].plan.forced
 
     async def _race(self, first: _Candidate, second: _Candidate, after: float) -> _Won:
         """`first`, and `second` too if `first` has not answered after `after` seconds: the
@@ -181,12 +187,18 @@ class _Trying:
     async def _accounted(self, candidate: _Candidate, run: Callable[[], Awaitable[_Won]]
                          ) -> _Won:
         """`run` with the candidate's circuit claimed and its outcome recorded: a failure in
-        `failed` and in its circuit, a success in its circuit."""
+        `failed` and in its circuit, a success in its circuit. A candidate refused before its
+        first try (another request holds the half-open probe) is tried again, forced, after
+        the others: skipped, it could still be the one to answer."""
         health, plan = self.routing.health, candidate.plan
         provider, route, policy = candidate.provider, plan.route, candidate.provider.spec.circuit
         retries = provider.spec.retries
-        if health is not None and not health.acquire(plan, policy):
+        claimed = health is not None and health.acquire(plan, policy)
+        if health is not None and not claimed and not plan.forced:
+            if route not in self.tried:
+                self.candidates.append(_Candidate(provider, plan._replace(forced=True)))
             raise CircuitOpen(f"circuit open for {route.provider}/{route.upstream_model}")
+        self.tried.add(route)
         verdict = False
         try:
             won = await run()
@@ -202,13 +214,13 @@ class _Trying:
         except UpstreamClientError:
             verdict = True  # the provider answered sensibly: it is healthy
             if health is not None:
-                health.succeeded(route, policy)
+                health.succeeded(plan, policy)
             raise
         finally:
-            if health is not None and not verdict:
+            if health is not None and claimed and not verdict:
                 health.released(route, policy)
         if health is not None:
-            health.succeeded(route, policy)
+            health.succeeded(plan, policy)
         return won
 
 
@@ -216,8 +228,9 @@ async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str,
                   request: Outgoing, routing: Routing = Routing()) -> Served:
     """Try the routes in order with per-candidate retries; AllProvidersFailed if none answers.
 
-    With `routing.health`, candidates whose circuit is open or who are cooling down are
-    skipped, and every outcome is recorded there. With `routing.hedge_after`, a candidate slow
+    With `routing.health`, candidates whose circuit is open or who are cooling down go last,
+    tried only once the others failed (`ProviderHealth.plan`), and every outcome is recorded
+    there. With `routing.hedge_after`, a candidate slow
     to its first token gets the next one started beside it: never more than two tries in flight.
     """
     health = routing.health

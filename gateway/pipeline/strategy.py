@@ -1,7 +1,7 @@
 """In which order an alias's candidates are tried: `order`, `weighted` or `latency`.
 
 The strategy only chooses who goes first; failover then continues through the others in file order,
-and breakers and cooldowns (`gateway.pipeline.health`) still skip whoever is blocked. `weighted`
+and breakers and cooldowns (`gateway.pipeline.health`) put whoever is excluded last. `weighted`
 spreads first tries by the providers' `weight` with smooth weighted round robin (nginx's), so 3:1
 is exactly three of every four, not a coin's luck. `latency` puts first the candidate with the
 lowest recent time to first token (an exponentially weighted average), except for an `explore`
