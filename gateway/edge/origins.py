@@ -36,10 +36,13 @@ _WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
 def host_name(host: str) -> str:
-    """The name in a `Host` header, without its port, lower-cased (`[::1]` keeps brackets)."""
+    """The name in a `Host` header (or a bind address), without its port, lower-cased; an IPv6
+    address in brackets, as a `Host` header writes it."""
     host = host.strip().lower()
     if host.startswith("["):
         return host.partition("]")[0] + "]"
+    if host.count(":") > 1:  # a bare IPv6 address, as `--host ::1` gives it
+        return f"[{host}]"
     return host.partition(":")[0]
 
 
