@@ -199,8 +199,8 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
 def test_a_declared_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes(
         strict: GatewayProcess, upstream: FakeUpstream, dribbling: bool) -> None:
     upstream.reset()
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
-            b"\r\nContent-Length: 1000\r\n\r\n" + BODY[:10])
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + BODY[:10])
 
     closed, received = asyncio.run(_dribbling(strict.port, head, b" " if dribbling else None,
                                               BODY_TIMEOUT + 10))
