@@ -132,7 +132,7 @@ class Client:
             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
             "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
-            "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"),
+            "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
                         (b"content-length", b"%d" % len(body))]}
         self.statuses: dict[int, int] = {}
         self.messages = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,12 +27,13 @@ import providers
 from gateway.edge import admin, auth, openapi, status_page, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
+from gateway.edge.origins import Origins
 from gateway.observe import logs
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.pipeline import router
 from gateway.pipeline.record import request_id
 from gateway.state import config, discovery, reload
-from gateway.state.config import Snapshot
+from gateway.state.config import BIND_ENV, Snapshot
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime, model_card
 from gateway.stores.cache import ResponseCache
@@ -254,7 +256,8 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
 def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     """Build the app for `snapshot`, or for the config discovery finds: the relay routes served
     as plain ASGI (`front`), the rest by Litestar; with `server.cors_origins`, CORS around it
-    all (errors, streams and the guard's own answers included)."""
+    all (errors, streams and the guard's own answers included); requests from other web
+    pages, and under rebound host names, refused before any of it (`origins`)."""
     request_log = logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
@@ -276,12 +279,14 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
         openapi_config=None,
         logging_config=None,
     )), snapshot.server)
+    checked = Origins.around(guarded, snapshot.server,
+                             os.environ.get(BIND_ENV) or snapshot.server.host)
     if not snapshot.server.cors_origins:
-        return guarded
+        return checked
     from starlette.middleware.cors import CORSMiddleware  # only a gateway that uses it pays
 
     # Starlette and Litestar spell the same ASGI callable with types of their own.
-    cors = CORSMiddleware(cast(Any, guarded), allow_origins=list(snapshot.server.cors_origins),
+    cors = CORSMiddleware(cast(Any, checked), allow_origins=list(snapshot.server.cors_origins),
                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                           allow_headers=["*"], expose_headers=list(EXPOSED_HEADERS),
                           max_age=600)

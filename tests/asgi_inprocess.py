@@ -22,7 +22,7 @@ async def main(config_path: str) -> None:
     app = create_app(config.load(Path(config_path)))
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     async with lifespan(app.app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
         whole = await client.post("/v1/chat/completions", json=body)
         streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
         wrong_method = await client.get("/v1/chat/completions")

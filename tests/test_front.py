@@ -86,7 +86,7 @@ def test_whole_streamed_failed_and_abandoned_answers_all_give_their_slot_back(
     pair.primary.set_mode(slow_first_token(5))
     with socket.create_connection(("127.0.0.1", pair.gateway.port)) as sock:
         payload = json.dumps({**BODY, "stream": True}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(payload), payload))
         time.sleep(0.3)
@@ -99,7 +99,7 @@ def test_a_client_that_leaves_a_hung_whole_request_frees_its_slot(pair: Pair) ->
     pair.primary.set_mode(hang())
     with socket.create_connection(("127.0.0.1", pair.gateway.port)) as sock:
         payload = json.dumps(BODY).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(payload), payload))
         time.sleep(0.3)

@@ -126,8 +126,9 @@ def test_sigterm_lets_open_streams_finish_then_exits(
 def test_an_idle_connection_outlives_the_clients_own_keep_alive(pair: Pair) -> None:
     """httpx and the OpenAI SDK keep idle connections 5 s; had the gateway closed them at 5 s too,
     a client could send on one just as it closed and see a reset (ReadError)."""
-    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-               f"\r\nContent-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+               f"Content-Type: application/json\r\n"
+               f"Content-Length: {len(BODY)}\r\n\r\n").encode() + BODY
     with socket.create_connection(("127.0.0.1", pair.gateway.port), timeout=10) as sock:
         for _ in range(2):
             sock.sendall(request)

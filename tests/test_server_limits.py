@@ -145,7 +145,7 @@ def _send_huge_header(port: int, request_line: bytes, size: int) -> tuple[int | 
         reader.start()
         piece = b"a" * 65536
         with contextlib.suppress(OSError):
-            sock.sendall(request_line + b"\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(request_line + b"\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                          + b"Content-Length: " + str(len(BODY)).encode() + b"\r\nX-Big: ")
             sent = 0
             while sent < size and not received:
@@ -161,7 +161,7 @@ def _send_huge_header(port: int, request_line: bytes, size: int) -> tuple[int | 
 
 def test_clients_dribbling_their_headers_are_cut_off_while_real_clients_keep_being_answered(
         strict: GatewayProcess) -> None:
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: "
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nX-Slow: "
     answered: list[int] = []
 
     async def real_client(stop: asyncio.Event) -> None:
@@ -199,8 +199,8 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
 def test_a_declared_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closes(
         strict: GatewayProcess, upstream: FakeUpstream, dribbling: bool) -> None:
     upstream.reset()
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-            b"\r\nContent-Length: 1000\r\n\r\n" + BODY[:10])
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + BODY[:10])
 
     closed, received = asyncio.run(_dribbling(strict.port, head, b" " if dribbling else None,
                                               BODY_TIMEOUT + 10))
@@ -267,7 +267,7 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_keepalive_timeout(
     gateway = start_gateway(gateway_config(
         {"up": provider(upstream.base_url, {"m": "m"})},
         server={"keepalive_timeout": 1, "header_timeout": 10}))
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                b"application/json\r\nContent-Length: " + str(len(BODY)).encode() + b"\r\n\r\n"
                + BODY)
 

@@ -17,7 +17,7 @@ from litestar.params import Parameter
 from gateway.adapters.responses.request import input_items
 from gateway.edge import auth
 from gateway.state.runtime import Runtime
-from gateway.stores.responses import StoredTurn
+from gateway.stores.responses import StoredTurn, readable
 from providers.contract.errors import ResponseNotFound
 
 JSON = "application/json"
@@ -77,6 +77,6 @@ async def _owned(request: Request[Any, Any, Any], response_id: str) -> StoredTur
     if turn is None or not len(turn.response):
         raise ResponseNotFound(response_id, param="response_id")
     is_admin = key is not None and key in snapshot.admin_keys
-    if key is not None and not is_admin and turn.owner != key.limits.key_id:
+    if not readable(turn, None if key is None else key.limits.key_id, is_admin):
         raise ResponseNotFound(response_id, param="response_id")
     return turn

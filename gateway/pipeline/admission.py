@@ -78,15 +78,17 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
                               runtime.spread, runtime.latencies)
     providers = live.adapted[endpoint]
     if endpoint == "responses":
-        await _check_previous_response(runtime, head, routes, providers)
+        await _check_previous_response(runtime, head, routes, providers, record.key_id)
     return Admitted(head, raw, routes, providers)
 
 
 async def _check_previous_response(runtime: Runtime, head: Any, routes: tuple[Route, ...],
-                                   providers: Mapping[str, Provider]) -> None:
-    """An id the gateway holds continues there; others may belong to a native upstream."""
+                                   providers: Mapping[str, Provider],
+                                   key_id: str | None) -> None:
+    """An id the gateway holds for this key continues there; others may belong to a native
+    upstream. Another key's id is answered as an unknown one, so ids cannot be probed."""
     previous = getattr(head, "previous_response_id", None)
-    if previous is None or await runtime.responses.get(previous) is not None:
+    if previous is None or await runtime.responses.get(previous, key_id) is not None:
         return
     native = [p for r in routes if (p := providers.get(r.provider)) is not None
               and not isinstance(p, ResponsesBridge)]

@@ -268,6 +268,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     server = _server(file.server, where)
     keys = _keys(server.api_keys, environ)
     admin_keys = _keys(server.admin_keys, environ)
+    _check_distinct(keys, admin_keys, where)
     timeouts = _merge(Timeouts(), file.defaults.timeouts, where, "defaults.timeouts")
     retries = _merge(Retries(), file.defaults.retries, where, "defaults.retries")
     circuit = _merge(CircuitPolicy(), file.defaults.circuit, where, "defaults.circuit")
@@ -335,6 +336,18 @@ def _keys(entries: tuple[str | KeyEntry, ...], environ: Mapping[str, str]
         keys.append(GatewayKey(Secret(secret), KeyLimits(
             key_id, item.requests_per_minute, item.tokens_per_minute)))
     return tuple(keys)
+
+
+def _check_distinct(keys: tuple[GatewayKey, ...], admin_keys: tuple[GatewayKey, ...],
+                    file: str) -> None:
+    """ConfigError when a key is both a client and an admin key: every client holding it could
+    open the admin routes. The message names the entry, never the key."""
+    client = {key.secret.reveal() for key in keys}
+    for key in admin_keys:
+        if key.secret.reveal() in client:
+            raise ConfigError(f"{file}: server.admin_keys: the key with id {key.limits.key_id} "
+                              "is in server.api_keys too; an admin key must be a key of its "
+                              "own, or every client holding it opens the admin routes")
 
 
 def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:

@@ -88,6 +88,8 @@ class Kept:
             return self.held(key)
         if found is None:
             self.forget(key)
+        else:
+            self.held(key)  # this process's copy, if any, is now the most recently used
         return found
 
     async def put(self, key: str, encoded: bytes, ttl: float) -> bool:

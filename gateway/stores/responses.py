@@ -82,9 +82,10 @@ class ResponseStore:
         trouble the local copy still serves this process."""
         await self.kept.put(response_id, encoded, REDIS_TTL)
 
-    async def get(self, response_id: str) -> list[dict[str, Any]] | None:
+    async def get(self, response_id: str, key_id: str | None = None
+                  ) -> list[dict[str, Any]] | None:
         """The whole conversation up to and including `response_id`, or None if any of its
-        turns is not held."""
+        turns is not held or `key_id` may not continue it (`continues`)."""
         turns: list[StoredTurn] = []
         seen: set[str] = set()
         at: str | None = response_id
@@ -92,11 +93,12 @@ class ResponseStore:
             if at in seen:  # a loop is no conversation (only a forged value can make one)
                 return None
             seen.add(at)
+            # Redis first: a turn another replica deleted ends the conversation here too.
             # A turn held here is now recently used, so a conversation in use keeps its
             # earliest turns while turns nobody continues are evicted first.
-            encoded = await self.kept.get(at)
+            encoded = await self.kept.latest(at)
             turn = None if encoded is None else _decoded(encoded)
-            if turn is None:
+            if turn is None or (not turns and not continues(turn, key_id)):
                 return None
             turns.append(turn)
             at = turn.previous
@@ -120,6 +122,19 @@ class ResponseStore:
     def bytes(self) -> int:
         """The bytes held in this process."""
         return self.kept.bytes
+
+
+def readable(turn: StoredTurn, key_id: str | None, admin: bool = False) -> bool:
+    """Whether a request with key `key_id` (None: no client keys configured) may read `turn`:
+    its creator, an admin key, or anyone when the gateway has no client keys."""
+    return key_id is None or admin or turn.owner == key_id
+
+
+def continues(turn: StoredTurn, key_id: str | None) -> bool:
+    """Whether a request with key `key_id` may continue `turn`: only its creator (an admin
+    key reads every response, but continuing one would send its text inside the admin's
+    request and bill it there), or anyone when the gateway has no client keys."""
+    return readable(turn, key_id)
 
 
 def _decoded(encoded: bytes) -> StoredTurn | None:

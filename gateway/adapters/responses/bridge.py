@@ -11,7 +11,7 @@ from gateway.adapters.responses import reply
 from gateway.adapters.responses.events import ResponseEvents
 from gateway.adapters.responses.request import to_chat
 from gateway.stores.responses import ResponseStore, StoredTurn
-from providers.contract.errors import ProviderError, ProviderUnavailable
+from providers.contract.errors import ProviderError, ProviderUnavailable, ResponseNotFound
 from providers.contract.provider import Adapter, Outgoing, Provider, Reply
 from providers.contract.stream import close_quietly
 from providers.wire import sse
@@ -29,8 +29,13 @@ class ResponsesBridge(Adapter):
 
     async def _chat(self, request: Outgoing) -> tuple[dict[str, Any], Outgoing]:
         body = request.json()
-        history = await self.store.get(body["previous_response_id"]) \
-            if body.get("previous_response_id") else None
+        history = None
+        if previous := body.get("previous_response_id"):
+            # Not this key's, or deleted since admission: the turn must not go on without
+            # its history, nor with another key's.
+            history = await self.store.get(previous, request.key_id)
+            if history is None:
+                raise ResponseNotFound(previous)
         return body, request.with_body("chat/completions", to_chat(body, history))
 
     def _turn(self, request: Outgoing, body: dict[str, Any],

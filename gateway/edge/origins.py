@@ -1,0 +1,109 @@
+"""The origin check: a web page the user happens to visit must not drive the gateway.
+
+A browser lets any page send a "simple" request to any address (a `text/plain` POST needs no
+preflight) and answers a page at `evil.example` whose name was re-pointed at 127.0.0.1 (DNS
+rebinding) as if it were that page's own server. Either would let a page spend credits or
+disable providers through a gateway on this machine, which needs no key. So, before any route
+reads the request:
+
+- a request carrying `Origin` (browsers send it on every cross-site request, and on every
+  POST) is refused unless that origin is in `server.cors_origins` (`"*"`: any), or is the
+  gateway's own origin under a name below;
+- on a loopback bind, a request whose `Host` is not a loopback name (`localhost`,
+  `127.0.0.1`, `[::1]`, with or without a port) nor the configured or bound host is refused:
+  only a rebound name reaches a loopback socket under another one.
+
+A non-loopback bind is reached under names the gateway cannot know (DNS names, proxies,
+addresses), so its `Host` is not checked; such a bind needs `server.api_keys` (or an explicit
+`--allow-unauthenticated`), which no page holds. Clients that are not browsers (curl, the SDKs)
+send no `Origin` and are unaffected. A refusal is 403 `permission_denied` in the envelope,
+naming the header as its `param`. Only `scope`, `receive` and `send` are touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from gateway.edge.guard import answer
+from gateway.state.config import ServerConfig, is_loopback
+from providers.contract.errors import PermissionDenied
+
+# Addresses a server binds to mean "every interface"; as a name they are no gateway's own.
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def host_name(host: str) -> str:
+    """The name in a `Host` header (or a bind address), without its port, lower-cased; an IPv6
+    address in brackets, as a `Host` header writes it."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    if host.count(":") > 1:  # a bare IPv6 address, as `--host ::1` gives it
+        return f"[{host}]"
+    return host.partition(":")[0]
+
+
+class Origins:
+    """An ASGI app wrapping `inner`: requests from origins and under hosts not allowed are
+    refused. Other attributes read through to `inner`, as the guard's do."""
+
+    __slots__ = ("any_origin", "inner", "loopback", "names", "origins")
+
+    def __init__(self, inner: ASGIApp, *, origins: tuple[str, ...], bind_host: str,
+                 configured_host: str) -> None:
+        self.inner = inner
+        self.any_origin = "*" in origins
+        self.origins = frozenset(origins)
+        self.loopback = is_loopback(bind_host)
+        self.names = frozenset({host_name(bind_host), host_name(configured_host)}) - _WILDCARDS
+
+    @classmethod
+    def around(cls, inner: ASGIApp, server: ServerConfig, bind_host: str) -> Origins:
+        """`inner` behind the origins of llms.json's `server` section, served on `bind_host`."""
+        return cls(inner, origins=server.cors_origins, bind_host=bind_host,
+                   configured_host=server.host)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def known(self, name: str) -> bool:
+        """Whether `name` (a `Host`'s, without port) is a name this gateway answers as itself."""
+        return name in self.names or is_loopback(name)
+
+    def refusal(self, scope: Scope) -> PermissionDenied | None:
+        """Why this request is refused, or None."""
+        host: str | None = None
+        origins: list[str] = []
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origins.append(value.decode("latin-1"))
+        named = None if host is None else host_name(host)
+        if self.loopback and named is not None and not self.known(named):
+            return PermissionDenied("This gateway listens on a loopback address and answers "
+                                    "only its loopback names (localhost, 127.0.0.1, [::1]) or "
+                                    "server.host", param="Host")
+        for origin in origins:
+            if not self._allowed(origin, host, named):
+                return PermissionDenied("Requests from web pages need their origin listed in "
+                                        "server.cors_origins", param="Origin")
+        return None
+
+    def _allowed(self, origin: str, host: str | None, named: str | None) -> bool:
+        if self.any_origin or origin in self.origins:
+            return True
+        # The gateway's own pages (the status page) under a name it knows as its own.
+        return (host is not None and named is not None and self.known(named)
+                and origin.lower() in (f"http://{host.lower()}", f"https://{host.lower()}"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == ScopeType.HTTP and (refused := self.refusal(scope)) is not None:
+            await answer(send, refused)
+            return
+        await self.inner(scope, receive, send)
