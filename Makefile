@@ -44,7 +44,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy gateway providers
 
 # Fails (bench/run.py exits non-zero) when the gateway's req/s at 50 clients is under 0.75x the
-# minimal proxy's measured in the same run: the benchmark's regression guard.
+# minimal Litestar + aiohttp proxy's on granian, measured in the same run: the regression guard.
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/run.py

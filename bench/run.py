@@ -186,16 +186,28 @@ def throughput(work: Path, levels: list[int], duration: float, wrk: str | None,
         processes.append(minimal)
         gateway = spawn(gateway_command(config, gateway_port), 0, work / "gateway.log")
         processes.append(gateway)
-        wait_for_port(minimal_port, minimal)
-        wait_for_port(gateway_port, gateway)
         urls = {"minimal": f"http://127.0.0.1:{minimal_port}/v1/chat/completions",
                 "gateway": f"http://127.0.0.1:{gateway_port}/v1/chat/completions"}
+        # The gateway's framework and server without the gateway: Litestar + aiohttp on granian
+        # (the gateway's settings) and on uvicorn, paired with it round by round too.
+        for server in ("granian", "uvicorn"):
+            port = free_port()
+            process = spawn([PY, str(BENCH / "litestar_proxy.py"), "--port", str(port),
+                             "--upstream", f"http://127.0.0.1:{upstream_port}/v1",
+                             "--server", server], 0, work / f"litestar-{server}.log")
+            processes.append(process)
+            wait_for_port(port, process)
+            urls[f"litestar_{server}"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        wait_for_port(minimal_port, minimal)
+        wait_for_port(gateway_port, gateway)
         for name, url in urls.items():
             results += measure(name, url, levels, duration, wrk, script)
         for _ in range(rounds):
             pair = {name: measure(name, url, [PAIRED_CLIENTS], duration, wrk, script)[0].rps
                     for name, url in urls.items()}
-            paired.append({**pair, "ratio": pair["gateway"] / pair["minimal"]})
+            paired.append({**pair, "ratio": pair["gateway"] / pair["minimal"],
+                           "ratio_granian": pair["gateway"] / pair["litestar_granian"],
+                           "ratio_uvicorn": pair["gateway"] / pair["litestar_uvicorn"]})
     finally:
         for process in processes:
             stop(process)
@@ -321,10 +333,39 @@ def _throughput_row(data: dict[str, Any]) -> tuple[str, str, str, bool | None]:
     return (label, target, "not measured", None)
 
 
+# The same paired rounds against the gateway's framework and server without the gateway:
+# (result key, reference, target ratio or None when reported only).
+FRAMEWORK_REFERENCES = (
+    ("ratio_granian", "litestar_granian", RATIO, "Litestar + aiohttp on granian"),
+    ("ratio_uvicorn", "litestar_uvicorn", None, "Litestar + aiohttp on uvicorn"),
+)
+
+
+def _framework_rows(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    paired = [p for p in data.get("paired") or () if "ratio_granian" in p]
+    rows: list[tuple[str, str, str, bool | None]] = []
+    for key, reference, needed, name in FRAMEWORK_REFERENCES:
+        label = f"non-streaming req/s, 50 clients, against {name}"
+        target = f"≥ {needed:.2f}x" if needed else "reported"
+        if not paired:
+            rows.append((label, target, "not measured", None))
+            continue
+        ratios = sorted(p[key] for p in paired)
+        ratio = float(statistics.median(ratios))
+        rows.append((label, target,
+                     f"{ratio:.2f}x: median of {len(ratios)} rounds "
+                     f"({', '.join(f'{r:.2f}' for r in ratios)}; {name} "
+                     f"{statistics.median(p[reference] for p in paired):,.0f} req/s)",
+                     ratio >= needed if needed else None))
+    return rows
+
+
 def req_ratio(data: dict[str, Any]) -> float | None:
-    """The figure `make bench` fails on: the median paired req/s ratio, if measured."""
+    """The figure `make bench` fails on: the median paired req/s ratio against the minimal
+    Litestar + aiohttp proxy on granian (the aiohttp-only proxy's in older results)."""
     if paired := data.get("paired"):
-        return float(statistics.median(p["ratio"] for p in paired))
+        key = "ratio_granian" if all("ratio_granian" in p for p in paired) else "ratio"
+        return float(statistics.median(p[key] for p in paired))
     return None
 
 
@@ -351,7 +392,7 @@ def _streaming_rows(st: dict[str, Any]) -> list[tuple[str, str, str, bool | None
 # Each target (label, target, measured text, pass or None when not measured or not a target),
 # every one against references measured in the same run, from a result file's data.
 def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    rows = [_throughput_row(data)]
+    rows = [_throughput_row(data), *_framework_rows(data)]
     if lat := data.get("latency"):
         rows += [_latency_row(lat, "p50"), _latency_row(lat, "p99")]
     else:
