@@ -4,20 +4,25 @@ An integer outside 64 bits (msgspec's own range: `int64` below zero, `uint64` ab
 number past a double is refused as the client's error, naming its place, in fields the gateway
 reads and in those it passes through alike: forwarded, it would be read differently by every
 upstream (wrapped, rounded, or a 500 there). A bytes scan rules out nearly every body; only a
-body with a long digit run or a three-digit exponent is decoded whole to find the place.
+body with a run of 19 digits or a three-digit exponent (in a string or not) is decoded whole to
+find the place.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from providers.contract.errors import InvalidRequest
 
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 # Nineteen digits reach past int64 below zero; an exponent needs three digits to pass a double.
-_SUSPECT = re.compile(rb"[0-9]{19}|[0-9.][eE][+-]?[0-9]{3}")
+# Found by `bytes` methods on a copy with every digit a `0` and signs dropped: a regular
+# expression tries each position in Python's engine, many times slower on digit-rich text.
+_DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
+_SIGNS = b"+-"
+_RUN = b"0" * 19
+_EXPONENT = b"0e000"
 _LONGEST = len(str(INT_MAX))
 
 
@@ -62,7 +67,8 @@ def _first_out(tree: Any) -> tuple[_Out, str] | None:
 def check_numbers(raw: bytes) -> None:
     """Raise InvalidRequest naming the first number in `raw` that no upstream can hold; a body
     that is not JSON is left for the caller's decoder to report."""
-    if _SUSPECT.search(raw) is None:
+    flat = raw.translate(_DIGITS, _SIGNS)
+    if _RUN not in flat and _EXPONENT not in flat:
         return
     try:
         tree = json.loads(raw, parse_int=_integer, parse_float=_number,
