@@ -27,6 +27,7 @@ from gateway.pipeline.record import request_id
 from gateway.state.runtime import Runtime
 from providers.contract.errors import (
     Dialect,
+    InvalidRequest,
     MethodNotAllowed,
     RequestTooLarge,
     ShuttingDown,
@@ -64,7 +65,11 @@ class RawRequest:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                raise ClientDisconnected
+                # granian tells a body it could not read (a chunk's size, CRLF or extension
+                # malformed, a connection cut mid-body) as a disconnect, and still takes the
+                # answer: a client still there gets a 400, as nginx answers a body cut short.
+                raise InvalidRequest("Request body is malformed or ended before it was "
+                                     "complete (its chunked framing or its length)")
             chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
             size += len(chunk)
             if size > self._max_body:

@@ -13,7 +13,7 @@ from gateway.pipeline.delivery import STREAM_HEADERS, Streamed, Whole
 from gateway.pipeline.record import Outcome, Record
 from gateway.stores import cache
 from gateway.stores.cache import Cached, ResponseCache
-from providers.contract.stream import close_quietly
+from providers.contract.stream import UNREADABLE_ANSWER, close_quietly
 from providers.contract.usage import from_payload
 
 
@@ -46,8 +46,12 @@ async def lookup(caching: Caching, record: Record, wants_usage: bool) -> Whole |
     """The kept answer in the shape the client asked for; None (a miss) if there is none."""
     model = record.model or ""
     found = await caching.store.get(caching.key) if caching.read else None
-    kept = None if found is None else cache.stream_of(found, wants_usage) if record.stream \
-        else cache.whole_of(found)
+    try:
+        kept = None if found is None else cache.stream_of(found, wants_usage) \
+            if record.stream else cache.whole_of(found)
+    except UNREADABLE_ANSWER:  # checked sound, yet past what the other form can be made of
+        await caching.store.drop(caching.key)
+        found = kept = None
     if found is None or kept is None:
         if caching.read:
             caching.metrics.cache_lookup(model, "miss")

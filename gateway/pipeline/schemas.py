@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -17,6 +16,7 @@ from providers.contract.chat import (
 )
 from providers.contract.embeddings import MAX_INPUTS
 from providers.contract.errors import InvalidRequest
+from providers.contract.numbers import check_numbers
 
 # The shapes the provider kinds' translators read (Anthropic's, Gemini's, the Responses
 # bridge's) are checked here too, once for every kind, so a wrong type is a 400 naming its place
@@ -180,17 +180,11 @@ def merge_extra_body(raw: bytes) -> bytes:
     return msgspec.json.encode(body)
 
 
-# Twenty digits: past any 64-bit integer. Cheaper to look for than to decode every body whole.
-_LONG_DIGITS = re.compile(rb"[0-9]{20}")
-
-
 def _check_unread(raw: bytes) -> None:
     """What the typed decode skips must still be what every kind can read: UTF-8 throughout
-    (msgspec does not check the strings it skips), and no integer past 64 bits anywhere."""
+    (msgspec does not check the strings it skips)."""
     if not raw.isascii():
         raw.decode("utf-8")  # UnicodeDecodeError: answered as a 400 by `parse`
-    if _LONG_DIGITS.search(raw):  # inside a string, or a number no kind could hold?
-        msgspec.json.decode(raw)
 
 
 def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
@@ -198,6 +192,7 @@ def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
     InvalidRequest names the field that is wrong."""
     if not raw.strip():
         raise InvalidRequest("Request body is empty; expected a JSON object")
+    check_numbers(raw)  # before anything decodes the body untyped and takes a big int as it is
     if b'"extra_body"' in raw:
         raw = merge_extra_body(raw)
     try:

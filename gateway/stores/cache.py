@@ -23,6 +23,9 @@ from redis.asyncio import Redis
 from gateway.adapters.assemble import ChatAssembler, CompletionAssembler
 from gateway.pipeline.streaming import DONE_EVENT
 from gateway.stores.kept import Kept
+from providers.contract.answer import check_json
+from providers.contract.errors import ProviderError
+from providers.contract.stream import SSEWatch, check_head
 
 ENDPOINTS = frozenset({"chat/completions", "completions"})
 # Fields that do not change what the answer says.
@@ -38,6 +41,50 @@ class Cached(msgspec.Struct, frozen=True):
     body: bytes | None = None
     chunks: bytes | None = None
     stream_usage: bool = False
+
+
+class _ToolCall(msgspec.Struct):
+    pass
+
+
+class _Message(msgspec.Struct):
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    message: _Message | None = None
+
+
+class _Whole(msgspec.Struct):
+    """What `chunks_of` reads of a kept whole answer, beyond what `check_json` types."""
+
+    choices: list[_Choice] | None = None
+
+
+_WHOLE = msgspec.json.Decoder(_Whole)
+
+
+def sound(cached: Cached) -> bool:
+    """Whether a kept entry can be served: one form, read as strictly as an upstream answer (a
+    whole one by `check_json`, a stream by the SSE watch, to its `[DONE]` with every choice
+    finished). Redis is shared: what another writer left there must not reach a client."""
+    if cached.endpoint not in ENDPOINTS or (cached.body is None) == (cached.chunks is None):
+        return False
+    try:
+        if cached.body is not None:
+            check_json(cached.body)
+            _WHOLE.decode(cached.body)
+            if not cached.body.isascii():  # msgspec leaves the strings it skips unchecked
+                cached.body.decode("utf-8")
+            return True
+        watch = SSEWatch()
+        watch.feed(cached.chunks or b"")
+        watch.end()
+        check_head(watch)
+    except (ProviderError, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return False
+    return watch.done and watch.finished and watch.error_event is None
 
 
 def key_of(endpoint: str, alias: str, body: Mapping[str, Any], scope: str | None) -> str:
@@ -128,15 +175,24 @@ class ResponseCache:
         return self.kept.max_entry_bytes
 
     async def get(self, key: str) -> Cached | None:
-        encoded = await self.kept.get(key)
-        if encoded is None:
+        """The entry kept for `key`, if it is still fresh and sound; an unsound one is deleted."""
+        # What this process holds was written by it, or checked when it came from Redis.
+        trusted = (encoded := self.kept.held(key)) is not None
+        if encoded is None and (encoded := await self.kept.get(key)) is None:
             return None
         found = _decoded(encoded)
-        if found is None or found.expires <= time.time():
+        if found is None or not (trusted or sound(found)):
+            await self.kept.delete(key)  # in Redis too: no replica should read it again
+            return None
+        if found.expires <= time.time():
             self.kept.forget(key)
             return None
         self.kept.keep(key, encoded)  # most recently used; held here if it came from Redis
         return found
+
+    async def drop(self, key: str) -> None:
+        """Forget an entry here and in Redis."""
+        await self.kept.delete(key)
 
     async def put(self, key: str, cached: Cached) -> int:
         """Keep an answer; the bytes it takes (0 when it is too large to keep)."""

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from providers.contract.errors import BadUpstreamResponse, InvalidRequest
+from providers.contract.usage import MAX_TOKENS
 
 Input = str | list[int]
 MAX_INPUTS = 2048  # OpenAI's own limit per request
@@ -100,5 +101,8 @@ def joined(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         usage = part.get("usage") or {}
         prompt += usage.get("prompt_tokens") or 0
         total += usage.get("total_tokens") or 0
+    if not 0 <= prompt <= MAX_TOKENS or not 0 <= total <= MAX_TOKENS:
+        # Each part was in bounds; their sum is not: no upstream counted that honestly.
+        raise BadUpstreamResponse(f"the batches' usage adds up to {total} tokens")
     first = parts[0]
     return {**first, "data": data, "usage": {"prompt_tokens": prompt, "total_tokens": total}}

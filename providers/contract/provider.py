@@ -17,6 +17,7 @@ import msgspec
 
 from providers.contract.errors import InvalidRequest
 from providers.contract.lasting import Lasting
+from providers.contract.numbers import check_numbers
 from providers.contract.spec import ProviderSpec
 from providers.contract.stream import Opened, peek
 from providers.contract.transport import Transport
@@ -64,6 +65,7 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     try:
         body = msgspec.json.decode(raw)
     except msgspec.ValidationError as exc:
+        check_numbers(raw)  # msgspec names no key of an untyped object: find the place
         raise InvalidRequest.from_msgspec(exc) from None
     except UnicodeDecodeError as exc:
         raise InvalidRequest(f"Request body is not UTF-8 (byte {exc.start})") from None

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+# No answer honestly counts past 2**53 tokens (nor below zero): an upstream usage out of these
+# bounds is a bad answer, a failover, and never reaches a key's token spend nor a client.
+MAX_TOKENS = 2**53
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
 
 
 class _Details(msgspec.Struct):
-    reasoning_tokens: int | None = None
-    cached_tokens: int | None = None
+    reasoning_tokens: Tokens | None = None
+    cached_tokens: Tokens | None = None
 
 
 class Usage(msgspec.Struct):
@@ -17,13 +24,13 @@ class Usage(msgspec.Struct):
     into the same fields.
     """
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
+    prompt_tokens: Tokens = 0
+    completion_tokens: Tokens = 0
+    total_tokens: Tokens = 0
     completion_tokens_details: _Details | None = None
     prompt_tokens_details: _Details | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
+    input_tokens: Tokens | None = None
+    output_tokens: Tokens | None = None
     input_tokens_details: _Details | None = None
     output_tokens_details: _Details | None = None
 
