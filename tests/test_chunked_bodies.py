@@ -15,7 +15,7 @@ from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream
 
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
 MALFORMED = {
     "size-not-hex": b"zz\r\n%s\r\n0\r\n\r\n" % BODY,
