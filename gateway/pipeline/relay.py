@@ -2,8 +2,8 @@
 
 Shared by every relay route (chat, completions, responses, embeddings, messages): endpoint
 differences live in the request heads (`schemas`), the adapters built per config snapshot
-(`adapters.stack`) and the provider kinds, not here. The request's record (`record`) is filled on the
-way and ended once, by whoever delivers its last byte.
+(`adapters.stack`) and the provider kinds, not here. The request's record (`record`) is filled
+on the way and ended once, by whoever delivers its last byte.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
             or endpoint in MESSAGES_ENDPOINTS
         outgoing = Outgoing(endpoint, admitted.raw, head.model, record.stream,
                             record.request_id, client_wants_usage=wants_usage,
-                            key_id=record.key_id, choices=getattr(head, "n", None) or 1)
+                            key_id=record.key_id, choices=getattr(head, "n", None) or 1,
+                            betas=request.headers.get("anthropic-beta"))
         policy = live.snapshot.policy(head.model)
         cached = caching.caching(request.headers, record, policy.cache.ttl, outgoing.json(),
                                  runtime.cache, runtime.metrics) \
