@@ -6,7 +6,7 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 STAMP  := $(TEST_STAMP)
 
-.PHONY: install run test lint bench clean browser
+.PHONY: install run test lint bench clean browser claude-code
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ install: $(TEST_STAMP)
 run: $(RUN_STAMP)
 	$(PY) -m gateway serve
 
-test: $(TEST_STAMP) browser
+test: $(TEST_STAMP) browser claude-code
 	$(PY) -m pytest
 
 # The status-page test drives Debian's headless Chromium; install it when we can (CI is root).
@@ -38,6 +38,17 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
 	  >/dev/null) || echo "chromium not installed: the browser test will be skipped"; }
+
+# The Claude Code test drives the CLI from npm, pinned in tests/node; install it when npm is here.
+NODE_STAMP := tests/node/node_modules/.installed
+
+claude-code:
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(NODE_STAMP); \
+	  else echo "npm not installed: the Claude Code test will be skipped"; fi
+
+$(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
+	@cd tests/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed \
+	  || echo "npm could not install Claude Code: the Claude Code test will be skipped"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gateway providers tests bench
@@ -50,4 +61,4 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache tests/node/node_modules

@@ -12,6 +12,19 @@ from tests.upstream import FakeUpstream, Mode, _error, _words, echoed
 
 OVERLOADED = json.dumps({"type": "error", "error": {"type": "overloaded_error",
                                                     "message": "Overloaded"}})
+# Fields Anthropic refuses ("Extra inputs are not permitted") unless a beta names them.
+BETA_FIELDS = {"context_management": "context-management-"}
+
+
+def refused(request: web.Request, body: Any) -> web.Response | None:
+    """Anthropic's 400 for a body it would refuse whatever the mode, else None."""
+    betas = request.headers.get("anthropic-beta", "")
+    for name, beta in BETA_FIELDS.items():
+        if isinstance(body, dict) and name in body and beta not in betas:
+            error = {"type": "invalid_request_error",
+                     "message": f"{name}: Extra inputs are not permitted"}
+            return web.json_response({"type": "error", "error": error}, status=400)
+    return None
 
 
 class FakeAnthropic(FakeUpstream):
@@ -26,12 +39,18 @@ class FakeAnthropic(FakeUpstream):
         body = await self._record(request)
         if not isinstance(body, dict) or "messages" not in body:
             return _error(400, "messages: Field required")
+        if (refusal := refused(request, body)) is not None:
+            return refusal
         text = json.dumps([body.get("system"), body["messages"], body.get("tools")])
         return web.json_response({"input_tokens": len(text.split())})
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
+        if (refusal := refused(request, body)) is not None:
+            return refusal
         mode = self._next_mode()
+        if mode.kind == "cut" and mode.then is not None and not body.get("stream"):
+            mode = mode.then
         try:
             if mode.kind == "status":
                 return _error(mode.code, mode.message, mode.retry_after, mode.body)

@@ -98,6 +98,50 @@ def test_fields_reach_the_provider_untouched(gateway: GatewayProcess,
     assert sent == {"model": "org/vllm-model", "messages": USER, **fields}
 
 
+# Fields and values newer than the gateway's types: what it does not read is never a 400, and
+# reaches the provider as sent.
+NEWER = [
+    {"reasoning_effort": "minimal", "verbosity": "low"},
+    {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}},
+    {"prediction": {"type": "content", "content": [{"type": "text", "text": "draft"}]}},
+    {"web_search_options": {"search_context_size": "low", "user_location": {
+        "type": "approximate", "approximate": {"city": "Oslo"}}}},
+    {"service_tier": "flex", "prompt_cache_key": "team-7", "prompt_cache_retention": "24h",
+     "safety_identifier": "user-9f2", "store": True, "metadata": {"team": "search"}},
+    {"messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                  {"role": "user", "name": "ann", "content": [
+                      {"type": "input_audio", "input_audio": {"data": "UklGRg==",
+                                                              "format": "mp3"}},
+                      {"type": "file", "file": {"file_id": "file-1"}},
+                      {"type": "file", "file": {"filename": "a.pdf",
+                                                "file_data": "data:application/pdf;base64,JV"}}]}]},
+    {"messages": [*USER, {"role": "assistant", "content": [{"type": "refusal",
+                                                            "refusal": "I can't."}]},
+                  {"role": "user", "content": "please"}]},
+    {"tools": [{"type": "custom", "custom": {"name": "code", "description": "run it", "format": {
+        "type": "grammar", "grammar": {"syntax": "lark", "definition": "start: /.+/"}}}}],
+     "tool_choice": {"type": "custom", "custom": {"name": "code"}}},
+    {"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "custom", "custom": {"name": "code", "input": "print(1)"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "1"}]},
+    {"tools": [{"type": "function", "function": {"name": "weather", "strict": True,
+                                                 "parameters": {"type": "object"}}}],
+     "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+         "mode": "auto", "tools": [{"type": "function", "function": {"name": "weather"}}]}}},
+    {"response_format": {"type": "text"}, "logprobs": False, "top_logprobs": 0},
+]
+
+
+@pytest.mark.parametrize("fields", NEWER, ids=lambda f: "+".join(sorted(f))[:40])
+def test_newer_fields_and_values_are_never_a_400_and_reach_the_provider_as_sent(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream],
+        fields: dict[str, Any]) -> None:
+    response, sent = send(gateway, fakes, "openai-model", **fields)
+
+    assert response.status_code == 200, response.text
+    assert sent == {"model": "gpt-x", "messages": USER, **fields}
+
+
 @pytest.mark.parametrize(("model", "fields", "expected"), [
     ("vllm-model", {"max_completion_tokens": 64}, {"max_tokens": 64}),
     ("openai-model", {"max_tokens": 64}, {"max_completion_tokens": 64}),

@@ -49,14 +49,22 @@ def gateway(tmp_path_factory: pytest.TempPathFactory,
     process.stop()
 
 
+OPENED: list[anthropic.Anthropic] = []
+
+
 @pytest.fixture(autouse=True)
-def fresh(fakes: dict[str, FakeUpstream]) -> None:
+def fresh(fakes: dict[str, FakeUpstream]) -> Iterator[None]:
     for fake in fakes.values():
         fake.reset()
+    yield
+    while OPENED:  # a client left to the garbage collector leaves its socket unclosed
+        OPENED.pop().close()
 
 
 def client(gateway: GatewayProcess, **extra: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gateway.url, api_key=KEY, max_retries=0, **extra)
+    extra.setdefault("api_key", KEY)
+    OPENED.append(anthropic.Anthropic(base_url=gateway.url, max_retries=0, **extra))
+    return OPENED[-1]
 
 
 def strict(answer: Any) -> Message:
@@ -266,12 +274,11 @@ def test_errors_are_in_anthropic_s_shape_with_the_usual_statuses(
     assert missing.value.body == {"type": "error", "error": {  # type: ignore[comparison-overlap]
         "type": "not_found_error", "message": missing.value.body["error"]["message"]}}  # type: ignore[index]
     with pytest.raises(anthropic.AuthenticationError):
-        anthropic.Anthropic(base_url=gateway.url, api_key="wrong-key-0000",
-                            max_retries=0).messages.create(model="gpt", max_tokens=5,
-                                                           messages=ASK)  # type: ignore[arg-type]
+        client(gateway, api_key="wrong-key-0000").messages.create(
+            model="gpt", max_tokens=5, messages=ASK)  # type: ignore[arg-type]
     for body, where in [({"model": "gpt", "messages": ASK}, "max_tokens"),
                         ({"model": "gpt", "max_tokens": 5,
-                          "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+                          "messages": [{"role": "narrator", "content": "x"}]}, "messages[0].role"),
                         ({"model": "gpt", "max_tokens": 5, "messages": ASK,
                           "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
                          "tools[0].type")]:
@@ -285,7 +292,7 @@ def test_errors_are_in_anthropic_s_shape_with_the_usual_statuses(
 
 
 def test_a_bearer_token_is_accepted_as_well_as_x_api_key(gateway: GatewayProcess) -> None:
-    sdk = anthropic.Anthropic(base_url=gateway.url, auth_token=KEY, max_retries=0)
+    sdk = client(gateway, api_key=None, auth_token=KEY)
     assert sdk.messages.create(model="gpt", max_tokens=5,
                                messages=ASK).content  # type: ignore[arg-type]
 

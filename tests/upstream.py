@@ -101,9 +101,10 @@ def slow_first_token(seconds: float, then: Mode | None = None) -> Mode:
     return Mode("slow", seconds=seconds, then=then or ok())
 
 
-def stream_cut(after_chunks: int = 2) -> Mode:
-    """Send the opening event and `after_chunks` more, then drop the connection."""
-    return Mode("cut", after_chunks=after_chunks)
+def stream_cut(after_chunks: int = 2, whole: Mode | None = None) -> Mode:
+    """Send the opening event and `after_chunks` more, then drop the connection; a request
+    for a whole answer is answered as `whole` says, when given."""
+    return Mode("cut", after_chunks=after_chunks, then=whole)
 
 
 def chaos(*options: Mode, seed: int = 0) -> Mode:
@@ -395,6 +396,8 @@ class FakeUpstream:
     async def _play(self, request: web.Request, mode: Mode, body: dict[str, Any],
                     shape: _Shape) -> web.StreamResponse:
         streaming = bool(body.get("stream"))
+        if mode.kind == "cut" and mode.then is not None and not streaming:
+            mode = mode.then
         if isinstance(shape, _EmbeddingShape) and (problem := embedding_problem(body)):
             return _error(400, problem)
         if mode.kind == "slow":

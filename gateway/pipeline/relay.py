@@ -46,7 +46,8 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
             or endpoint in MESSAGES_ENDPOINTS
         outgoing = Outgoing(endpoint, admitted.raw, head.model, record.stream,
                             record.request_id, client_wants_usage=wants_usage,
-                            key_id=record.key_id, choices=getattr(head, "n", None) or 1)
+                            key_id=record.key_id, choices=getattr(head, "n", None) or 1,
+                            betas=request.headers.get("anthropic-beta"))
         policy = live.snapshot.policy(head.model)
         cached = caching.caching(request.headers, record, policy.cache.ttl, outgoing.json(),
                                  runtime.cache, runtime.metrics) \

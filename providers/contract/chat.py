@@ -55,7 +55,8 @@ class FunctionCall(msgspec.Struct):
 
 
 class ToolCall(msgspec.Struct):
-    function: FunctionCall
+    # Optional: a call of a custom tool carries `custom` (free-form input) instead.
+    function: FunctionCall | None = None
     id: str | None = None
     type: str | None = None
     # Gemini's thought signature travels here (`extra_content.google.thought_signature`).

@@ -36,6 +36,8 @@ class Outgoing:
     client_wants_usage: bool = False  # the client asked for stream usage itself
     key_id: str | None = None  # the gateway key that sent it, when keys are configured
     choices: int = 1  # the request's `n`: a stream is finished once that many have ended
+    # The client's `anthropic-beta` header: the betas that make its Messages body valid.
+    betas: str | None = None
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -50,7 +52,8 @@ class Outgoing:
         body = {**self.json(), "stream": stream}
         body.pop("stream_options", None)
         return Outgoing(self.endpoint, msgspec.json.encode(body), self.model, stream,
-                        self.request_id, key_id=self.key_id, choices=self.choices)
+                        self.request_id, key_id=self.key_id, choices=self.choices,
+                        betas=self.betas)
 
     def with_body(self, endpoint: str, body: dict[str, Any]) -> Outgoing:
         """The same request as another endpoint's body (what a bridge sends on)."""

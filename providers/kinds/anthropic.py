@@ -326,6 +326,9 @@ class AnthropicProvider(Provider):
             headers["x-api-key"] = secret
         self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret, transport,
                                  spec.link_for(self._url))
+        self._beta_header = next((name for name in headers if name.lower() == "anthropic-beta"),
+                                 "anthropic-beta")
+        self._configured_betas = headers.get(self._beta_header, "")
 
     def _body(self, request: Outgoing, upstream_model: str) -> bytes:
         if request.endpoint in NATIVE:
@@ -337,9 +340,19 @@ class AnthropicProvider(Provider):
         body.update(self.spec.params)
         return msgspec.json.encode(body)
 
+    def _betas(self, request: Outgoing) -> dict[str, str] | None:
+        """The client's betas beside the configured ones, for a body relayed as the client
+        wrote it: without them Anthropic refuses the fields they enable."""
+        if request.endpoint not in NATIVE or not request.betas:
+            return None
+        named = f"{self._configured_betas},{request.betas}".split(",")
+        return {self._beta_header: ",".join(dict.fromkeys(b.strip() for b in named
+                                                           if b.strip()))}
+
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         url = NATIVE.get(request.endpoint, "")
-        payload, _ = await self.http.post(self._url + url, self._body(request, upstream_model))
+        payload, _ = await self.http.post(self._url + url, self._body(request, upstream_model),
+                                          self._betas(request))
         if request.endpoint == "messages/count_tokens":
             return Reply(checked_answer(payload, _Counted))
         if request.endpoint == "messages":
@@ -354,7 +367,8 @@ class AnthropicProvider(Provider):
         return Reply(msgspec.json.encode(answer), usage=usage)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
-        chunks = self.http.stream(self._url, self._body(request, upstream_model))
+        chunks = self.http.stream(self._url, self._body(request, upstream_model),
+                                  self._betas(request))
         if request.endpoint == "messages":  # the client speaks Messages too: bytes as they come
             try:
                 async for chunk in chunks:

@@ -267,9 +267,11 @@ class HttpUpstream:
         # them); streams ask for none (`compressed=False`).
         self._headers = dict(headers)
 
-    def post(self, url: str, body: bytes) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
-        """A whole 2xx answer and its headers, within `total` (to await)."""
-        return self._whole("POST", url, body)  # not a coroutine itself: one frame less to resume
+    def post(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
+             ) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
+        """A whole 2xx answer and its headers, within `total` (to await); `extra` headers
+        go with this request only."""
+        return self._whole("POST", url, body, extra)  # not a coroutine: one frame less to resume
 
     async def get_json(self, url: str) -> Any:
         """A GET answered with JSON (model listings), within `total`."""
@@ -279,12 +281,13 @@ class HttpUpstream:
         except msgspec.DecodeError as exc:
             raise BadUpstreamResponse(f"listing is not JSON: {exc}") from None
 
-    async def _whole(self, method: str, url: str, body: bytes | None
-                     ) -> tuple[bytes, Mapping[str, str]]:
+    async def _whole(self, method: str, url: str, body: bytes | None,
+                     extra: Mapping[str, str] | None = None) -> tuple[bytes, Mapping[str, str]]:
         try:
             async with asyncio.timeout(self.timeouts.total):
                 response = await self._transport.request(
-                    method, url, headers=self._headers, body=body, link=self._link,
+                    method, url, headers={**self._headers, **extra} if extra else self._headers,
+                    body=body, link=self._link,
                     connect_timeout=self.timeouts.connect)
                 try:
                     payload = await response.read()
@@ -297,14 +300,17 @@ class HttpUpstream:
                                    self.secret)
         return payload, response.headers
 
-    async def stream(self, url: str, body: bytes) -> AsyncGenerator[bytes, None]:
-        """The body of a 2xx streamed answer as it arrives, within all four timeouts."""
+    async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
+                     ) -> AsyncGenerator[bytes, None]:
+        """The body of a 2xx streamed answer as it arrives, within all four timeouts; `extra`
+        headers go with this request only."""
         deadline = Deadline(self.timeouts)
         limit, error = deadline.first_token()
         try:
             async with asyncio.timeout(limit):
                 response = await self._transport.request(
-                    "POST", url, headers=self._headers, body=body, link=self._link,
+                    "POST", url, headers={**self._headers, **extra} if extra else self._headers,
+                    body=body, link=self._link,
                     connect_timeout=self.timeouts.connect, compressed=False)
         except TimeoutError:
             raise error(f"no response headers within {limit:g}s") from None
