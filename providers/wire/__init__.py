@@ -1,1 +1,2 @@
-"""Wire formats the providers and the gateway read and write; pure, no I/O."""
+"""Wire formats and HTTP plumbing shared by the kinds: server-sent events (`sse`, pure) and
+upstream HTTP answers as failover decisions, with their timeouts (`http`)."""
