@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, Mode, hang, ok, stream_cut, tool_call
 
 HI = [{"role": "user", "content": "hi"}]
@@ -138,6 +138,7 @@ def test_an_answer_of_more_events_than_max_answer_events_fails_over_as_bad_respo
 
     answer = httpx.post(f"{gateway.base_url}/chat/completions",
                         json={"model": "m", "messages": HI})
+    wait_until(lambda: bool(gateway.log_events("request")))  # written once the answer is sent
     (request,) = gateway.log_events("request")
 
     assert answer.status_code == 200 and answer.headers["x-llms-provider"] == "backup"
