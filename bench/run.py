@@ -320,8 +320,8 @@ def _latency_row(lat: dict[str, Any], point: str) -> tuple[str, str, str, bool]:
 
 
 def _throughput_row(data: dict[str, Any]) -> tuple[str, str, str, bool | None]:
-    label = "non-streaming req/s, 50 clients, all features on"
-    target = f"≥ {RATIO:.2f}x the minimal proxy (median of paired rounds)"
+    label = "non-streaming req/s, 50 clients, all features on, against the aiohttp-only proxy"
+    target = "reported (the guard is the Litestar + aiohttp proxy on granian, below)"
     if paired := data.get("paired"):
         ratios = sorted(p["ratio"] for p in paired)
         ratio = float(statistics.median(ratios))
@@ -329,7 +329,8 @@ def _throughput_row(data: dict[str, Any]) -> tuple[str, str, str, bool | None]:
                 f"{ratio:.2f}x: median of {len(ratios)} rounds, each minimal then gateway "
                 f"({', '.join(f'{r:.2f}' for r in ratios)}; gateway "
                 f"{statistics.median(p['gateway'] for p in paired):,.0f} req/s, minimal "
-                f"{statistics.median(p['minimal'] for p in paired):,.0f})", ratio >= RATIO)
+                f"{statistics.median(p['minimal'] for p in paired):,.0f})",
+                None if "ratio_granian" in paired[0] else ratio >= RATIO)
     return (label, target, "not measured", None)
 
 
