@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from tests import browser
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream
 
@@ -142,3 +145,51 @@ def test_the_page_renders_in_a_real_browser_and_shows_an_admin_disable(
     assert re.search(r'class="stats">answered <b>1</b>', page.stdout), "per provider traffic"
     assert ":CONSOLE(" not in page.stderr, "the page logged to the console (an error?)"
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_with_keys_on_the_page_asks_for_one_says_when_it_is_wrong_and_goes_live_with_it(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
+    """Keys on, /status.json not public: the page says a key is needed (not "unreachable"),
+    a wrong key is said to be wrong, a right one brings it live; the key stays in the tab."""
+    up = upstream_factory("alpha")
+    gateway = start_gateway(config({"alpha": provider(up.base_url, {"m": "m"})},
+                                   server={"api_keys": [CLIENT_KEY], "admin_keys": [KEY]}))
+    chat(gateway)
+
+    seen = asyncio.run(paste_keys(gateway.url, tmp_path))
+
+    assert "This gateway needs a key" in seen["asked"], seen
+    assert "unreachable" not in seen["meta_asked"]
+    assert "That key was not accepted" in seen["wrong"] and "401" in seen["wrong"], seen
+    assert seen["providers"] == [["alpha", "ok"]]
+    assert "answered 1" in seen["stats"], seen
+    assert seen["panel_hidden"] is True
+    assert seen["kept"] == CLIENT_KEY, "in this tab's sessionStorage"
+    assert CLIENT_KEY not in seen["href"] and "wrong-key" not in seen["href"]
+    assert CLIENT_KEY not in gateway.logs()
+
+
+async def paste_keys(url: str, workdir: Path) -> dict[str, Any]:
+    """Open the page, paste a wrong key then the right one; what the page showed each time."""
+    async with browser.open_page(workdir) as page:
+        await page.goto(f"{url}/")
+        await page.wait_for("document.body.dataset.auth === 'needed'")
+        seen: dict[str, Any] = {"asked": await page.text("#key-panel"),
+                                "meta_asked": await page.text("#meta")}
+        await page.type("#key", "wrong-key")
+        await page.click("#key-form button")
+        await page.wait_for("document.body.dataset.auth === 'rejected'")
+        seen["wrong"] = await page.text("#key-panel")
+        await page.type("#key", CLIENT_KEY)
+        await page.click("#key-form button")
+        await page.wait_for("document.body.dataset.loaded === 'true'")
+        seen["providers"] = await page.evaluate(
+            "[...document.querySelectorAll('li.provider')].map(li => [li.dataset.name, "
+            "li.dataset.health])")
+        seen["stats"] = await page.text("li.provider .stats")
+        seen["panel_hidden"] = await page.evaluate("document.getElementById('key-panel').hidden")
+        seen["kept"] = await page.evaluate("sessionStorage.getItem('llms-gateway-key')")
+        seen["href"] = await page.evaluate("location.href")
+        return seen
