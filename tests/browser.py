@@ -15,7 +15,8 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +80,9 @@ class Page:
             f"document.querySelector({json.dumps(selector)}).innerText"))
 
 
-@contextlib.asynccontextmanager
-async def open_page(workdir: Path) -> AsyncIterator[Page]:
-    """A fresh headless Chromium with a profile in `workdir`, and its one tab."""
+@contextlib.contextmanager
+def launched(workdir: Path) -> Iterator[int]:
+    """A fresh headless Chromium with a profile in `workdir`; its DevTools port."""
     assert CHROMIUM is not None
     profile = workdir / "chromium-profile"
     browser = subprocess.Popen(
@@ -91,24 +92,30 @@ async def open_page(workdir: Path) -> AsyncIterator[Page]:
          "about:blank"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        port = await _devtools_port(profile / "DevToolsActivePort", browser)
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/json/list") as answer:
-                targets = await answer.json()
-            tab = next(t for t in targets if t["type"] == "page")
-            async with session.ws_connect(tab["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                yield Page(ws)
+        yield _devtools_port(profile / "DevToolsActivePort", browser)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(browser.pid, signal.SIGTERM)  # the browser and its renderers
         browser.wait(timeout=30)
 
 
-async def _devtools_port(path: Path, browser: subprocess.Popen[bytes]) -> int:
-    for _ in range(600):
+@contextlib.asynccontextmanager
+async def open_page(port: int) -> AsyncIterator[Page]:
+    """The one tab of the Chromium listening for DevTools on `port`."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/json/list") as answer:
+            targets = await answer.json()
+        tab = next(t for t in targets if t["type"] == "page")
+        async with session.ws_connect(tab["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+            yield Page(ws)
+
+
+def _devtools_port(path: Path, browser: subprocess.Popen[bytes]) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         if browser.poll() is not None:
             raise AssertionError(f"chromium exited with {browser.returncode}")
         with contextlib.suppress(FileNotFoundError, ValueError, IndexError):  # mid-write
             return int(path.read_text().split()[0])
-        await asyncio.sleep(0.05)
+        time.sleep(0.05)
     raise AssertionError("chromium did not open its DevTools port")

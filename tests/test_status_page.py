@@ -6,6 +6,7 @@ import asyncio
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ import httpx
 import pytest
 
 from tests import browser
-from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream
+from tests.fake_gpu import install_fakes
+from tests.gateway_process import GatewayProcess, config, free_port, provider, wait_until
+from tests.upstream import FakeUpstream, slow_first_token
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -158,7 +160,8 @@ def test_with_keys_on_the_page_asks_for_one_says_when_it_is_wrong_and_goes_live_
                                    server={"api_keys": [CLIENT_KEY], "admin_keys": [KEY]}))
     chat(gateway)
 
-    seen = asyncio.run(paste_keys(gateway.url, tmp_path))
+    with browser.launched(tmp_path) as port:
+        seen = asyncio.run(paste_keys(gateway.url, port))
 
     assert "This gateway needs a key" in seen["asked"], seen
     assert "unreachable" not in seen["meta_asked"]
@@ -171,9 +174,9 @@ def test_with_keys_on_the_page_asks_for_one_says_when_it_is_wrong_and_goes_live_
     assert CLIENT_KEY not in gateway.logs()
 
 
-async def paste_keys(url: str, workdir: Path) -> dict[str, Any]:
+async def paste_keys(url: str, port: int) -> dict[str, Any]:
     """Open the page, paste a wrong key then the right one; what the page showed each time."""
-    async with browser.open_page(workdir) as page:
+    async with browser.open_page(port) as page:
         await page.goto(f"{url}/")
         await page.wait_for("document.body.dataset.auth === 'needed'")
         seen: dict[str, Any] = {"asked": await page.text("#key-panel"),
@@ -193,3 +196,52 @@ async def paste_keys(url: str, workdir: Path) -> dict[str, Any]:
         seen["kept"] = await page.evaluate("sessionStorage.getItem('llms-gateway-key')")
         seen["href"] = await page.evaluate("location.href")
         return seen
+
+
+def test_a_warming_pool_and_a_full_gateway_are_counted_apart_from_failures(
+        tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    """A pool still loading its model answers 503 model_loading, a gateway at its concurrency
+    cap 503 overloaded: both say "wait", so /status.json counts them as not ready and shed,
+    and the error rate of a healthy gateway stays 0%."""
+    slow = upstream_factory("slow")
+    slow.set_mode(slow_first_token(4.0))
+    pool = {"type": "pool", "engine": "auto", "port": free_port(), "check_interval": 0.2,
+            "models": {"qwen": {"source": "Qwen/Qwen3-8B", "max_model_len": 4096}}}
+    doc = config({"local": pool, "slow": provider(slow.base_url, {"slow": "slow"},
+                                                   timeouts={"first_token": 30})},
+                 server={"max_concurrency": 1})
+    env = {**install_fakes(tmp_path / "bin", gpus=1), "FAKE_VLLM_LOAD_SECONDS": "120"}
+    gateway = GatewayProcess(tmp_path, doc, env=env).start()
+    try:
+        loading = [ask(gateway, "qwen") for _ in range(3)]
+        held: list[httpx.Response] = []
+        holder = threading.Thread(target=lambda: held.append(ask(gateway, "slow")))
+        holder.start()
+        wait_until(lambda: status(gateway)["inflight"] == 1)
+        shed = ask(gateway, "qwen")
+        holder.join()
+        wait_until(lambda: status(gateway)["summary"]["shed"] == 1)
+        seen = status(gateway)
+    finally:
+        gateway.stop()
+
+    assert [r.json()["error"]["code"] for r in loading] == ["model_loading"] * 3
+    assert shed.status_code == 503 and shed.json()["error"]["code"] == "overloaded"
+    assert [r.status_code for r in held] == [200]
+    summary = seen["summary"]
+    assert (summary["not_ready"], summary["shed"], summary["error_rate"]) == (3, 1, 0.0)
+    assert all(row["error_rate"] == 0.0 for row in seen["series"])
+    assert sum(row["rps"] for row in seen["series"]) * 10 == pytest.approx(1, abs=0.01)
+    local = next(p for p in seen["providers"] if p["name"] == "local")
+    assert (local["traffic"]["failed"], local["traffic"]["not_ready"]) == (0, 3)
+    assert local["health"] == "ok"
+
+
+def ask(gateway: GatewayProcess, model: str) -> httpx.Response:
+    return httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+                      json={"model": model, "messages": MESSAGES})
+
+
+def status(gateway: GatewayProcess) -> dict[str, Any]:
+    found: dict[str, Any] = httpx.get(f"{gateway.url}/status.json").json()
+    return found
