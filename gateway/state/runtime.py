@@ -124,6 +124,9 @@ class Runtime:
         self.inflight = 0  # relay requests being served, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
+        # The reason each disabled provider was last logged with: a reload that changes nothing
+        # about it logs nothing, so the log is not one line per provider per reload.
+        self.disabled_logged: dict[str, str] = {}
         self.responses = responses
         self.cache = cache
         self.redis = redis  # the process's one Redis client; None with the memory backend
@@ -195,12 +198,20 @@ class Runtime:
         self.latencies.retain(routed)
         self.spread.retain(effective.routes)
         self.provider_traffic.retain({p.name for p in effective.providers})
-        log = get_logger()
-        for spec in effective.providers:
-            if not spec.enabled:
-                log.info("provider_disabled", provider=spec.name, reason=spec.disabled_reason)
+        self._log_disabled(effective)
         if previous is not None:
             await _close_all(previous)
+
+    def _log_disabled(self, snapshot: Snapshot) -> None:
+        """One `provider_disabled` line per provider and reason: again only when the reason
+        changes, or after the provider was enabled in between."""
+        log = get_logger()
+        now = {spec.name: spec.disabled_reason or "disabled" for spec in snapshot.providers
+               if not spec.enabled}
+        for name, reason in now.items():
+            if self.disabled_logged.get(name) != reason:
+                log.info("provider_disabled", provider=name, reason=reason)
+        self.disabled_logged = now
 
     async def set_enabled(self, name: str, enabled: bool) -> None:
         """Enable or disable a provider at runtime; it lasts across config reloads."""
