@@ -13,13 +13,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.state.config import Snapshot
+from gateway.state.config import ADMIN_DISABLED, IN_CONFIG, Snapshot
 from providers.contract.spec import ProviderSpec
-
-# As `gateway.state.runtime.ADMIN_DISABLED` words it in the status JSON (not imported: `ls`
-# must not pull in the server to print a list).
-ADMIN_DISABLED = "disabled by an admin"
-IN_CONFIG = "disabled in config"
 
 
 def local_url(snapshot: Snapshot) -> str:

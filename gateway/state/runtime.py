@@ -29,6 +29,7 @@ from gateway.pipeline.limits import RateLimiter
 from gateway.pipeline.record import Listener
 from gateway.pipeline.strategy import Latencies, Spread
 from gateway.state.config import (
+    ADMIN_DISABLED,
     ConfigError,
     Snapshot,
     with_discovered,
@@ -46,7 +47,6 @@ from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
-ADMIN_DISABLED = "disabled by an admin"
 # The stages `Runtime.trace` hears, in the order a whole answer passes them.
 STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
 
