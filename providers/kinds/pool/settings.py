@@ -73,9 +73,12 @@ class PoolSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_timeout: float = 30.0  # on shutdown, how long in-flight requests may finish
     shutdown_grace: float = 30.0  # then SIGTERM, and SIGKILL after this (vLLM --shutdown-timeout)
     cache_dir: str | None = None  # where packaged weights are assembled
-    # Requests one worker may hold at once; past it the pool is full for the request (it fails
-    # over, or the client gets 503 overloaded). None: 2 on llama.cpp, no bound on vLLM.
+    # Requests one worker may hold, sent to it or waiting in the pool's line for it; past it
+    # the pool is full for the request (it fails over, or the client gets 503 overloaded with
+    # a Retry-After). None: 16 on llama.cpp (2 sent, the rest wait), no bound on vLLM.
     max_queue: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # Seconds a request may wait in line for a worker; None: the provider's first_token timeout.
+    queue_timeout: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
 # The core's provider fields and the OpenAI options (workers speak OpenAI): present in the same
