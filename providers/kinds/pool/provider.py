@@ -78,6 +78,9 @@ class PoolProvider(Provider):
         except PoolUnavailable as exc:
             raise ProviderDisabled(str(exc)) from exc
         self._lasting = lasting
+        # The same workers, kept across a reload that changed only what applies live (an
+        # alias, a price, a limit): the pool takes this snapshot's limits and timings.
+        self.pool.update(self.settings)
 
     async def close(self) -> None:
         for client in self._clients.values():
