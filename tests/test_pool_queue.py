@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from providers.contract.errors import AllProvidersFailed, Attempt, PoolFull
+from providers.contract.errors import AllProvidersFailed, Attempt, PoolFull, PoolNotReady
 from providers.contract.transport import Link
 from providers.kinds.pool.engines import LLAMACPP, VLLM, WorkerPlan
 from providers.kinds.pool.pool import Pool, Slot
-from providers.kinds.pool.queue import Drain
+from providers.kinds.pool.queue import Drain, Line
 from providers.kinds.pool.settings import read_settings
 from providers.kinds.pool.worker import WorkerState
 
@@ -260,5 +260,36 @@ def test_a_reload_that_raises_max_queue_serves_the_line_at_once() -> None:
         pool.update(read_settings({"type": "pool", "max_queue": 2,
                                    "models": {MODEL: {"source": "/m.gguf"}}}))
         assert await pool.acquire(MODEL, (), within=60) is not None
+
+    run(story)
+
+
+def test_with_its_only_worker_benched_a_request_fails_over_rather_than_wait() -> None:
+    async def story() -> None:
+        pool = ready_pool(Clock(), max_queue=4)
+        await take_now(pool)
+        await take_now(pool)
+        pool.suspect(pool.workers["local-0"])
+
+        assert await pool.acquire(MODEL, (), within=60) is None, "not ready: the next provider"
+
+    run(story)
+
+
+def test_waiters_for_a_model_nobody_serves_any_more_are_told_at_once() -> None:
+    async def story() -> None:
+        line: Line[str] = Line(Clock())
+        gone = asyncio.create_task(line.wait(MODEL, 60, lambda _: None))
+        other = asyncio.create_task(line.wait("other", 60, lambda _: None))
+        await settled()
+
+        line.abandon(MODEL, PoolNotReady("pool local: no ready worker"))
+        await settled()
+
+        with pytest.raises(PoolNotReady):
+            gone.result()
+        assert not other.done() and line.waiting() == 1
+        other.cancel()
+        await settled()
 
     run(story)

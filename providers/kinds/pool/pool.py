@@ -175,8 +175,8 @@ class Pool:
         PoolFull when the line is full or the wait ran out, with when to come back."""
         if not self.line.waiting(model) and (slot := self.take(model, hashes, set())):
             return slot  # nobody waits ahead: first come, first served
-        if not self.ready_for(model):
-            return None
+        if not self._serving(model):
+            return None  # nothing will free a slot: not ready, fail over now
         if self.full(model):
             raise PoolFull(f"pool {self.name}: every worker for {model} holds {self.max_queue} "
                            "requests (max_queue)", self.retry_after(model))
@@ -217,6 +217,17 @@ class Pool:
 
         while self.line.hand(worker.serves, claim):
             pass
+
+    def _serving(self, model: str) -> bool:
+        """Whether a worker for `model` is ready and in good standing (will free slots)."""
+        return any(not w.suspect for w in self.ready_for(model))
+
+    def _left(self, worker: Worker) -> None:
+        """A worker left service: whoever waits for a model no worker serves any more fails
+        over now rather than at its deadline."""
+        for model in worker.models:
+            if not self._serving(model):
+                self.line.abandon(model, PoolNotReady(self.not_ready_reason(model)))
 
     def _drain(self, model: str) -> Drain:
         drain = self._drains.get(model)
@@ -324,6 +335,7 @@ class Pool:
     async def _failed(self, worker: Worker, process: WorkerProcess, reason: str) -> None:
         if worker.state is not WorkerState.DRAINING:
             worker.move(WorkerState.FAILED, reason)
+            self._left(worker)
         self.table.forget(worker.name)
         worker.suspect = False
         self.log.warning("worker_failed", worker=worker.name, worker_pid=process.pid,
@@ -345,6 +357,7 @@ class Pool:
                 healthy = await self._check(worker)
                 if not healthy and not self._stopping:
                     worker.move(WorkerState.FAILED, "stopped answering its health check")
+                    self._left(worker)
                     self.log.warning("worker_failed", worker=worker.name, reason="health check")
             else:
                 listed = await self._probe(worker)

@@ -120,6 +120,12 @@ class Line(Generic[W]):
                 return True
         return False
 
+    def abandon(self, model: str, error: Exception) -> None:
+        """Fail everyone waiting for `model` with `error` (no worker serves it any more)."""
+        for waiter in [w for w in self._waiters if w.model == model]:
+            self._waiters.remove(waiter)
+            waiter.granted.set_exception(error)
+
     def close(self, error: Exception) -> None:
         """Fail every waiter with `error` (the pool is stopping)."""
         waiters, self._waiters = self._waiters, []
