@@ -74,7 +74,7 @@ def test_the_embedded_default_lets_a_handful_wait_rather_than_refuse_the_third()
 
         assert pool.max_queue == 16 and pool.max_sent == 2
         assert not any(task.done() for task in waiting), "the third and later wait, unrefused"
-        assert pool.line.waiting(MODEL) == 8
+        assert pool.line.waiting(MODEL) == 8 and pool.view()["waiting"] == 8, "shown on /ready"
         for slot in running:
             pool.release(slot)
         await settled()

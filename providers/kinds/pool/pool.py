@@ -268,7 +268,8 @@ class Pool:
         return f"pool {self.name}: no ready worker for {model} ({states})"
 
     def view(self) -> dict[str, object]:
-        return {"engine": self.engine, "workers": [w.view() for w in self.workers.values()]}
+        return {"engine": self.engine, "waiting": self.line.waiting(),
+                "workers": [w.view() for w in self.workers.values()]}
 
     # -- spawned workers ------------------------------------------------------------------
 
