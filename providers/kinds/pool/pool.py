@@ -8,19 +8,19 @@ with exponential backoff when it dies or stops answering. A remote worker's task
 With several gateway processes (`--workers N`) only one of them spawns: the first to lock the
 pool's lock file. The others watch the same ports as remote workers do, and one of them takes
 over spawning if the lock's holder dies.
+
+A request takes a slot on one worker (`take`) and gives it back when its answer is done
+(`release`). When every worker is sent all it may be (`max_sent`), the request waits in the
+pool's line (`queue.Line`) for the next slot freed, within `max_queue` and `queue_timeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -29,6 +29,7 @@ from providers.contract.errors import GatewayError, PoolFull, PoolNotReady
 from providers.contract.log import get_logger
 from providers.contract.transport import Link, Transport
 from providers.kinds.pool.engines import LLAMACPP, WorkerPlan
+from providers.kinds.pool.leader import LeaderLock
 from providers.kinds.pool.picking import Load, Policy, PrefixTable, choose
 from providers.kinds.pool.process import WorkerProcess
 from providers.kinds.pool.queue import Drain, Line
@@ -47,31 +48,6 @@ CHECK_CONNECT = 2.0
 CHECK_HEADERS = {"Accept": "*/*"}
 LOADING_POLL = 0.5
 DRAIN_POLL = 0.05
-
-
-class LeaderLock:
-    """An exclusive, non-blocking file lock; the kernel drops it when its process dies."""
-
-    def __init__(self, key: str) -> None:
-        self.path = Path(tempfile.gettempdir()) / f"llms-gateway-pool-{key}.lock"
-        self._fd: int | None = None
-
-    def try_acquire(self) -> bool:
-        if self._fd is not None:
-            return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 @dataclass(eq=False, slots=True)
@@ -152,8 +128,7 @@ class Pool:
 
     def retry_after(self, model: str) -> float:
         """Seconds a request refused now should wait: what the line measured of its pace."""
-        ready = self.ready_for(model)
-        slots = sum(self.max_sent or 1 for _ in ready)
+        slots = (self.max_sent or 1) * len(self.ready_for(model))
         now = self.clock()
         oldest = max((now - s.since for s in self._held if s.worker.serves(model)), default=0.0)
         return self._drain(model).expected_wait(self.line.waiting(model), slots, oldest)
