@@ -54,8 +54,8 @@ $(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
 	  || echo "npm could not install Claude Code: the Claude Code test will be skipped"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway providers tests bench
-	$(VENV)/bin/mypy gateway providers
+	$(VENV)/bin/ruff check gateway providers tests bench scripts
+	$(VENV)/bin/mypy gateway providers scripts
 
 # Fails (bench/run.py exits non-zero) when the gateway's req/s at 50 clients is under 0.75x the
 # minimal Litestar + aiohttp proxy's on granian, measured in the same run: the regression guard.
