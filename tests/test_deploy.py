@@ -221,3 +221,21 @@ def test_each_image_is_built_once_and_the_cluster_runs_the_image_s_user() -> Non
     pod = next(m for m in manifests() if m["metadata"]["name"] == "llms-gateway"
                and m["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == gateway.uids[gateway.user]
+
+
+def test_every_supervisor_waits_for_the_drain_before_it_kills() -> None:
+    """SIGTERM gives streams `server.drain_timeout`, then the server kills its workers
+    KILL_MARGIN later: compose and Kubernetes must not SIGKILL the gateway before that."""
+    from gateway.edge.serving import KILL_MARGIN
+    from gateway.state.config import ServerConfig
+
+    needed = ServerConfig().drain_timeout + KILL_MARGIN
+    for name, service in compose()["services"].items():
+        if "gateway" in name:
+            grace = service["stop_grace_period"]
+            assert grace.endswith("s") and float(grace[:-1]) >= needed, name
+    for manifest in manifests():
+        if manifest["kind"] == "Deployment" and manifest["metadata"]["name"] == "llms-gateway":
+            assert manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= needed
+    comment = (DEPLOY / "k8s" / "gateway.yaml").read_text()
+    assert f"server.drain_timeout ({ServerConfig().drain_timeout:g} s)" in comment
