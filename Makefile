@@ -25,8 +25,10 @@ $(RUN_STAMP): pyproject.toml scripts/install_progress.py | $(VENV)/bin/python
 	@touch $(RUN_STAMP)
 
 $(TEST_STAMP): pyproject.toml $(RUN_STAMP)
-	$(PY) -m pip install --quiet -e '.[test,local]'
-	touch $(TEST_STAMP)
+	@echo "Installing the test dependencies."
+	@$(PY) scripts/install_progress.py --log $(VENV)/install-test.log -- \
+	  $(PY) -m pip install -e '.[test,local]'
+	@touch $(TEST_STAMP)
 
 install: $(TEST_STAMP)
 
