@@ -34,13 +34,15 @@ SLOW_BUILDS = {"llama-cpp-python": "compiling llama.cpp: 5 to 10 min on 2 cores,
 PHASES = (
     (re.compile(r"Building wheel for (\S+) \(.*\): (?:started|still running)"), "building {0}"),
     (re.compile(r"Building (?:editable|wheel) for (\S+) .*finished"), "built {0}"),
+    (re.compile(r"Downloading (\S+) \((.+?)\)"), "downloading {0} ({1})"),
     (re.compile(r"Downloading (\S+)"), "downloading {0}"),
     (re.compile(r"Installing build dependencies"), "installing build dependencies"),
     (re.compile(r"(?:Getting requirements to build|Preparing (?:editable )?metadata)"),
      "preparing metadata"),
     (re.compile(r"Installing collected packages"), "installing"),
-    (re.compile(r"(?:Collecting|Obtaining|Requirement already satisfied:|Using cached) (\S+)"),
+    (re.compile(r"(?:Collecting|Requirement already satisfied:|Using cached) (\S+)"),
      "resolving ({0})"),
+    (re.compile(r"Obtaining "), "resolving"),  # the project itself, named by its folder
 )
 
 
@@ -49,7 +51,7 @@ def phase_of(line: str) -> str | None:
     for pattern, phase in PHASES:
         if match := pattern.search(line):
             name = _project(match.group(1)) if pattern.groups else ""
-            said = phase.format(name)
+            said = phase.format(name, *match.groups()[1:])
             slow = SLOW_BUILDS.get(name) if said.startswith("building ") else None
             return f"{said} ({slow})" if slow else said
     return None
