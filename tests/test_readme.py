@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -190,3 +191,35 @@ def test_the_readme_is_all_run() -> None:
     fences = re.findall(r"^```(\w*)$", README.read_text(), re.MULTILINE)
     languages = {f for f in fences[0::2]}
     assert languages <= {"sh", "python", "text"}, languages
+
+
+DOCS = [README, ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_make_command_the_docs_give_is_one_the_makefile_has() -> None:
+    """`make bench --only X` was in the docs: make took `--only` as its own option."""
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.MULTILINE))
+    variables = set(re.findall(r"^([A-Z]+) *\??=", makefile, re.MULTILINE))
+    for doc in DOCS:
+        for target, rest in re.findall(r"`make ([a-z][\w-]*)([^`]*)`", doc.read_text()):
+            assert target in targets, f"{doc.name}: make {target}"
+            for word in shlex.split(rest):  # only variables: an option would be make's own
+                assert word.partition("=")[0] in variables, f"{doc.name}: make {target}{rest}"
+
+
+def test_the_docs_give_the_drain_time_the_code_has() -> None:
+    """The SIGTERM drain was 30 s on one page and 25 s on another: the pages say the code's."""
+    from gateway.edge.serving import KILL_MARGIN
+    from gateway.state.config import ServerConfig
+    from providers.kinds.pool.settings import read_settings
+
+    server = f"{ServerConfig().drain_timeout:g}"
+    said = [(path.name, seconds) for path in [*DOCS, *sorted((ROOT / "deploy").rglob("*.yaml"))]
+            for seconds in re.findall(r"server\.drain_timeout`? \((\d+) s", path.read_text())]
+    assert len(said) >= 4 and all(seconds == server for _, seconds in said), said
+    configuration = (ROOT / "docs" / "configuration.md").read_text()
+    assert f"| `drain_timeout` | `{server}` |" in configuration
+    assert f"{KILL_MARGIN} s before the server kills a worker" in configuration
+    pool = read_settings({"models": {"m": {"source": "x"}}}).drain_timeout
+    assert f"may finish ({pool:g} s)" in (ROOT / "docs" / "providers.md").read_text()
