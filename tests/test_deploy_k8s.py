@@ -214,9 +214,6 @@ def _bytes(size: str) -> int:
     return int(number) * UNITS[unit]
 
 
-@pytest.mark.xfail(strict=True, reason="the pool sends remote workers no key: it builds their "
-                   "client with api_key=None (providers/kinds/pool/provider.py, _client) and "
-                   "checks their /v1/models without one (pool.py, _get)")
 def test_the_cluster_s_pool_is_answered_by_a_worker_that_wants_the_key(tmp_path: Path) -> None:
     """The ConfigMap's gpu-pool, its worker a stand-in for vLLM started as vllm.yaml starts it
     (`--api-key` from VLLM_API_KEY), the gateway given the same key as gateway.yaml gives it."""

@@ -39,11 +39,6 @@ EXCEPTIONS = {
                 "(`python -m gateway serve` with ./llms.json) is this test's gateway",
     "make test": "the whole suite, this test among it",
 }
-# Known, and being fixed in the pool (issue 35): a llama.cpp worker holds 2 requests and refuses
-# the next with 503 `overloaded` (`pool_full`) instead of queueing it, so the README's four
-# requests at once get two answers. Only that refusal is excused, and once the pool queues, the
-# test passes as it is.
-POOL_FULL = "the CPU pool refuses requests beyond 2 per worker instead of queueing them"
 # A curl that stands for the README's: the same arguments, then its answer's status and body
 # kept for the test (a later -o / -w wins over the README's own).
 CURL = """curl() {
@@ -161,9 +156,6 @@ def test_each_shell_block_runs_as_written(number: int, gateway: GatewayProcess,
     curls = sum(len(re.findall(r"^curl ", c, re.MULTILINE)) * loops(c) for c in runnable)
     statuses = (answers / "statuses").read_text().split() if curls else []
     bodies = [json.loads(p.read_text()) for p in answers.glob("answer.*")]
-    if any(a["reason"] == "pool_full" for b in bodies for a in b.get("error", {}).get(
-            "attempts", ())):
-        pytest.xfail(POOL_FULL)
     assert statuses == ["200"] * curls, bodies
     for body in bodies:
         assert body["choices"][0]["message"]["content"].strip()

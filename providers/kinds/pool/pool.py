@@ -27,6 +27,7 @@ import msgspec
 
 from providers.contract.errors import GatewayError, PoolFull, PoolNotReady
 from providers.contract.log import get_logger
+from providers.contract.spec import Secret
 from providers.contract.transport import Link, Transport
 from providers.kinds.pool.engines import LLAMACPP, WorkerPlan
 from providers.kinds.pool.leader import LeaderLock
@@ -63,8 +64,9 @@ class Pool:
 
     def __init__(self, name: str, settings: PoolSettings, transport: Transport, link: Link,
                  plans: Sequence[WorkerPlan], engine: str | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, key: Secret | None = None) -> None:
         self.name = name
+        self.check_headers = _check_headers(key)
         self.clock = clock
         self.settings = settings
         self.transport = transport
@@ -210,10 +212,12 @@ class Pool:
             drain = self._drains[model] = Drain(self.clock)
         return drain
 
-    def update(self, settings: PoolSettings) -> None:
-        """Take a reload's settings that apply live (limits, timings); what workers run is
-        the same (`settings.fingerprint`), or this pool would have been replaced."""
+    def update(self, settings: PoolSettings, key: Secret | None = None) -> None:
+        """Take a reload's settings that apply live (limits, timings, the workers' key); what
+        workers run is the same (`settings.fingerprint`), or this pool would have been
+        replaced."""
         self.settings = settings
+        self.check_headers = _check_headers(key)
         for worker in self.workers.values():
             self._serve_line(worker)  # a larger max_queue may free slots now
 
@@ -380,7 +384,7 @@ class Pool:
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
                 response = await self.transport.request(
-                    "GET", worker.root + path, headers=CHECK_HEADERS, link=self.link,
+                    "GET", worker.root + path, headers=self.check_headers, link=self.link,
                     connect_timeout=CHECK_CONNECT)
                 try:
                     return await response.read() if response.status == 200 else None
@@ -432,3 +436,11 @@ class Pool:
             if not any(w.load.inflight for w in self.workers.values()):
                 return
             await asyncio.sleep(DRAIN_POLL)
+
+
+def _check_headers(key: Secret | None) -> dict[str, str]:
+    """A health check's headers: the workers' key when they want one (vLLM's `--api-key`
+    guards `/v1/models` too)."""
+    if key is None:
+        return CHECK_HEADERS
+    return {**CHECK_HEADERS, "Authorization": f"Bearer {key.reveal()}"}

@@ -70,7 +70,8 @@ class PoolProvider(Provider):
 
     async def start(self, lasting: Lasting) -> None:
         async def build() -> Pool:
-            return await build_pool(self.name, self.settings, self.transport, self.link)
+            return await build_pool(self.name, self.settings, self.transport, self.link,
+                                    self.spec.api_key)
 
         try:
             self.pool = await lasting.acquire(f"pool:{self.name}", fingerprint(self.settings),
@@ -80,7 +81,7 @@ class PoolProvider(Provider):
         self._lasting = lasting
         # The same workers, kept across a reload that changed only what applies live (an
         # alias, a price, a limit): the pool takes this snapshot's limits and timings.
-        self.pool.update(self.settings)
+        self.pool.update(self.settings, self.spec.api_key)
 
     async def close(self) -> None:
         for client in self._clients.values():
@@ -252,7 +253,7 @@ class PoolProvider(Provider):
         """An OpenAI-kind client for one worker, with this provider's options and timeouts."""
         client = self._clients.get(worker.base_url)
         if client is None:
-            spec = replace(self.spec, kind="openai", base_url=worker.base_url, api_key=None,
+            spec = replace(self.spec, kind="openai", base_url=worker.base_url,
                            proxy=self.link.proxy)
             client = self._clients[worker.base_url] = OpenAIProvider(spec, self.transport)
         return client
