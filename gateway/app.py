@@ -53,8 +53,8 @@ JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 OPENAPI = msgspec.json.encode(openapi.document())
 # What a browser's script may read of an answer besides the CORS-safelisted headers.
-EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-attempts", "x-llms-cost",
-                   "x-llms-cache", "x-llms-hedged", "retry-after")
+EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-model", "x-llms-attempts",
+                   "x-llms-cost", "x-llms-cache", "x-llms-hedged", "retry-after")
 # The collector's thresholds: (young objects between collections, young collections per
 # middle one, middle collections per full one). Request paths leave no cycles (a test checks),
 # so collections find nothing and their cost is what they traverse: what lives longer than a
