@@ -15,7 +15,7 @@ import pytest
 from gateway.state.config import ConfigError, parse
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
-from tests.upstream import FakeUpstream, ok, status
+from tests.upstream import FakeUpstream, Mode, status
 
 HI = [{"role": "user", "content": "hi"}]
 # OpenAI's refusal by its content policy, as its API words it.
@@ -227,3 +227,40 @@ def test_a_reload_applies_new_patterns(start_gateway: Callable[..., GatewayProce
 
     wait_until(lambda: chat(gateway, "claude-opus-4-8").headers["x-llms-model"] == "fast")
     assert chat(gateway, "claude-sonnet-4-5").headers["x-llms-model"] == "smart"
+
+
+FILTERED = Mode("ok", chunks=("",), finish_reason="content_filter")
+
+
+def test_an_answer_filtered_before_any_content_is_a_refusal_that_follows_the_chain(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    fakes["big"].set_mode(FILTERED)
+
+    answer = chat(gateway, "guarded")
+
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-llms-model"] == "spare"
+    assert answer.json()["choices"][0]["finish_reason"] == "stop"
+    assert len(fakes["big"].requests) == 1 and fakes["small"].requests == []
+
+
+def test_a_filtered_answer_with_no_chain_is_relayed_as_before(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    fakes["small"].set_mode(FILTERED)
+
+    answer = chat(gateway, "fast")
+
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0]["finish_reason"] == "content_filter"
+
+
+def test_a_filtered_answer_is_kept_when_its_chain_fails_too(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    fakes["big"].set_mode(FILTERED)
+    fakes["spare"].set_mode(status(503))
+
+    answer = chat(gateway, "guarded")
+
+    assert answer.status_code == 200
+    assert answer.headers["x-llms-model"] == "guarded"
+    assert answer.json()["choices"][0]["finish_reason"] == "content_filter"

@@ -31,9 +31,14 @@ from providers.contract.errors import (
     GatewayError,
     UpstreamClientError,
 )
-from providers.contract.provider import Outgoing, Provider
+from providers.contract.provider import Answer, Outgoing, Provider, Reply
+from providers.contract.refusals import filtered
+from providers.contract.stream import Opened
+from providers.wire import sse
 
 CONTEXT_REASONS = frozenset({sizing.TOO_SMALL, "context_length_exceeded"})
+POLICY = "content_policy"
+FILTERED = "the answer was filtered by the content policy before any content"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,7 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
         else None
     failed: list[Attempt] = []
     refused: UpstreamClientError | None = None
+    held: tuple[str, Served] | None = None  # an answer its content filter emptied
     stage: tuple[str, tuple[Route, ...]] | None = (alias, routes)
     rest: list[str] | None = None
     windows: list[int] = []
@@ -67,14 +73,35 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
             if kept:
                 served = await router.attempt(name, kept, chain.providers,
                                               as_alias(request, name), chain.routing(name))
-                return name, dataclasses.replace(served, failed=(*failed, *served.failed))
+                served = dataclasses.replace(served, failed=(*failed, *served.failed))
+                # Read only for an alias with a chain for refusals: it costs a decode.
+                refusals = chain.snapshot.chains.after(alias, POLICY) if rest is None else ()
+                if not (refusals and _emptied(served.answer)):
+                    if held is not None:
+                        await held[1].answer.close()
+                    return name, served
+                failed = [*served.failed, Attempt(served.provider, 200, POLICY, FILTERED)]
+                held, rest = (name, served), list(refusals)
         except AllProvidersFailed as exc:
             failed += exc.attempts
             refused = exc.refused or refused
         if rest is None:  # the requested alias failed: why it failed picks its chain
             rest = list(chain.snapshot.chains.after(alias, failure_class(failed)))
         stage = _next(rest, chain)
+    if held is not None:  # nothing else answered: the filtered answer is the answer
+        return held
     raise _failure(alias, failed, refused, max(windows, default=None), need)
+
+
+def _emptied(answer: Answer) -> bool:
+    """A whole answer, or a stream's first event, that a content filter stopped before any
+    content (later events of a stream are not waited for)."""
+    if isinstance(answer, Reply):
+        return filtered([answer.body])
+    if isinstance(answer, Opened):
+        return filtered(event.data for event in sse.Reader().feed(answer.head)
+                        if not event.done)
+    return False
 
 
 def _sized(routes: tuple[Route, ...], chain: Chain, alias: str) -> bool:
@@ -86,8 +113,8 @@ def _sized(routes: tuple[Route, ...], chain: Chain, alias: str) -> bool:
 def failure_class(failed: Sequence[Attempt]) -> str:
     """Why an alias's candidates failed, as a fallback class."""
     reasons = {a.reason for a in failed}
-    if "content_policy" in reasons:
-        return "content_policy"
+    if POLICY in reasons:
+        return POLICY
     if reasons & CONTEXT_REASONS:
         return "context_window"
     if reasons == {"rate_limited"}:

@@ -24,6 +24,10 @@ Content policies: OpenAI's code `content_policy_violation`, Azure OpenAI's `cont
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
 
 _OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error",
                              "model_context_window_exceeded"})
@@ -59,3 +63,39 @@ def classify(status: int, message: str, error_type: str | None, code: str | None
     if marks & _POLICY_CODES or any(w in words for w in _POLICY_WORDS):
         return Limit.POLICY
     return None
+
+
+class _Message(msgspec.Struct):
+    content: Any = None
+    tool_calls: Any = None
+
+
+class _Choice(msgspec.Struct):
+    finish_reason: str | None = None
+    message: _Message | None = None
+    delta: _Message | None = None
+
+
+class _Answer(msgspec.Struct):
+    choices: list[_Choice] | None = None
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+
+
+def filtered(payloads: Iterable[bytes]) -> bool:
+    """Whether a chat answer (a whole body, or a stream's first events) was stopped by a
+    content filter before any of it was written: `finish_reason: content_filter` with no
+    content and no tool call before it. A partly written answer is an answer."""
+    for payload in payloads:
+        try:
+            choices = _ANSWER.decode(payload).choices or []
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        for choice in choices:
+            said = choice.message or choice.delta
+            if said is not None and (said.content or said.tool_calls):
+                return False
+            if choice.finish_reason == "content_filter":
+                return True
+    return False
