@@ -20,7 +20,16 @@ import msgspec
 
 from gateway.edge import openfiles
 from gateway.state import config
-from gateway.state.config import BIND_ENV, CONFIG_ENV, OPEN_ENV, ConfigError, Snapshot, is_loopback
+from gateway.state.config import (
+    BIND_ENV,
+    CONFIG_ENV,
+    OPEN_ENV,
+    ConfigError,
+    Snapshot,
+    is_loopback,
+    model_facts,
+)
+from gateway.state.facts import Facts
 from providers.contract.errors import GatewayError, ProviderUnavailable
 from providers.contract.transport import HttpResponse, Link, ProxyEnvironment
 from providers.transport import AiohttpTransport
@@ -125,17 +134,40 @@ def _ls(args: argparse.Namespace) -> int:
     path, snapshot = _load(args.config)
     live = _live_providers(snapshot)
     print(f"{path} ({len(snapshot.providers)} providers, tried in this order)")
+    facts = model_facts(snapshot)
     for number, spec in enumerate(snapshot.providers, 1):
         state = "enabled" if spec.enabled else f"disabled: {spec.disabled_reason}"
         print(f"{number:>3}. {spec.name:<14} {spec.kind:<10} {state}")
         for alias, model in spec.models.items():
             target = f" -> {model.id}" if model.id != alias else ""
-            print(f"       {alias}{target}")
+            known = facts[(spec.name, alias)]
+            print(f"       {alias}{target}{facts_text(known)}")
         for worker in (((live or {}).get(spec.name) or {}).get("state") or {}).get("workers") or ():
             print("       " + worker_line(worker))
+    names = [*snapshot.names.exact.items(), *snapshot.names.patterns]
+    if names:
+        print("names served as another alias (models.*.alias_of):")
+    for name, alias in names:
+        print(f"       {name} -> {alias}")
     if live is None:
         print("(no gateway answering at server.host:server.port: worker states not shown)")
     return 0
+
+
+def facts_text(known: Facts) -> str:
+    """A model's window, longest answer and price as `ls` prints them, each with its source
+    (`config`: llms.json; `genai-prices`: the package's database)."""
+    parts = []
+    if known.context_window is not None:
+        parts.append(f"window {known.context_window} "
+                     f"({known.sources['context_window']})")
+    if known.max_output_tokens is not None:
+        parts.append(f"output {known.max_output_tokens} "
+                     f"({known.sources['max_output_tokens']})")
+    if known.price is not None:
+        parts.append(f"${known.price.input:g}/${known.price.output:g} per M tokens in/out "
+                     f"({known.sources['price']})")
+    return ("  " + ", ".join(parts)) if parts else ""
 
 
 def worker_line(worker: dict[str, Any]) -> str:
