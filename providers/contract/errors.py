@@ -382,7 +382,7 @@ class AnsweredWhole(BadUpstreamResponse):
         self.payload = payload
 
 
-class _ModelLimit(ProviderError):
+class ModelLimit(ProviderError):
     """A 4xx that is no fault of the request as such but of this model: another model may
     answer it. Not the provider's ill health, and never tried again on the same model; when
     no other candidate answers, the upstream's own error (`relayed`) goes to the client."""
@@ -395,13 +395,13 @@ class _ModelLimit(ProviderError):
         self.relayed = relayed
 
 
-class ContextLengthExceeded(_ModelLimit):
+class ContextLengthExceeded(ModelLimit):
     """The upstream said the request does not fit its model's context window."""
 
     reason = "context_length_exceeded"
 
 
-class ContentRefused(_ModelLimit):
+class ContentRefused(ModelLimit):
     """The upstream's content policy refused the request (or filtered the answer before any
     of it was written)."""
 
