@@ -72,10 +72,11 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
-    """One alias, or 404 model_not_found."""
+    """One alias, or a name that serves as one (`alias_of`, a pattern); else 404
+    model_not_found."""
     live = _reader(request, "/v1/models").live
     alias = model_id.lstrip("/")
-    routes = router.candidates(live.snapshot, alias)
+    routes = router.candidates(live.snapshot, live.snapshot.resolve(alias))
     card = model_card(alias, routes[0].provider, int(_runtime(request).started))
     return Response(msgspec.json.encode(card), media_type=JSON)
 

@@ -264,3 +264,11 @@ def test_a_filtered_answer_is_kept_when_its_chain_fails_too(
     assert answer.status_code == 200
     assert answer.headers["x-llms-model"] == "guarded"
     assert answer.json()["choices"][0]["finish_reason"] == "content_filter"
+
+
+def test_a_name_a_pattern_serves_can_be_retrieved_as_a_model(gateway: GatewayProcess) -> None:
+    found = httpx.get(f"{gateway.base_url}/models/claude-opus-4-8")
+    missing = httpx.get(f"{gateway.base_url}/models/gpt-9")
+
+    assert found.status_code == 200 and found.json()["id"] == "claude-opus-4-8"
+    assert missing.status_code == 404

@@ -216,6 +216,21 @@ def test_vllm_errors_old_and_new_leave_in_our_envelope(
         assert set(error) >= {"message", "type", "code", "param"}
 
 
+def test_a_prompt_too_long_for_vllm_s_window_goes_to_the_next_candidate_and_benches_no_worker(
+        gpu_pool: tuple[GatewayProcess, Env, int], backup: FakeUpstream) -> None:
+    gateway, _, port = gpu_pool
+    backup.reset()
+
+    long = ask(gateway, "word " * 5000)
+
+    assert long.status_code == 200, long.text
+    assert long.headers["x-llms-provider"] == "backup"
+    line = gateway.wait_for_log("request")[-1]
+    assert line["failed"] == ["local:context_length_exceeded"]  # one worker asked, not both
+    assert {w["state"] for w in workers(gateway)} == {"ready"}
+    assert served_by(ask(gateway)) in (str(port), str(port + 1))
+
+
 def test_a_killed_worker_restarts_and_the_other_serves_meanwhile(
         gpu_pool: tuple[GatewayProcess, Env, int], backup: FakeUpstream) -> None:
     gateway, env, port = gpu_pool
