@@ -71,8 +71,7 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
         failed += skipped
         try:
             if kept:
-                served = await router.attempt(name, kept, chain.providers,
-                                              as_alias(request, name), chain.routing(name))
+                served = await _attempt(name, kept, request, chain, held)
                 served = dataclasses.replace(served, failed=(*failed, *served.failed))
                 # Read only for an alias with a chain for refusals: it costs a decode.
                 refusals = chain.snapshot.chains.after(alias, POLICY) if rest is None else ()
@@ -89,8 +88,23 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
             rest = list(chain.snapshot.chains.after(alias, failure_class(failed)))
         stage = _next(rest, chain)
     if held is not None:  # nothing else answered: the filtered answer is the answer
-        return held
+        return held[0], dataclasses.replace(held[1], failed=tuple(failed))
     raise _failure(alias, failed, refused, max(windows, default=None), need)
+
+
+async def _attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chain: Chain,
+                   held: tuple[str, Served] | None) -> Served:
+    """`alias`'s candidates tried; an answer held meanwhile is closed if the request ends here
+    (the client left, a bad request)."""
+    try:
+        return await router.attempt(alias, routes, chain.providers, as_alias(request, alias),
+                                    chain.routing(alias))
+    except AllProvidersFailed:
+        raise  # the chain goes on
+    except BaseException:
+        if held is not None:
+            await held[1].answer.close()
+        raise
 
 
 def _emptied(answer: Answer) -> bool:
