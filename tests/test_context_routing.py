@@ -217,3 +217,19 @@ def test_the_requested_output_counts_against_the_window(
 
     assert answer.headers["x-llms-provider"] == "big"
     assert fakes["small"].requests == []
+
+
+def test_a_streamed_40k_prompt_and_a_messages_one_skip_the_8k_model_too(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=30, json={
+            "model": "long", "stream": True,
+            "messages": [{"role": "user", "content": words(40_000)}]}) as streamed:
+        assert streamed.headers["x-llms-provider"] == "big"
+        assert streamed.read().endswith(b"data: [DONE]\n\n")
+    messages = httpx.post(f"{gateway.base_url}/messages", timeout=30, json={
+        "model": "long", "max_tokens": 100,
+        "messages": [{"role": "user", "content": words(40_000)}]})
+
+    assert messages.status_code == 200, messages.text
+    assert messages.headers["x-llms-provider"] == "big"
+    assert fakes["small"].requests == []
