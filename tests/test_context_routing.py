@@ -13,7 +13,7 @@ import pytest
 from providers.contract.refusals import Limit, classify
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_gemini import FakeGemini
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, Mode, status
 
 GEMINI_KEY = "AIzaSy-context-test-key-0000000000000"
@@ -126,6 +126,17 @@ def chat(gateway: GatewayProcess, model: str, text: str = "hi", **extra: Any) ->
                             **extra})
 
 
+def logged(gateway: GatewayProcess, answer: httpx.Response) -> dict[str, Any]:
+    """The request log line of `answer`, once written (just after the answer is sent)."""
+    request_id = answer.headers["x-request-id"]
+
+    def line() -> list[dict[str, Any]]:
+        return [e for e in gateway.log_events("request") if e["request_id"] == request_id]
+
+    wait_until(lambda: bool(line()))
+    return line()[0]
+
+
 def test_a_40k_prompt_skips_the_8k_model_untried_and_is_answered_by_the_128k_one(
         gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
     answer = chat(gateway, "long", words(40_000), max_tokens=100)
@@ -135,8 +146,7 @@ def test_a_40k_prompt_skips_the_8k_model_untried_and_is_answered_by_the_128k_one
     assert answer.headers["x-llms-attempts"] == "2"
     assert fakes["small"].requests == []
     assert len(fakes["big"].requests) == 1
-    line = gateway.wait_for_log("request")[-1]
-    assert line["failed"] == ["small:context_too_small"]
+    assert logged(gateway, answer)["failed"] == ["small:context_too_small"]
 
 
 def test_a_prompt_that_fits_goes_to_the_first_candidate_as_before(
@@ -155,8 +165,7 @@ def test_an_openai_shaped_engine_s_own_too_long_moves_to_a_larger_window(
 
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-llms-provider"] == "big"
-    line = gateway.wait_for_log("request")[-1]
-    assert line["failed"] == ["tight:context_length_exceeded"]
+    assert logged(gateway, answer)["failed"] == ["tight:context_length_exceeded"]
 
 
 @pytest.mark.parametrize(("alias", "fake", "mode"), [
@@ -173,7 +182,7 @@ def test_anthropic_s_and_gemini_s_own_too_long_moves_to_a_larger_window(
 
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-llms-provider"] == "big"
-    assert gateway.wait_for_log("request")[-1]["failed"] == [f"{fake}:context_length_exceeded"]
+    assert logged(gateway, answer)["failed"] == [f"{fake}:context_length_exceeded"]
 
 
 def test_after_an_overflow_only_larger_windows_are_tried(

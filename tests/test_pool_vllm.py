@@ -220,13 +220,19 @@ def test_a_prompt_too_long_for_vllm_s_window_goes_to_the_next_candidate_and_benc
         gpu_pool: tuple[GatewayProcess, Env, int], backup: FakeUpstream) -> None:
     gateway, _, port = gpu_pool
     backup.reset()
+    before = len(gateway.log_events("request"))
 
-    long = ask(gateway, "word " * 5000)
+    # 5,000 words: within the 4,096-token window by the gateway's estimate (four characters a
+    # token), over it by the fake engine's count (a token a word): vLLM says so itself.
+    long = ask(gateway, "w " * 5000)
+    skipped = ask(gateway, "word " * 5000)  # over it by the estimate too: never sent
 
     assert long.status_code == 200, long.text
     assert long.headers["x-llms-provider"] == "backup"
-    line = gateway.wait_for_log("request")[-1]
-    assert line["failed"] == ["local:context_length_exceeded"]  # one worker asked, not both
+    lines = gateway.wait_for_log("request", count=before + 2)
+    assert lines[-2]["failed"] == ["local:context_length_exceeded"]  # one worker asked, not two
+    assert lines[-1]["failed"] == ["local:context_too_small"]
+    assert skipped.headers["x-llms-provider"] == "backup"
     assert {w["state"] for w in workers(gateway)} == {"ready"}
     assert served_by(ask(gateway)) in (str(port), str(port + 1))
 
