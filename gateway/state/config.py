@@ -524,9 +524,6 @@ def _model(alias: str, raw: str | dict[str, Any], file: str, where: str) -> Mode
     known = {k: v for k, v in raw.items() if k in ModelEntry.__struct_fields__}
     if "source" in raw or "served_model_name" in raw:
         known["id"] = raw.get("served_model_name") or raw.get("id") or alias
-        # The window the engine is started with is the model's window here.
-        if isinstance(raw.get("max_model_len"), int):
-            known.setdefault("context_window", raw["max_model_len"])
     elif set(raw) - set(known):
         unknown = ", ".join(sorted(set(raw) - set(known)))
         raise ConfigError(f"{file}: {where}: unknown field(s) {unknown}")
