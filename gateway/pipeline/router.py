@@ -4,7 +4,9 @@
 does the trying, through the one failover loop (`providers.contract.failover`): each
 candidate gets `retries.attempts` tries (exponential backoff with jitter, honouring
 `Retry-After` up to a cap) while its errors are retryable, then the next candidate. A client's
-error (`UpstreamClientError`) ends the loop at once: another provider would say the same.
+error (`UpstreamClientError`) ends the loop at once: another provider would say the same. A
+model's limit is not the client's error: after a "too long", only candidates with a larger
+known window are tried; after a content policy's refusal, none serving the same model.
 
 A try returns once its first token is there (`providers.contract.provider.Answer`), so a hedge
 races on the tries' return values alone. A whole answer still gathering is then read to its end
