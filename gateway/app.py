@@ -53,8 +53,8 @@ JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 OPENAPI = msgspec.json.encode(openapi.document())
 # What a browser's script may read of an answer besides the CORS-safelisted headers.
-EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-attempts", "x-llms-cost",
-                   "x-llms-cache", "x-llms-hedged", "retry-after")
+EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-model", "x-llms-attempts",
+                   "x-llms-cost", "x-llms-cache", "x-llms-hedged", "retry-after")
 # The collector's thresholds: (young objects between collections, young collections per
 # middle one, middle collections per full one). Request paths leave no cycles (a test checks),
 # so collections find nothing and their cost is what they traverse: what lives longer than a
@@ -72,10 +72,11 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
-    """One alias, or 404 model_not_found."""
+    """One alias, or a name that serves as one (`alias_of`, a pattern); else 404
+    model_not_found."""
     live = _reader(request, "/v1/models").live
     alias = model_id.lstrip("/")
-    routes = router.candidates(live.snapshot, alias)
+    routes = router.candidates(live.snapshot, live.snapshot.resolve(alias))
     card = model_card(alias, routes[0].provider, int(_runtime(request).started))
     return Response(msgspec.json.encode(card), media_type=JSON)
 

@@ -22,7 +22,15 @@ import msgspec
 from gateway import cli_chat, cli_ls
 from gateway.edge import openfiles
 from gateway.state import config
-from gateway.state.config import BIND_ENV, CONFIG_ENV, OPEN_ENV, ConfigError, Snapshot, is_loopback
+from gateway.state.config import (
+    BIND_ENV,
+    CONFIG_ENV,
+    OPEN_ENV,
+    ConfigError,
+    Snapshot,
+    is_loopback,
+    model_facts,
+)
 from providers.contract.errors import GatewayError, ProviderError, ProviderUnavailable
 from providers.contract.provider import Provider
 from providers.contract.redact import Redactor
@@ -148,7 +156,7 @@ def _ls(args: argparse.Namespace) -> int:
     live, why = cli_ls.live_status(root, keys[0].secret.reveal() if keys else None,
                                    direct=args.url is None)
     print(f"{path} ({len(snapshot.providers)} providers, tried in this order)")
-    for line in cli_ls.lines(snapshot, live):
+    for line in cli_ls.lines(snapshot, live, model_facts(snapshot)):
         print(line)
     if live is None:
         print(f"({why}: this is the config's view; admin switches, open circuits, discovered "

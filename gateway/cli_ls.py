@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gateway.state.config import ADMIN_DISABLED, IN_CONFIG, Snapshot
+from gateway.state.facts import Facts
 from providers.contract.spec import ProviderSpec
 
 
@@ -67,9 +68,11 @@ def disabled(reason: str | None) -> str:
     return f"disabled ({reason})"
 
 
-def lines(snapshot: Snapshot, live: dict[str, Any] | None) -> Iterator[str]:
-    """The listing: one line per provider (number, name, kind, state), then its models and,
-    for a pool, its workers."""
+def lines(snapshot: Snapshot, live: dict[str, Any] | None,
+          facts: dict[tuple[str, str], Facts]) -> Iterator[str]:
+    """The listing: one line per provider (number, name, kind, state), then its models with
+    their window and price (and where each came from) and, for a pool, its workers; then the
+    names served as another alias."""
     rows = {row["name"]: row for row in (live or {}).get("providers") or ()}
     for number, spec in enumerate(snapshot.providers, 1):
         row = rows.get(spec.name)
@@ -78,12 +81,18 @@ def lines(snapshot: Snapshot, live: dict[str, Any] | None) -> Iterator[str]:
         else:
             said = "enabled" if spec.enabled else disabled(spec.disabled_reason)
         yield f"{number:>3}. {spec.name:<14} {spec.kind:<10} {said}"
-        yield from _models(spec, row, live is not None)
+        yield from _models(spec, row, live is not None, facts)
         for worker in ((row or {}).get("state") or {}).get("workers") or ():
             yield "       " + worker_line(worker)
+    names = [*snapshot.names.exact.items(), *snapshot.names.patterns]
+    if names:
+        yield "names served as another alias (models.*.alias_of):"
+    for name, alias in names:
+        yield f"       {name} -> {alias}"
 
 
-def _models(spec: ProviderSpec, row: dict[str, Any] | None, running: bool) -> Iterator[str]:
+def _models(spec: ProviderSpec, row: dict[str, Any] | None, running: bool,
+            facts: dict[tuple[str, str], Facts]) -> Iterator[str]:
     if spec.discovery is not None:
         found = [m["alias"] for m in (row or {}).get("models") or ()]
         if not running:
@@ -95,7 +104,24 @@ def _models(spec: ProviderSpec, row: dict[str, Any] | None, running: bool) -> It
         return
     for alias, model in spec.models.items():
         target = f" -> {model.id}" if model.id != alias else ""
-        yield f"       {alias}{target}"
+        known = facts.get((spec.name, alias))
+        yield f"       {alias}{target}{facts_text(known) if known else ''}"
+
+
+def facts_text(known: Facts) -> str:
+    """A model's window, longest answer and price as `ls` prints them, each with its source
+    (`config`: llms.json; `genai-prices`: the package's database)."""
+    parts = []
+    if known.context_window is not None:
+        parts.append(f"window {known.context_window} "
+                     f"({known.sources['context_window']})")
+    if known.max_output_tokens is not None:
+        parts.append(f"output {known.max_output_tokens} "
+                     f"({known.sources['max_output_tokens']})")
+    if known.price is not None:
+        parts.append(f"${known.price.input:g}/${known.price.output:g} per M tokens in/out "
+                     f"({known.sources['price']})")
+    return ("  " + ", ".join(parts)) if parts else ""
 
 
 def worker_line(worker: dict[str, Any]) -> str:

@@ -391,7 +391,20 @@ class Worker:
             return new_error(404, f"The model `{model}` does not exist.", "NotFoundError")
         if required not in body:
             return new_error(400, f"Field required: {required}", "BadRequestError")
-        return None
+        return self.too_long(body, required)
+
+    def too_long(self, body: dict[str, Any], required: str) -> web.Response | None:
+        """vLLM's answer to a prompt and output its window cannot hold, in its words (the
+        fake's tokens are words of the JSON-encoded prompt)."""
+        window = self.args.max_model_len or DEFAULT_MAX_MODEL_LEN
+        prompt = len(json.dumps(body[required]).split())
+        output = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        if not isinstance(output, int) or prompt + output <= window:
+            return None
+        return new_error(400, f"This model's maximum context length is {window} tokens. "
+                         f"However, you requested {prompt + output} tokens ({prompt} in the "
+                         f"messages, {output} in the completion). Please reduce the length of "
+                         "the messages or completion.", "BadRequestError")
 
     async def complete(self, request: web.Request, shape: _Shape,
                        required: str) -> web.StreamResponse:

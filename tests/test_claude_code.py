@@ -68,7 +68,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory,
         "claude": {"type": "anthropic", "base_url": fakes[NATIVE].base_url.removesuffix("/v1"),
                    "api_key": "an-key-000000", "models": {NATIVE: "claude-sonnet-4-5"}},
         "chat": provider(fakes[CHAT].base_url, {CHAT: "kimi-k2"}),
-    }, defaults={"circuit": {"enabled": False}}, server={"api_keys": [KEY]})
+    }, defaults={"circuit": {"enabled": False}}, server={"api_keys": [KEY]},
+        # Claude Code's own names, whatever this release calls its models.
+        models={"claude-*": {"alias_of": CHAT}})
     process = GatewayProcess(tmp_path_factory.mktemp("claude-code"), doc).start()
     yield process
     process.stop()
@@ -80,15 +82,17 @@ def fresh(fakes: dict[str, FakeUpstream]) -> None:
         fake.reset()
 
 
-def claude(cli: Path, gateway: GatewayProcess, alias: str, home: Path) -> dict[str, Any]:
-    """`claude -p` in print mode against the gateway, Bash `echo` allowed; its JSON result."""
+def claude(cli: Path, gateway: GatewayProcess, alias: str | None, home: Path
+           ) -> dict[str, Any]:
+    """`claude -p` in print mode against the gateway, Bash `echo` allowed; its JSON result.
+    With no alias, Claude Code asks for the models it names itself."""
     project = home / "project"
     project.mkdir(parents=True, exist_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
            "CLAUDE_CONFIG_DIR": str(home / ".claude"),
            "ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_API_KEY": KEY,
-           "ANTHROPIC_MODEL": alias, "ANTHROPIC_SMALL_FAST_MODEL": alias,
-           "ANTHROPIC_DEFAULT_HAIKU_MODEL": alias,
+           **({"ANTHROPIC_MODEL": alias, "ANTHROPIC_SMALL_FAST_MODEL": alias,
+               "ANTHROPIC_DEFAULT_HAIKU_MODEL": alias} if alias else {}),
            # Nothing but the gateway: no telemetry, error reports, updates or side requests,
            # and no retries of its own (a failure shows as one).
            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
@@ -119,6 +123,25 @@ def tool_output(request: Recorded) -> str:
             if block["type"] == "tool_result":
                 return json.dumps(block["content"])
     return ""
+
+
+def test_claude_code_s_own_model_names_reach_an_alias_through_a_pattern(
+        cli: Path, gateway: GatewayProcess, fakes: dict[str, FakeUpstream],
+        tmp_path: Path) -> None:
+    fakes[CHAT].set_mode(tool_call("Bash", ECHO), ok(FINAL))
+    before = len(gateway.log_events("request"))
+
+    def asked() -> list[dict[str, Any]]:
+        return [e for e in gateway.log_events("request")[before:]
+                if e.get("endpoint") == "messages"]
+
+    result = claude(cli, gateway, None, tmp_path)
+
+    assert (result["result"], result["is_error"]) == (FINAL, False)
+    wait_until(lambda: len(asked()) >= len(fakes[CHAT].requests))
+    assert asked() and all(e["model"].startswith("claude-") for e in asked())
+    assert {e.get("alias") for e in asked()} == {CHAT}
+    assert {r.json["model"] for r in fakes[CHAT].requests} == {"kimi-k2"}
 
 
 @pytest.mark.parametrize("alias", [CHAT, NATIVE])

@@ -181,3 +181,27 @@ def test_usage_prints_totals_from_a_running_gateway(pair: Pair) -> None:
     row = next(line for line in result.stdout.splitlines() if line.startswith("primary"))
     assert "chat-model" in row and int(row.split()[2]) >= 1
     assert "total cost" in result.stdout
+
+
+def test_ls_says_where_each_window_and_price_came_from(tmp_path: Path) -> None:
+    path = write(tmp_path, config({
+        "openai": {"type": "openai", "base_url": "https://api.openai.com/v1",
+                   "api_key": "$NOT_SET_KEY_XYZ", "models": {
+                       "mini": "gpt-4o-mini",
+                       "priced": {"id": "gpt-4o-mini", "price": {"input": 1, "output": 2},
+                                  "max_output_tokens": 16384}}},
+        "local": provider("http://127.0.0.1:9/v1", {"own": {"id": "x-model",
+                                                            "context_window": 8192}}),
+    }, models={"claude-*": {"alias_of": "own"}}))
+
+    result = run("ls", "--config", str(path))
+
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()
+             if line.startswith("       ")}
+    assert "window 128000 (genai-prices)" in lines["mini"]
+    assert "$0.15/$0.6 per M tokens in/out (genai-prices)" in lines["mini"]
+    assert "output 16384 (config)" in lines["priced"]
+    assert "$1/$2 per M tokens in/out (config)" in lines["priced"]
+    assert lines["own"].endswith("window 8192 (config)")
+    assert "claude-* -> own" in lines["claude-*"]

@@ -75,14 +75,14 @@ def test_client_error_from_provider_is_returned_not_failed_over(pair: Pair) -> N
 
 
 def test_vllm_old_error_shape_becomes_our_envelope(pair: Pair) -> None:
-    body = ('{"object":"error","message":"This model\'s maximum context length is 2048 tokens",'
+    body = ('{"object":"error","message":"temperature must be non-negative, got -1.0.",'
             '"type":"BadRequestError","param":null,"code":400}')
     pair.primary.set_mode(status(400, body=body))
 
     response = chat(pair)
 
     assert response.status_code == 400
-    assert response.json()["error"]["message"].startswith("This model's maximum context length")
+    assert response.json()["error"]["message"].startswith("temperature must be non-negative")
     validate(response.json(), "ErrorResponse")
 
 

@@ -216,6 +216,24 @@ def test_vllm_errors_old_and_new_leave_in_our_envelope(
         assert set(error) >= {"message", "type", "code", "param"}
 
 
+def test_a_prompt_too_long_for_vllm_s_window_goes_to_the_next_candidate_and_benches_no_worker(
+        gpu_pool: tuple[GatewayProcess, Env, int], backup: FakeUpstream) -> None:
+    gateway, _, port = gpu_pool
+    backup.reset()
+    before = len(gateway.log_events("request"))
+
+    # 5,000 words, over the 4,096-token window (the pool's window is not given as
+    # `context_window`, so only the engine can say): vLLM says so itself.
+    long = ask(gateway, "word " * 5000)
+
+    assert long.status_code == 200, long.text
+    assert long.headers["x-llms-provider"] == "backup"
+    lines = gateway.wait_for_log("request", count=before + 1)
+    assert lines[-1]["failed"] == ["local:context_length_exceeded"]  # one worker asked, not two
+    assert {w["state"] for w in workers(gateway)} == {"ready"}
+    assert served_by(ask(gateway)) in (str(port), str(port + 1))
+
+
 def test_a_killed_worker_restarts_and_the_other_serves_meanwhile(
         gpu_pool: tuple[GatewayProcess, Env, int], backup: FakeUpstream) -> None:
     gateway, env, port = gpu_pool

@@ -8,7 +8,7 @@ are in Anthropic's shape too (`providers.contract.errors.Dialect`), with the sam
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
@@ -28,7 +28,12 @@ TOOL_OVERHEAD = 8
 def estimated_tokens(body: dict[str, Any]) -> int:
     """`count_tokens` for a provider that cannot count: about four characters a token of the
     text, tool definitions and tool calls, plus a few per message (docs/api.md says so)."""
-    chat = messages.to_chat(body)
+    return chat_tokens(messages.to_chat(body))
+
+
+def chat_tokens(chat: Mapping[str, Any]) -> int:
+    """The same estimate for a chat completion's body (what routing checks against a model's
+    context window, `gateway.pipeline.sizing`)."""
     text = "".join(msgspec.json.encode(m.get("content") or "").decode()
                    + msgspec.json.encode(m.get("tool_calls") or "").decode()
                    for m in chat["messages"])

@@ -30,7 +30,8 @@ def status_of(record: Record) -> int:
 def counted_by(metrics: Metrics) -> Listener:
     """Prometheus: requests, failovers, latencies, tokens, cost, hedges."""
     def ended(record: Record) -> None:
-        model = record.model if record.known_model and record.model is not None else "_unknown"
+        # The alias, not the name sent: a pattern lets clients send any number of names.
+        model = record.alias if record.known_model and record.alias is not None else "_unknown"
         metrics.record(
             endpoint=record.endpoint, model=model,
             provider=CACHE if record.cache_hit else record.provider, status=status_of(record),
@@ -70,6 +71,7 @@ def logged_by(log: RequestLog) -> Listener:
             "request_id": record.request_id,
             "endpoint": record.endpoint,
             "model": record.model,
+            **({"alias": record.alias} if record.alias not in (None, record.model) else {}),
             "provider": CACHE if record.cache_hit else record.provider,
             "status": status_of(record),
             "outcome": record.outcome.value if record.outcome else None,

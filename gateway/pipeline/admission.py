@@ -53,6 +53,7 @@ class Admitted:
 
     head: Any
     raw: bytes
+    alias: str  # what serves the name the client sent (`alias_of`, a pattern)
     routes: tuple[Route, ...]
     providers: Mapping[str, Provider]
 
@@ -70,16 +71,24 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
         raise Overloaded("The gateway is at its concurrency limit; retry shortly")
     head, raw = schemas.parse(await request.body(), HEADS[endpoint])
     record.model, record.stream = head.model, bool(getattr(head, "stream", False))
-    routes = router.candidates(live.snapshot, head.model)
-    record.known_model = True
-    if endpoint == embeddings.ENDPOINT:
-        routes = embeddings.embedding_routes(head.model, routes, live.providers)
-    routes = strategy.ordered(head.model, routes, live.snapshot.policy(head.model).routing,
-                              runtime.spread, runtime.latencies)
+    alias = live.snapshot.resolve(head.model)
+    routes = ordered(runtime, endpoint, alias)
+    record.known_model, record.alias = True, alias
     providers = live.adapted[endpoint]
     if endpoint == "responses":
         await _check_previous_response(runtime, head, routes, providers, record.key_id)
-    return Admitted(head, raw, routes, providers)
+    return Admitted(head, raw, alias, routes, providers)
+
+
+def ordered(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:
+    """`alias`'s candidates for `endpoint`, in the order its strategy gives; ModelNotFound
+    when none serves it."""
+    live = runtime.live
+    routes = router.candidates(live.snapshot, alias)
+    if endpoint == embeddings.ENDPOINT:
+        routes = embeddings.embedding_routes(alias, routes, live.providers)
+    return strategy.ordered(alias, routes, live.snapshot.policy(alias).routing,
+                            runtime.spread, runtime.latencies)
 
 
 async def _check_previous_response(runtime: Runtime, head: Any, routes: tuple[Route, ...],

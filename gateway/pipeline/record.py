@@ -47,8 +47,9 @@ class Record:
     endpoint: str
     listeners: Sequence[Listener] = field(repr=False)
     started: float = field(default_factory=time.perf_counter)
-    model: str | None = None
-    known_model: bool = False  # `model` is an alias of the config (a metrics label)
+    model: str | None = None  # the name the client sent
+    known_model: bool = False  # `model` resolved to an alias of the config
+    alias: str | None = None  # the alias it resolved to; once served, the one that served it
     stream: bool = False
     key_id: str | None = None
     provider: str | None = None
@@ -78,12 +79,15 @@ class Record:
                                    else 0)
 
     def headers(self) -> dict[str, str]:
-        """What the answer tells of the request: its id, tries, provider, cost."""
+        """What the answer tells of the request: its id, tries, provider and the alias that
+        served, cost."""
         headers = {"x-request-id": self.request_id}
         if self.attempts:
             headers["x-llms-attempts"] = str(self.attempts)
         if self.provider:
             headers["x-llms-provider"] = self.provider
+            if self.alias:
+                headers["x-llms-model"] = self.alias
         if self.cost is not None:
             headers["x-llms-cost"] = f"{self.cost:.6f}"
         if self.hedged:

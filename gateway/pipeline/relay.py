@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from gateway.adapters.messages import ENDPOINTS as MESSAGES_ENDPOINTS
 from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.pipeline import caching, router
-from gateway.pipeline.admission import Incoming, admit
+from gateway.pipeline import caching, fallbacks, router
+from gateway.pipeline.admission import Incoming, admit, ordered
 from gateway.pipeline.delivery import (
     STREAM_HEADERS,
     Streamed,
@@ -44,22 +44,25 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
         options = getattr(head, "stream_options", None)
         wants_usage = bool(options and options.include_usage) \
             or endpoint in MESSAGES_ENDPOINTS
+        alias = admitted.alias
         outgoing = Outgoing(endpoint, admitted.raw, head.model, record.stream,
                             record.request_id, client_wants_usage=wants_usage,
                             key_id=record.key_id, choices=getattr(head, "n", None) or 1,
                             betas=request.headers.get("anthropic-beta"))
-        policy = live.snapshot.policy(head.model)
+        outgoing = fallbacks.as_alias(outgoing, alias)
+        policy = live.snapshot.policy(alias)
         cached = caching.caching(request.headers, record, policy.cache.ttl, outgoing.json(),
                                  runtime.cache, runtime.metrics) \
             if policy.cache.ttl else None
         if cached is not None and (hit := await caching.lookup(cached, record, wants_usage)):
             return hit
-        routing = router.Routing(runtime.health, runtime.latencies,
-                                 policy.routing.hedge_after)
+        chain = fallbacks.Chain(live.snapshot, admitted.providers,
+                                lambda name: ordered(runtime, endpoint, name),
+                                lambda name: _routing(runtime, name))
         runtime.stage("provider")
         async with DisconnectGuard(request.receive):
-            served = await router.attempt(head.model, admitted.routes, admitted.providers,
-                                          outgoing, routing)
+            record.alias, served = await fallbacks.attempt(alias, admitted.routes, outgoing,
+                                                           chain)
         runtime.stage("reply")
     except GatewayError as exc:
         return error_delivery(exc, record, live.redactor)
@@ -70,7 +73,7 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
         return internal_error(record, live.redactor)
     record.provider, record.failed = served.provider, served.failed
     record.hedged, record.hedge_won = served.hedged, served.hedge_won
-    price = live.prices.get((served.provider, head.model))
+    price = live.prices.get((served.provider, record.alias))
     answer = served.answer
     if isinstance(answer, Opened):
         record.first_token()
@@ -82,6 +85,12 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
     assert not isinstance(answer, Gathering), "the router reads a gathering answer to its end"
     record.upstream_time = served.upstream_time  # a stream's is its whole life: not counted
     return await _whole(answer, record, price, cached)
+
+
+def _routing(runtime: Runtime, alias: str) -> router.Routing:
+    """How `alias`'s candidates are tried: health, latencies, its own hedging."""
+    hedge_after = runtime.live.snapshot.policy(alias).routing.hedge_after
+    return router.Routing(runtime.health, runtime.latencies, hedge_after)
 
 
 async def _whole(reply: Reply, record: Record, price: Price | None,

@@ -4,7 +4,9 @@
 does the trying, through the one failover loop (`providers.contract.failover`): each
 candidate gets `retries.attempts` tries (exponential backoff with jitter, honouring
 `Retry-After` up to a cap) while its errors are retryable, then the next candidate. A client's
-error (`UpstreamClientError`) ends the loop at once: another provider would say the same.
+error (`UpstreamClientError`) ends the loop at once: another provider would say the same. A
+model's limit is not the client's error: after a "too long", only candidates with a larger
+known window are tried; after a content policy's refusal, none serving the same model.
 
 A try returns once its first token is there (`providers.contract.provider.Answer`), so a hedge
 races on the tries' return values alone. A whole answer still gathering is then read to its end
@@ -30,6 +32,8 @@ from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,
     CircuitOpen,
+    ContentRefused,
+    ContextLengthExceeded,
     ModelNotFound,
     ProviderError,
     UpstreamClientError,
@@ -110,9 +114,40 @@ class _Trying:
         self.tried: set[Route] = set()
         self.at = 0
         self.hedged = self.hedge_won = False
+        # What failures taught about the candidates left: the largest window that was too
+        # small (a known one), and the upstream models whose content policy refused.
+        self.overflowed: int | None = None
+        self.refused: ContentRefused | None = None
+        self.refusing: set[str] = set()
 
     def pick(self) -> int | None:
-        return self.at if self.at < len(self.candidates) else None
+        """The next candidate to try; one that cannot do better than a failed one (a window
+        no larger than one that overflowed, a model that refused) is skipped and listed."""
+        while self.at < len(self.candidates):
+            route = self.candidates[self.at].plan.route
+            why = self._hopeless(route)
+            if why is None:
+                return self.at
+            self.failed.append(Attempt(route.provider, None, why[0], why[1]))
+            self.at += 1
+        return None
+
+    def _hopeless(self, route: Route) -> tuple[str, str] | None:
+        if route.upstream_model in self.refusing:
+            return ("content_policy", f"skipped: {route.upstream_model} refused this request")
+        if (self.overflowed is not None and route.context_window is not None
+                and route.context_window <= self.overflowed):
+            return ("context_too_small", f"skipped: {route.upstream_model} holds "
+                    f"{route.context_window}, no more than a window that overflowed")
+        return None
+
+    def _learn(self, route: Route, exc: ProviderError) -> None:
+        """A model limit tells which candidates left cannot answer either."""
+        if isinstance(exc, ContentRefused):
+            self.refused = exc
+            self.refusing.add(route.upstream_model)
+        elif isinstance(exc, ContextLengthExceeded) and route.context_window is not None:
+            self.overflowed = max(self.overflowed or 0, route.context_window)
 
     async def turn(self, at: int) -> _Won:
         """The candidate at `at`, raced against the next one when hedging; its answer whole
@@ -208,6 +243,7 @@ class _Trying:
             verdict = exc.trips_circuit  # otherwise the claim is only released (finally)
             self.failed.append(Attempt(provider.name, exc.upstream_status, exc.reason,
                                        exc.message, exc.retry_after))
+            self._learn(route, exc)
             if health is not None and verdict and not isinstance(exc, CircuitOpen):
                 health.failed(route, policy, exc)
             raise
@@ -242,7 +278,9 @@ async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str,
     try:
         won = await first_answer(trying.pick, trying.turn)
     except NoneAnswered:
-        raise AllProvidersFailed(model, trying.failed) from None
+        failed = AllProvidersFailed(model, trying.failed)
+        failed.refused = trying.refused.relayed if trying.refused is not None else None
+        raise failed from None
     return Served(won.answer, won.candidate.provider.name, tuple(trying.failed), won.took,
                   trying.hedged, trying.hedge_won)
 

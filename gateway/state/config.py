@@ -22,6 +22,9 @@ import msgspec
 import yaml
 
 from gateway.pipeline.limits import KeyLimits
+from gateway.state import aliases
+from gateway.state.aliases import AliasError, Chains, Names
+from gateway.state.facts import Facts, facts
 from gateway.stores.responses import DEFAULT_MAX_BYTES as DEFAULT_STORE_MAX_BYTES
 from gateway.stores.responses import DEFAULT_MAX_ENTRY_BYTES as DEFAULT_STORE_MAX_ENTRY_BYTES
 from providers.contract.redact import url_secrets
@@ -134,6 +137,10 @@ class AliasPolicy(msgspec.Struct, frozen=True):
 class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     routing: dict[str, Any] = {}
     cache: dict[str, Any] = {}
+    # This name (or pattern, with `*`) serves as another alias (`gateway.state.aliases`).
+    alias_of: str | None = None
+    # Aliases tried after this one's candidates: for any failure, or per failure class.
+    fallbacks: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -193,6 +200,10 @@ class Route:
     provider: str
     upstream_model: str
     weight: float = 1.0  # the provider's share of first tries with the `weighted` strategy
+    # Tokens the model holds, prompt and answer together, and the longest answer it writes
+    # (`gateway.state.facts`); None: unknown, so never skipped for size.
+    context_window: int | None = None
+    max_output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +220,12 @@ class Snapshot:
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     default_policy: AliasPolicy = field(default_factory=AliasPolicy)
     policies: Mapping[str, AliasPolicy] = field(default_factory=dict)
+    names: Names = field(default_factory=Names)
+    chains: Chains = field(default_factory=Chains)
+
+    def resolve(self, model: str) -> str:
+        """The alias that serves the name a client sent (`alias_of`, patterns)."""
+        return self.names.resolve(model, self.routes)
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""
@@ -288,10 +305,39 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     policies = {alias: AliasPolicy(
         _merge(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
         _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"))
-        for alias, entry in file.models.items()}
+        for alias, entry in file.models.items() if entry.alias_of is None}
+    names, chains = _names(file.models, providers, where)
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
-                    default_policy=default_policy, policies=policies)
+                    default_policy=default_policy, policies=policies, names=names,
+                    chains=chains)
+
+
+def _names(models: Mapping[str, _AliasEntry], providers: tuple[ProviderSpec, ...], file: str
+           ) -> tuple[Names, Chains]:
+    """`alias_of`, patterns and `fallbacks` of `models`, checked against every alias a provider
+    lists (a disabled one's too: an unset key must not make the file invalid)."""
+    known = {alias for spec in providers for alias in spec.models}
+    open_ended = any(spec.discovery is not None for spec in providers)
+    alias_of: dict[str, str] = {}
+    written: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name, entry in models.items():
+        if entry.alias_of is not None:
+            if entry.routing or entry.cache or entry.fallbacks:
+                raise ConfigError(f"{file}: models.{name}: an alias_of takes routing, cache "
+                                  f"and fallbacks from '{entry.alias_of}'; set them there")
+            alias_of[name] = entry.alias_of
+        elif "*" in name:
+            raise ConfigError(f"{file}: models.{name}: a pattern needs alias_of (the alias "
+                              "the names it matches are served as)")
+        if entry.fallbacks:
+            written[name] = dict(entry.fallbacks) if isinstance(entry.fallbacks, dict) \
+                else {"default": entry.fallbacks}
+    try:
+        names = aliases.names(alias_of, known, open_ended)
+        return names, aliases.chains(written, names, known | set(names.exact), open_ended)
+    except AliasError as exc:
+        raise ConfigError(f"{file}: {exc}") from None
 
 
 def _decode(text: str, path: Path) -> Any:
@@ -555,8 +601,17 @@ def _routes(providers: tuple[ProviderSpec, ...]) -> dict[str, tuple[Route, ...]]
         if not spec.enabled:
             continue
         for alias, model in spec.models.items():
-            routes.setdefault(alias, []).append(Route(spec.name, model.id, spec.weight))
+            known = facts(model, spec.base_url)
+            routes.setdefault(alias, []).append(Route(spec.name, model.id, spec.weight,
+                                                      known.context_window,
+                                                      known.max_output_tokens))
     return {alias: tuple(candidates) for alias, candidates in routes.items()}
+
+
+def model_facts(snapshot: Snapshot) -> dict[tuple[str, str], Facts]:
+    """Per (provider, alias), what is known of the upstream model and where from."""
+    return {(spec.name, alias): facts(model, spec.base_url)
+            for spec in snapshot.providers for alias, model in spec.models.items()}
 
 
 def with_discovered(snapshot: Snapshot, found: Mapping[str, tuple[str, ...]]) -> Snapshot:

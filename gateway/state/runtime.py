@@ -32,6 +32,7 @@ from gateway.state.config import (
     ADMIN_DISABLED,
     ConfigError,
     Snapshot,
+    model_facts,
     with_discovered,
     with_provider_disabled,
 )
@@ -85,17 +86,22 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
             providers[spec.name] = kinds[spec.kind](spec, transport)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
-    prices = {(spec.name, alias): model.price for spec in snapshot.providers
-              for alias, model in spec.models.items() if model.price is not None}
+    prices = {served: known.price for served, known in model_facts(snapshot).items()
+              if known.price is not None}
     return Live(snapshot, providers, adapted(providers, store), models_list(snapshot),
                       prices, Redactor.of(config_secrets(snapshot)))
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
-    """`GET /v1/models`: every alias an enabled provider serves, owned by the first of them."""
+    """`GET /v1/models`: every alias an enabled provider serves, owned by the first of them,
+    and every name `alias_of` makes one of them."""
     stamp = int(time.time()) if created is None else created
     data = [model_card(alias, routes[0].provider, stamp)
             for alias, routes in snapshot.routes.items()]
+    # A name given `alias_of` is a model clients may ask for too; a pattern is not listed.
+    data += [model_card(name, routes[0].provider, stamp)
+             for name, alias in snapshot.names.exact.items()
+             if name not in snapshot.routes and (routes := snapshot.routes.get(alias))]
     return msgspec.json.encode({"object": "list", "data": data})
 
 

@@ -6,6 +6,7 @@
      │    ├── RequestTooLarge         413 request_too_large
      │    ├── ModelNotFound           404 model_not_found
      │    ├── ResponseNotFound        404 response_not_found (previous_response_id)
+     │    ├── ContextTooLong          400 context_length_exceeded: no candidate's window fits
      │    ├── NotFound                404 not_found (a route or an unknown id)
      │    ├── MethodNotAllowed        405 method_not_allowed
      │    ├── KeyRateLimited          429 rate_limit_exceeded: this key's per-minute limit
@@ -28,7 +29,10 @@
      │    ├── ProviderRateLimited     429, carries `retry_after`
      │    ├── ProviderRejected        401/403/404 from the provider: its config, not the client's
      │    ├── CircuitOpen             its breaker opened between two retries
-     │    └── BadUpstreamResponse     a body that is not what the protocol promises
+     │    ├── BadUpstreamResponse     a body that is not what the protocol promises
+     │    ├── ContextLengthExceeded   the prompt is too long for this model's window: a
+     │    │                           larger window may take it
+     │    └── ContentRefused          this model's content policy refused the request
      └── AllProvidersFailed           every candidate failed: 502, or 429 / 504 when all failed so
 
 Every `ProviderError` moves the request to the next candidate. An error knows its status and
@@ -379,6 +383,46 @@ class AnsweredWhole(BadUpstreamResponse):
         self.payload = payload
 
 
+class ModelLimit(ProviderError):
+    """A 4xx that is no fault of the request as such but of this model: another model may
+    answer it. Not the provider's ill health, and never tried again on the same model; when
+    no other candidate answers, the upstream's own error (`relayed`) goes to the client."""
+
+    retryable = False
+    trips_circuit = False
+
+    def __init__(self, relayed: UpstreamClientError) -> None:
+        super().__init__(relayed.message, upstream_status=relayed.status)
+        self.relayed = relayed
+
+
+class ContextLengthExceeded(ModelLimit):
+    """The upstream said the request does not fit its model's context window."""
+
+    reason = "context_length_exceeded"
+
+
+class ContentRefused(ModelLimit):
+    """The upstream's content policy refused the request (or filtered the answer before any
+    of it was written)."""
+
+    reason = "content_policy"
+
+
+class ContextTooLong(ClientError):
+    """No candidate's context window can hold the request: the largest one tried is named."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, model: str, largest: int | None, needed: int | None) -> None:
+        window = f"the largest context window tried is {largest} tokens" if largest \
+            else "every candidate said it is too long"
+        asked = f" (about {needed} tokens with the requested output)" if needed else ""
+        super().__init__(f"The request is too long for model '{model}'{asked}: {window}; "
+                         "reduce the length of the messages or of the requested output",
+                         param="messages")
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One try at one provider, as reported in `provider_error`."""
@@ -407,6 +451,8 @@ class AllProvidersFailed(GatewayError):
                                                                          else ""))
         self.attempts = tuple(attempts)
         self.retry_after = min((a.retry_after for a in attempts if a.retry_after), default=None)
+        # A content policy's refusal among them: what the client gets when nothing answered.
+        self.refused: UpstreamClientError | None = None
 
     @property
     def loading(self) -> bool:

@@ -19,6 +19,8 @@ import msgspec
 from providers.contract.errors import (
     AnsweredWhole,
     BadUpstreamResponse,
+    ContentRefused,
+    ContextLengthExceeded,
     FirstTokenTimeout,
     GatewayError,
     IdleTimeout,
@@ -31,6 +33,7 @@ from providers.contract.errors import (
     UpstreamClientError,
 )
 from providers.contract.redact import mask_credentials
+from providers.contract.refusals import Limit, classify
 from providers.contract.spec import Timeouts
 from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 
@@ -111,12 +114,17 @@ def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[s
     if status == 408:
         return ProviderTimeout(message, upstream_status=status)
     if 400 <= status < 500:
-        return UpstreamClientError(
-            provider, status, message, error_type=detail.type,
-            code=str(detail.code) if detail.code is not None and not isinstance(detail.code, int)
-            else None,
-            param=detail.param,
-        )
+        code = str(detail.code) if detail.code is not None and not isinstance(detail.code, int) \
+            else None
+        relayed = UpstreamClientError(provider, status, message, error_type=detail.type,
+                                      code=code, param=detail.param)
+        # Too long for this model, or refused by its policy: another model may answer.
+        limit = classify(status, message, detail.type, code)
+        if limit is Limit.CONTEXT:
+            return ContextLengthExceeded(relayed)
+        if limit is Limit.POLICY:
+            return ContentRefused(relayed)
+        return relayed
     error = ProviderUnavailable(message, upstream_status=status)
     error.retry_after = retry_after_seconds(headers.get("Retry-After"))
     return error

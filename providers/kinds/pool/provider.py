@@ -13,6 +13,7 @@ import msgspec
 from providers.contract import embeddings
 from providers.contract.errors import (
     BadUpstreamResponse,
+    ModelLimit,
     ModelLoading,
     PoolFull,
     PoolNotReady,
@@ -122,17 +123,26 @@ class PoolProvider(Provider):
         first = await pool.acquire(upstream_model, hashes, self._queue_timeout())
         waited = [first] if first is not None else []
         tried: set[str] = set()
+        limited: list[ModelLimit] = []
 
         def pick() -> Slot | None:
+            if limited:  # too long for the model, or refused by it: every worker would say so
+                return None
             slot = waited.pop() if waited else (
                 pool.take(upstream_model, hashes, tried) if tried else None)
             if slot is not None:
                 tried.add(slot.worker.name)
             return slot
 
+        async def attempt(slot: Slot) -> Reply | Opened:
+            try:
+                return await self._try(pool, slot, request, upstream_model)
+            except ModelLimit as exc:
+                limited.append(exc)
+                raise
+
         try:
-            return await first_answer(
-                pick, lambda slot: self._try(pool, slot, request, upstream_model))
+            return await first_answer(pick, attempt)
         except NoneAnswered as none:
             raise none.last or _not_ready(pool, upstream_model) from None
 
@@ -153,6 +163,8 @@ class PoolProvider(Provider):
                 answer = await self._ask(pool, worker, request, model)
             except EmptyStream:
                 failure = await self._why_empty(pool, worker, request, model)
+            except ModelLimit:  # the request's limit with this model, not the worker's fault
+                raise
             except ProviderError as exc:
                 failure = await self._worker_failed(pool, worker, exc)
             else:
@@ -204,6 +216,8 @@ class PoolProvider(Provider):
         whole, the engine says why (a client error, or a 500 judged as `_worker_failed`)."""
         try:
             await self._client(worker).send(request.asking(stream=False), model)
+        except ModelLimit as exc:  # too long for its window (llama.cpp): not the worker's fault
+            return exc
         except ProviderError as exc:
             return await self._worker_failed(pool, worker, exc)
         return BadUpstreamResponse("the worker ended a stream without an event, and answered "
