@@ -48,6 +48,7 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
                             record.request_id, client_wants_usage=wants_usage,
                             key_id=record.key_id, choices=getattr(head, "n", None) or 1,
                             betas=request.headers.get("anthropic-beta"))
+        record.resumes = outgoing.resumes
         policy = live.snapshot.policy(head.model)
         cached = caching.caching(request.headers, record, policy.cache.ttl, outgoing.json(),
                                  runtime.cache, runtime.metrics) \

@@ -122,15 +122,21 @@ class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class AliasPolicy(msgspec.Struct, frozen=True):
-    """What one alias does beyond its candidates: routing and caching."""
+    """What one alias does beyond its candidates: routing, caching, resuming broken streams."""
 
     routing: RoutingPolicy = RoutingPolicy()
     cache: CachePolicy = CachePolicy()
+    # A chat stream broken after its first token is continued by a candidate, at most
+    # `max_resumes` times (`gateway.adapters.resume`); opt-in: another model may change style.
+    resume: bool = False
+    max_resumes: int = 1
 
 
 class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     routing: dict[str, Any] = {}
     cache: dict[str, Any] = {}
+    resume: bool = False
+    max_resumes: Annotated[int, msgspec.Meta(ge=1, le=10)] = 1
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -284,7 +290,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         _merge(CachePolicy(), file.defaults.cache, where, "defaults.cache"))
     policies = {alias: AliasPolicy(
         _merge(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
-        _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"))
+        _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"),
+        entry.resume, entry.max_resumes)
         for alias, entry in file.models.items()}
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
