@@ -1,0 +1,237 @@
+"""Resume: a stream cut mid-answer is finished by another candidate, in the same answer.
+
+Every story cuts the first upstream at half of a 200-word answer (`stream_cut`); the fakes that
+continue are models that know the whole answer and go on from the partial one they are given
+(`tests.upstream.continued`): told to by `continue_final_message` (vLLM's), or asked in words
+(then repeating a few words, as models do).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from langchain_openai import ChatOpenAI
+
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
+from tests.upstream import FakeUpstream, ok, stream_cut, tool_call
+
+WORDS = 200
+ANSWER = " ".join(f"w{i}" for i in range(WORDS))
+HALF = WORDS // 2
+MESSAGES = [{"role": "user", "content": "count for me"}]
+
+
+class Stack:
+    """A gateway resuming alias `resumed` (first, then a vLLM-like provider), `worded` (first,
+    then a plain OpenAI-compatible one), `alone` (first only); `plain` does not resume."""
+
+    def __init__(self, gateway: GatewayProcess, first: FakeUpstream, vllm: FakeUpstream,
+                 other: FakeUpstream) -> None:
+        self.gateway, self.first, self.vllm, self.other = gateway, first, vllm, other
+
+    def stream(self, model: str, **extra: Any) -> tuple[list[str], dict[str, str], str]:
+        """The non-empty lines of a streamed answer, its headers, and its request id."""
+        rid = uuid.uuid4().hex
+        body = {"model": model, "messages": MESSAGES, "stream": True, **extra}
+        with httpx.stream("POST", f"{self.gateway.base_url}/chat/completions", json=body,
+                          headers={"x-request-id": rid}) as resp:
+            assert resp.status_code == 200
+            return [line for line in resp.iter_lines() if line], dict(resp.headers), rid
+
+    def logged(self, rid: str) -> dict[str, Any]:
+        found: list[dict[str, Any]] = []
+
+        def line() -> bool:
+            found[:] = [r for r in self.gateway.log_events("request")
+                        if r.get("request_id") == rid]
+            return bool(found)
+
+        wait_until(line)
+        return found[0]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with FakeUpstream(name="first") as first, FakeUpstream(name="vllm") as vllm, \
+            FakeUpstream(name="other") as other:
+        doc = config({
+            "first": provider(first.base_url, {"resumed": "m", "worded": "m", "alone": "m",
+                                               "plain": "m"}),
+            "vllm": provider(vllm.base_url, {"resumed": "m", "plain": "m"},
+                             continue_final_message=True),
+            "other": provider(other.base_url, {"worded": "m"}),
+        }, defaults={"circuit": {"enabled": False}},
+            models={"resumed": {"resume": True}, "worded": {"resume": True},
+                    "alone": {"resume": True, "max_resumes": 2}})
+        gateway = GatewayProcess(Path(tmp_path_factory.mktemp("resume")), doc).start()
+        yield Stack(gateway, first, vllm, other)
+        gateway.stop()
+
+
+@pytest.fixture
+def fresh(stack: Stack) -> Stack:
+    for upstream in (stack.first, stack.vllm, stack.other):
+        upstream.reset()
+    return stack
+
+
+def _events(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in lines
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _text(events: list[dict[str, Any]]) -> str:
+    return "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", ()))
+
+
+def test_a_stream_cut_halfway_is_finished_by_the_next_candidate(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+
+    lines, _, rid = fresh.stream("resumed", stream_options={"include_usage": True})
+
+    events = _events(lines)
+    assert _text(events) == ANSWER, "the two parts joined, nothing repeated or lost"
+    assert lines.count("data: [DONE]") == 1 and lines[-1] == "data: [DONE]"
+    assert lines[-2] == ": resumed"
+    assert {(e["id"], e["created"], e["model"]) for e in events} == {
+        (events[0]["id"], events[0]["created"], events[0]["model"])}
+    roles = [c["delta"]["role"] for e in events for c in e["choices"] if "role" in c["delta"]]
+    assert roles == ["assistant"]
+    asked = fresh.vllm.last_json
+    assert asked["continue_final_message"] is True and asked["add_generation_prompt"] is False
+    assert asked["messages"][:-1] == MESSAGES
+    assert asked["messages"][-1] == {"role": "assistant",
+                                     "content": " ".join(f"w{i}" for i in range(HALF))}
+    usage = events[-1]["usage"]
+    assert usage["completion_tokens"] == WORDS, "completion tokens of both parts, summed"
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert [c["finish_reason"] for e in events for c in e["choices"]
+            if c["finish_reason"]] == ["stop"]
+    logged = fresh.logged(rid)
+    assert logged["resumed"] == 1 and logged["resumes_failed"] == 0
+    assert logged["outcome"] == "completed" and logged["provider"] == "first"
+    metrics = httpx.get(f"{fresh.gateway.url}/metrics").text
+    assert 'llms_resumes_total{model="resumed",result="ok"}' in metrics
+
+
+def test_a_continuation_asked_in_words_is_trimmed_where_it_repeats(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.other.set_mode(ok(content=ANSWER))
+
+    lines, _, _ = fresh.stream("worded")
+
+    assert _text(_events(lines)) == ANSWER
+    asked = fresh.other.last_json
+    assert asked["messages"][-2]["role"] == "assistant"
+    assert asked["messages"][-1]["role"] == "user" and "cut off" in asked["messages"][-1]["content"]
+    assert "continue_final_message" not in asked
+
+
+def test_an_alias_with_one_provider_is_resumed_by_that_provider(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER),
+                         ok(content=ANSWER))
+
+    lines, _, _ = fresh.stream("alone")
+
+    assert _text(_events(lines)) == ANSWER
+    assert lines[-2:] == [": resumed", "data: [DONE]"]
+    assert len(fresh.first.requests) == 2
+
+
+def test_a_whole_answer_cut_halfway_is_resumed_and_says_so(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+
+    resp = httpx.post(f"{fresh.gateway.base_url}/chat/completions",
+                      json={"model": "resumed", "messages": MESSAGES})
+
+    assert resp.status_code == 200
+    assert resp.headers["x-llms-resumed"] == "1"
+    answer = resp.json()
+    assert answer["choices"][0]["message"]["content"] == ANSWER
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == WORDS
+    assert fresh.first.requests[0].json["stream"] is True, "asked as a stream, assembled"
+
+
+def test_a_tool_call_in_progress_is_never_resumed(fresh: Stack) -> None:
+    calling = tool_call("get_weather", '{"city": "Paris", "unit": "celsius"}')
+    fresh.first.set_mode(replace(calling, kind="cut", after_chunks=2))
+
+    lines, _, _ = fresh.stream("resumed")
+
+    assert "data: [DONE]" not in lines and ": resumed" not in lines
+    assert json.loads(lines[-1][6:])["error"]["code"] == "provider_error"
+    assert fresh.vllm.requests == []
+
+
+def test_an_alias_without_resume_ends_with_the_error_as_before(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+
+    lines, _, rid = fresh.stream("plain")
+
+    assert "data: [DONE]" not in lines
+    assert json.loads(lines[-1][6:])["error"]["code"] == "provider_error"
+    assert _text(_events(lines[:-1])) == " ".join(f"w{i}" for i in range(HALF))
+    assert fresh.vllm.requests == []
+    assert "resumed" not in fresh.logged(rid)
+
+
+def test_a_resume_that_breaks_too_ends_with_the_error(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(replace(stream_cut(after_chunks=HALF // 2), content=ANSWER))
+
+    lines, _, rid = fresh.stream("resumed")
+
+    assert "data: [DONE]" not in lines and ": resumed" not in lines
+    assert json.loads(lines[-1][6:])["error"]["code"] == "provider_error"
+    assert ANSWER.startswith(_text(_events(lines[:-1]))), "what was sent is never taken back"
+    logged = fresh.logged(rid)
+    assert logged["outcome"] == "error" and logged["resumes_failed"] == 1
+    metrics = httpx.get(f"{fresh.gateway.url}/metrics").text
+    assert 'llms_resumes_total{model="resumed",result="failed"}' in metrics
+
+
+def test_the_openai_sdk_reads_a_resumed_stream(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+    client = openai.OpenAI(base_url=fresh.gateway.base_url, api_key="unused", max_retries=0)
+
+    stream = client.chat.completions.create(model="resumed", messages=MESSAGES,  # type: ignore[arg-type]
+                                            stream=True)
+
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == ANSWER
+
+
+def test_langchain_reads_a_resumed_stream(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+    chat = ChatOpenAI(model="resumed", base_url=fresh.gateway.base_url, api_key="unused",  # type: ignore[arg-type]
+                      max_retries=0)
+
+    assert "".join(str(part.content) for part in chat.stream("count for me")) == ANSWER
+
+
+def test_the_anthropic_sdk_reads_a_resumed_messages_stream(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+    client = anthropic.Anthropic(base_url=fresh.gateway.url, api_key="unused", max_retries=0)
+
+    with client.messages.stream(model="resumed", max_tokens=1000,
+                                messages=[{"role": "user", "content": "count for me"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+
+    assert text == ANSWER
+    assert final.stop_reason == "end_turn"
+    assert final.usage.output_tokens == WORDS
