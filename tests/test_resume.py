@@ -21,6 +21,7 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 
+from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, ok, stream_cut, tool_call
 
@@ -35,8 +36,9 @@ class Stack:
     then a plain OpenAI-compatible one), `alone` (first only); `plain` does not resume."""
 
     def __init__(self, gateway: GatewayProcess, first: FakeUpstream, vllm: FakeUpstream,
-                 other: FakeUpstream) -> None:
+                 other: FakeUpstream, claude: FakeAnthropic) -> None:
         self.gateway, self.first, self.vllm, self.other = gateway, first, vllm, other
+        self.claude = claude
 
     def stream(self, model: str, **extra: Any) -> tuple[list[str], dict[str, str], str]:
         """The non-empty lines of a streamed answer, its headers, and its request id."""
@@ -62,24 +64,27 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with FakeUpstream(name="first") as first, FakeUpstream(name="vllm") as vllm, \
-            FakeUpstream(name="other") as other:
+            FakeUpstream(name="other") as other, FakeAnthropic(name="claude") as claude:
         doc = config({
             "first": provider(first.base_url, {"resumed": "m", "worded": "m", "alone": "m",
-                                               "plain": "m"}),
+                                               "plain": "m", "prefilled": "m"}),
+            "claude": {"type": "anthropic", "base_url": claude.base_url.removesuffix("/v1"),
+                       "api_key": "an-key-000000", "models": {"prefilled": "claude-m"}},
             "vllm": provider(vllm.base_url, {"resumed": "m", "plain": "m"},
                              continue_final_message=True),
             "other": provider(other.base_url, {"worded": "m"}),
         }, defaults={"circuit": {"enabled": False}},
             models={"resumed": {"resume": True}, "worded": {"resume": True},
+                    "prefilled": {"resume": True},
                     "alone": {"resume": True, "max_resumes": 2}})
         gateway = GatewayProcess(Path(tmp_path_factory.mktemp("resume")), doc).start()
-        yield Stack(gateway, first, vllm, other)
+        yield Stack(gateway, first, vllm, other, claude)
         gateway.stop()
 
 
 @pytest.fixture
 def fresh(stack: Stack) -> Stack:
-    for upstream in (stack.first, stack.vllm, stack.other):
+    for upstream in (stack.first, stack.vllm, stack.other, stack.claude):
         upstream.reset()
     return stack
 
@@ -235,3 +240,30 @@ def test_the_anthropic_sdk_reads_a_resumed_messages_stream(fresh: Stack) -> None
     assert text == ANSWER
     assert final.stop_reason == "end_turn"
     assert final.usage.output_tokens == WORDS
+
+
+def test_an_anthropic_candidate_continues_from_a_prefill(fresh: Stack) -> None:
+    # Cut after "w99 ": the trailing space cannot go in the prefill, and is not sent twice.
+    spaced = tuple(f"w{i} " for i in range(WORDS))
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), chunks=spaced))
+    fresh.claude.set_mode(ok(content=ANSWER))
+
+    lines, _, _ = fresh.stream("prefilled")
+
+    assert _text(_events(lines)) == ANSWER
+    prefill = fresh.claude.last_json["messages"][-1]
+    assert prefill["role"] == "assistant"
+    assert prefill["content"][0]["text"] == " ".join(f"w{i}" for i in range(HALF)), \
+        "a prefill without the trailing whitespace Anthropic refuses"
+
+
+def test_a_responses_stream_is_resumed_below_the_bridge(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+    client = openai.OpenAI(base_url=fresh.gateway.base_url, api_key="unused", max_retries=0)
+
+    events = list(client.responses.create(model="resumed", input="count for me", stream=True))
+
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == ANSWER
+    assert events[-1].type == "response.completed"
