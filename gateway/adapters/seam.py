@@ -58,6 +58,7 @@ class _Chunk(msgspec.Struct):
     id: str | None = None
     created: int | None = None
     model: str | None = None
+    system_fingerprint: str | None = None
     choices: list[_Choice] | None = None
     usage: Usage | None = None
     error: msgspec.Raw = msgspec.Raw()
@@ -158,16 +159,17 @@ class Stitched:
     def take(self, complete: bytes) -> tuple[bytes, str | None]:
         """Complete events (`sse.Framer`) in; out, what the client is sent of them, and the
         reason the stream broke at one of them (None: it did not), which is not sent."""
-        events = sse.split(complete)
-        if not self.resumes:  # the first stream's bytes go as they came
-            for at, raw in enumerate(events):
-                try:
-                    self._first(raw)
-                except Broke as broke:
-                    return b"".join(events[:at]), broke.reason
+        if not self.resumes:  # the first stream's bytes go as they came, read by one reader
+            read = 0
+            try:
+                for data in _payloads(complete):
+                    self._first(data)
+                    read += 1
+            except Broke as broke:
+                return _before(complete, read), broke.reason
             return complete, None
         out: list[bytes] = []
-        for raw in events:
+        for raw in sse.split(complete):
             try:
                 out.append(self._rewritten(raw))
             except Broke as broke:
@@ -182,15 +184,12 @@ class Stitched:
             out += RESUMED
         return out
 
-    def _first(self, raw: bytes) -> None:
-        event = sse.parse(raw)
-        if event is None:
-            return
-        chunk = self._read(event.data)
+    def _first(self, data: bytes) -> None:
+        chunk = self._read(data)
         if chunk is not None:
-            for name in _IDENTITY:
-                if name not in self.identity and (value := getattr(chunk, name, None)):
-                    self.identity[name] = value
+            if not self.identity:  # the first chunk's: every continuation wears it
+                self.identity = {name: value for name in _IDENTITY
+                                 if (value := getattr(chunk, name, None)) is not None}
             self._count(chunk)
 
     def _read(self, data: bytes) -> _Chunk | None:
@@ -267,6 +266,32 @@ class Stitched:
         payload = msgspec.json.encode(body)
         self._count(_CHUNKS.decode(payload))
         return sse.encode(payload)
+
+
+def _payloads(complete: bytes) -> list[bytes]:
+    """The data of complete events (`sse.Framer`): split on blank lines when every event is
+    one `data: ` line, as upstreams write chat chunks (this runs for every event of every
+    stream that may be resumed); by the one SSE reader otherwise."""
+    if complete.startswith(b"data: ") and complete.find(b"\n") == len(complete) - 2:
+        return [complete[6:-2]]  # one event, the most common chunk
+    if b"\r" not in complete:
+        parts = complete.split(b"\n\n")
+        if not parts[-1] and all(p.startswith(b"data: ") and b"\n" not in p
+                                 for p in parts[:-1]):
+            return [p[6:] for p in parts[:-1]]
+    return [event.data for event in sse.Reader().feed(complete)]
+
+
+def _before(complete: bytes, events: int) -> bytes:
+    """The bytes of `complete` up to the end of its first `events` data events (the rare path
+    of a break: the common one never splits what it passes)."""
+    kept, seen = [], 0
+    for raw in sse.split(complete):
+        if seen == events:
+            break
+        kept.append(raw)
+        seen += sse.parse(raw) is not None
+    return b"".join(kept)
 
 
 def _content(body: dict[str, Any]) -> str:
