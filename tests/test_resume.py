@@ -69,13 +69,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "first": provider(first.base_url, {"resumed": "m", "worded": "m", "alone": "m",
                                                "plain": "m", "prefilled": "m"}),
             "claude": {"type": "anthropic", "base_url": claude.base_url.removesuffix("/v1"),
-                       "api_key": "an-key-000000", "models": {"prefilled": "claude-m"}},
-            "vllm": provider(vllm.base_url, {"resumed": "m", "plain": "m"},
+                       "api_key": "an-key-000000", "models": {"prefilled": "claude-m",
+                                                              "claude-first": "claude-m"}},
+            "vllm": provider(vllm.base_url, {"resumed": "m", "plain": "m", "claude-first": "m"},
                              continue_final_message=True),
             "other": provider(other.base_url, {"worded": "m"}),
         }, defaults={"circuit": {"enabled": False}},
             models={"resumed": {"resume": True}, "worded": {"resume": True},
-                    "prefilled": {"resume": True},
+                    "prefilled": {"resume": True}, "claude-first": {"resume": True},
                     "alone": {"resume": True, "max_resumes": 2}})
         gateway = GatewayProcess(Path(tmp_path_factory.mktemp("resume")), doc).start()
         yield Stack(gateway, first, vllm, other, claude)
@@ -267,3 +268,18 @@ def test_a_responses_stream_is_resumed_below_the_bridge(fresh: Stack) -> None:
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == ANSWER
     assert events[-1].type == "response.completed"
+
+
+def test_an_anthropic_stream_that_fails_mid_answer_is_finished_by_the_next(fresh: Stack) -> None:
+    # Anthropic reports trouble mid-stream with an `overloaded_error` event (the fake's cut).
+    fresh.claude.set_mode(replace(stream_cut(after_chunks=HALF + 1), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+
+    lines, _, _ = fresh.stream("claude-first", stream_options={"include_usage": True})
+
+    events = _events(lines)
+    assert _text(events) == ANSWER
+    assert lines[-2:] == [": resumed", "data: [DONE]"]
+    assert fresh.vllm.last_json["messages"][-1]["content"] == " ".join(
+        f"w{i}" for i in range(HALF))
+    assert events[-1]["usage"]["completion_tokens"] == WORDS
