@@ -23,7 +23,7 @@ from langchain_openai import ChatOpenAI
 
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
-from tests.upstream import FakeUpstream, ok, stream_cut, tool_call
+from tests.upstream import FakeUpstream, echo_headers, ok, stream_cut, tool_call
 
 WORDS = 200
 ANSWER = " ".join(f"w{i}" for i in range(WORDS))
@@ -283,3 +283,29 @@ def test_an_anthropic_stream_that_fails_mid_answer_is_finished_by_the_next(fresh
     assert fresh.vllm.last_json["messages"][-1]["content"] == " ".join(
         f"w{i}" for i in range(HALF))
     assert events[-1]["usage"]["completion_tokens"] == WORDS
+
+
+def test_an_error_event_mid_stream_is_resumed_and_its_secrets_go_nowhere(fresh: Stack) -> None:
+    fresh.first.set_mode(echo_headers(at="mid"))  # "Hi", then an error quoting the headers
+    fresh.vllm.set_mode(ok(content="Hi there"))
+
+    lines, _, rid = fresh.stream("resumed")
+
+    assert _text(_events(lines)) == "Hi there"
+    assert lines[-2:] == [": resumed", "data: [DONE]"]
+    assert fresh.logged(rid)["resumed"] == 1
+    assert "sk-test-secret-123456" not in fresh.gateway.logs()
+
+
+def test_max_resumes_lets_a_continuation_that_breaks_be_resumed_again(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF // 2), content=ANSWER),
+                         replace(stream_cut(after_chunks=HALF // 2), content=ANSWER),
+                         ok(content=ANSWER))
+
+    lines, _, rid = fresh.stream("alone")
+
+    assert _text(_events(lines)) == ANSWER
+    assert lines.count(": resumed") == 1 and lines[-1] == "data: [DONE]"
+    assert len(fresh.first.requests) == 3
+    logged = fresh.logged(rid)
+    assert logged["resumed"] == 2 and logged["resumes_failed"] == 0

@@ -20,7 +20,7 @@ import msgspec
 
 from gateway.adapters.seam import Broke, Stitched, continuation
 from gateway.state.config import Route
-from providers.contract.errors import ProviderError, ProviderUnavailable
+from providers.contract.errors import BadUpstreamResponse, ProviderError, ProviderUnavailable
 from providers.contract.log import get_logger
 from providers.contract.provider import Adapter, Outgoing, Provider, Resumes
 from providers.contract.stream import close_quietly, peek
@@ -61,9 +61,12 @@ class Resuming(Adapter):
                 async for out in reader:
                     yield out
             except Broke as broke:
+                if not stitched.passed:  # before its first event: the router's failover
+                    raise (BadUpstreamResponse if broke.malformed
+                           else ProviderUnavailable)(broke.reason) from None
                 reason = broke.reason
             except ProviderError as exc:
-                if not stitched.seen:  # before its first event: the router's failover
+                if not stitched.passed:
                     raise
                 reason = f"{exc.reason}: {exc.message}"
             finally:
@@ -120,8 +123,6 @@ def _may_resume(stitched: Stitched, reason: str, spliced: bool, most: int,
                 resumes: Resumes) -> None:
     """Raise the break's error when the stream may not be resumed (as without resume: the
     client gets it in-band); a continuation that broke is counted, ok if it may be resumed."""
-    if not stitched.seen:
-        raise ProviderUnavailable(reason)
     if stitched.tool_started or stitched.resumes >= most:
         if spliced:
             resumes.failed += 1
@@ -141,13 +142,13 @@ async def _read(chunks: AsyncIterator[bytes], stitched: Stitched
             if out:
                 yield out
             if broke is not None:
-                raise Broke(broke)
+                raise broke
     if rest := framer.flush():
         out, broke = stitched.take(rest)
         if out:
             yield out
         if broke is not None:
-            raise Broke(broke)
+            raise broke
     if not (stitched.done or stitched.finished):
         raise Broke("stream ended before it finished")
     if tail := stitched.end():

@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from providers.contract.redact import mask_credentials
+from providers.contract.stream import MAX_EVENT_TEXT
 from providers.contract.usage import Usage
 from providers.wire import sse
 
@@ -34,11 +36,13 @@ _IDENTITY = ("id", "created", "model", "system_fingerprint")
 
 
 class Broke(Exception):
-    """The stream being read broke before it finished; `reason` says how."""
+    """The stream being read broke before it finished; `reason` says how, `malformed` that
+    what came was no answer chunk (a failover's `bad_response`)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, malformed: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.malformed = malformed
 
 
 class _Delta(msgspec.Struct):
@@ -127,7 +131,7 @@ class Stitched:
 
     identity: dict[str, Any] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)
-    seen: int = 0  # data events read
+    passed: int = 0  # data events the client was sent: none, and a break is a failover
     tokens: int = 0  # content events sent: the first part's completion tokens, if unreported
     usage: Usage | None = None  # the last usage an upstream reported, as the client got it
     first_usage: Usage | None = None  # what the current stream's predecessors reported
@@ -156,9 +160,9 @@ class Stitched:
         self._held, self._held_text, self._aligning = [], 0, True
         self._dropped = dropped
 
-    def take(self, complete: bytes) -> tuple[bytes, str | None]:
-        """Complete events (`sse.Framer`) in; out, what the client is sent of them, and the
-        reason the stream broke at one of them (None: it did not), which is not sent."""
+    def take(self, complete: bytes) -> tuple[bytes, Broke | None]:
+        """Complete events (`sse.Framer`) in; out, what the client is sent of them, and how
+        the stream broke at one of them (None: it did not), which is not sent."""
         if not self.resumes:  # the first stream's bytes go as they came, read by one reader
             read = 0
             try:
@@ -166,14 +170,16 @@ class Stitched:
                     self._first(data)
                     read += 1
             except Broke as broke:
-                return _before(complete, read), broke.reason
+                self.passed += read
+                return _before(complete, read), broke
+            self.passed += read
             return complete, None
         out: list[bytes] = []
         for raw in sse.split(complete):
             try:
                 out.append(self._rewritten(raw))
             except Broke as broke:
-                return b"".join(out), broke.reason
+                return b"".join(out), broke
         return b"".join(out), None
 
     def end(self) -> bytes:
@@ -194,17 +200,17 @@ class Stitched:
 
     def _read(self, data: bytes) -> _Chunk | None:
         """The chunk an event carries (None for `[DONE]`); `Broke` for a broken one."""
-        self.seen += 1
         if data == sse.DONE:
             self.done = True
             return None
         try:
             chunk = _CHUNKS.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
-            raise Broke("stream event is not a JSON answer chunk") from None
+            raise Broke("stream event is not a JSON answer chunk", malformed=True) from None
         if len(chunk.error) or chunk.object == "error":
-            said = data[:300].decode("utf-8", "replace")
-            raise Broke(f"upstream error event: {said}")
+            # It may echo the request's headers: masked before it goes anywhere.
+            said = mask_credentials(data[:MAX_EVENT_TEXT].decode("utf-8", "replace"))
+            raise Broke(f"upstream error event: {said[:300]}")
         return chunk
 
     def _count(self, chunk: _Chunk) -> None:
@@ -263,6 +269,7 @@ class Stitched:
         return out
 
     def _sent(self, body: dict[str, Any]) -> bytes:
+        self.passed += 1
         payload = msgspec.json.encode(body)
         self._count(_CHUNKS.decode(payload))
         return sse.encode(payload)
