@@ -166,7 +166,7 @@ class Stitched:
         if not self.resumes:  # the first stream's bytes go as they came, read by one reader
             read = 0
             try:
-                for data in _payloads(complete):
+                for data in sse.data_of(complete):
                     self._first(data)
                     read += 1
             except Broke as broke:
@@ -273,20 +273,6 @@ class Stitched:
         payload = msgspec.json.encode(body)
         self._count(_CHUNKS.decode(payload))
         return sse.encode(payload)
-
-
-def _payloads(complete: bytes) -> list[bytes]:
-    """The data of complete events (`sse.Framer`): split on blank lines when every event is
-    one `data: ` line, as upstreams write chat chunks (this runs for every event of every
-    stream that may be resumed); by the one SSE reader otherwise."""
-    if complete.startswith(b"data: ") and complete.find(b"\n") == len(complete) - 2:
-        return [complete[6:-2]]  # one event, the most common chunk
-    if b"\r" not in complete:
-        parts = complete.split(b"\n\n")
-        if not parts[-1] and all(p.startswith(b"data: ") and b"\n" not in p
-                                 for p in parts[:-1]):
-            return [p[6:] for p in parts[:-1]]
-    return [event.data for event in sse.Reader().feed(complete)]
 
 
 def _before(complete: bytes, events: int) -> bytes:
