@@ -243,6 +243,18 @@ def test_the_anthropic_sdk_reads_a_resumed_messages_stream(fresh: Stack) -> None
     assert final.usage.output_tokens == WORDS
 
 
+def test_a_resumed_messages_stream_says_so_before_its_end(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER))
+    body = {"model": "resumed", "max_tokens": 1000, "stream": True, "messages": MESSAGES}
+
+    with httpx.stream("POST", f"{fresh.gateway.base_url}/messages", json=body) as resp:
+        lines = [line for line in resp.iter_lines() if line]
+
+    assert lines.index(": resumed") < lines.index("event: message_stop")
+    assert lines.count(": resumed") == 1
+
+
 def test_an_anthropic_candidate_continues_from_a_prefill(fresh: Stack) -> None:
     # Cut after "w99 ": the trailing space cannot go in the prefill, and is not sent twice.
     spaced = tuple(f"w{i} " for i in range(WORDS))
@@ -268,6 +280,7 @@ def test_a_responses_stream_is_resumed_below_the_bridge(fresh: Stack) -> None:
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == ANSWER
     assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == ANSWER
 
 
 def test_an_anthropic_stream_that_fails_mid_answer_is_finished_by_the_next(fresh: Stack) -> None:
