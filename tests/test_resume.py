@@ -21,6 +21,7 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 
+from gateway.state import config as llms_config
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, echo_headers, ok, stream_cut, tool_call
@@ -322,3 +323,14 @@ def test_max_resumes_lets_a_continuation_that_breaks_be_resumed_again(fresh: Sta
     assert len(fresh.first.requests) == 3
     logged = fresh.logged(rid)
     assert logged["resumed"] == 2 and logged["resumes_failed"] == 0
+
+
+def test_resume_is_off_unless_an_alias_asks_and_its_bound_is_checked_at_load() -> None:
+    text = ('{"providers": {"p": {"type": "openai", "base_url": "http://x/v1", "models": '
+            '{"a": "m", "b": "m"}}}, "models": {"a": {"resume": true, "max_resumes": %s}}}')
+
+    snapshot = llms_config.parse(text % 2, Path("llms.json"), {})
+    assert (snapshot.policy("a").resume, snapshot.policy("a").max_resumes) == (True, 2)
+    assert (snapshot.policy("b").resume, snapshot.policy("b").max_resumes) == (False, 1)
+    with pytest.raises(llms_config.ConfigError, match="max_resumes"):
+        llms_config.parse(text % 0, Path("llms.json"), {})
