@@ -34,6 +34,9 @@ COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY providers providers
 RUN pip install --no-cache-dir '.[local]' && useradd --system --uid 10001 --create-home gateway
+# compose mounts a volume here (the assembled model): a mount point the image lacks is created
+# by Docker as root, and the worker, running as `gateway`, could not write its model there.
+RUN install -d -o gateway -g gateway /home/gateway/.cache
 USER gateway
 EXPOSE 8101
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=30 \

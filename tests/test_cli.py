@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from tests.conftest import Pair
-from tests.gateway_process import ROOT, config, provider
+from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider, wait_until
 from tests.upstream import FakeUpstream, refusing_url, status
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
+def run(*args: str, env: dict[str, str] | None = None,
+        stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gateway", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=60, env={**os.environ, **(env or {})})
+                          capture_output=True, timeout=60, input=stdin,
+                          env={**os.environ, **(env or {})})
 
 
 def write(tmp_path: Path, doc: dict) -> Path:
@@ -32,7 +36,8 @@ def test_ls_lists_providers_in_order_with_why_disabled(tmp_path: Path) -> None:
         "local": provider("http://127.0.0.1:9/v1", {"small": "small-upstream"}),
         "remote": {"type": "openai", "base_url": "http://r/v1", "api_key": "$NOT_SET_KEY_XYZ",
                    "models": {"big": "big"}},
-    }))
+        "found": provider("http://127.0.0.1:9/v1", "*"),
+    }, server={"port": free_port()}))  # no gateway there: the config's view
 
     result = run("ls", "--config", str(path))
 
@@ -42,18 +47,60 @@ def test_ls_lists_providers_in_order_with_why_disabled(tmp_path: Path) -> None:
     remote = next(i for i, line in enumerate(lines) if " remote " in line)
     assert local < remote
     assert "enabled" in lines[local]
-    assert "disabled: NOT_SET_KEY_XYZ is not set" in lines[remote]
+    assert lines[remote].endswith("disabled (NOT_SET_KEY_XYZ is not set)")
     assert "small -> small-upstream" in result.stdout
+    assert "* (discovered at start)" in result.stdout
+    assert "this is the config's view" in lines[-1]
+
+
+def test_ls_asks_the_running_gateway_for_each_provider_s_live_state(
+        tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    """What only the running gateway knows: an admin switched one off, one's circuit is open,
+    one discovered its models."""
+    broken, good = upstream_factory("broken"), upstream_factory("good")
+    broken.set_mode(status(500, message="exploded"))
+    with FakeUpstream(name="lister", models=("alpha", "beta")) as lister:
+        doc = config({
+            "broken": provider(broken.base_url, {"m": "broken-m"},
+                               circuit={"failures": 1, "open_for": 600}),
+            "good": provider(good.base_url, {"m": "good-m"}),
+            "switched": provider(good.base_url, {"m": "m"}),
+            "keyless": {**provider(good.base_url, {"m": "m"}), "api_key": "$NOT_SET_KEY_XYZ"},
+            "lister": provider(lister.base_url, "*", discover_interval=0.3),
+        })
+        gateway = GatewayProcess(tmp_path, doc)
+        doc["server"]["port"] = gateway.port  # `ls` finds the gateway where the config says
+        gateway.write_config(doc)
+        gateway.start()
+        try:
+            httpx.post(f"{gateway.base_url}/chat/completions",
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            httpx.post(f"{gateway.url}/admin/providers/switched/disable")
+            wait_until(lambda: "beta" in httpx.get(f"{gateway.base_url}/models").text)
+            result = run("ls", "--config", str(gateway.config_path))
+        finally:
+            gateway.stop()
+
+    assert result.returncode == 0, result.stderr
+    states = {line.split()[1]: line.split(None, 3)[3] for line in result.stdout.splitlines()
+              if line[:3].strip().isdigit()}
+    assert states == {"broken": "circuit open (broken-m)", "good": "enabled",
+                      "switched": "disabled by an admin",
+                      "keyless": "disabled (NOT_SET_KEY_XYZ is not set)", "lister": "enabled"}
+    assert "alpha  (discovered)" in result.stdout and "beta  (discovered)" in result.stdout
+    assert "config's view" not in result.stdout
 
 
 def test_check_reports_each_provider_and_fails_when_one_is_down(
         tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream]) -> None:
     good, bad = upstream_factory("good"), upstream_factory("bad")
-    bad.set_mode(status(500, message="exploded"))
+    bad.set_mode(status(503, message="exploded"))
+    good.models = ("alpha", "beta")
     path = write(tmp_path, config({
         "good": provider(good.base_url, {"m": "good-m"}),
         "bad": provider(bad.base_url, {"m": "bad-m"}),
         "down": provider(refusing_url(), {"m": "m"}),
+        "lister": provider(good.base_url, "*"),
     }))
 
     everything = run("check", "--config", str(path))
@@ -61,7 +108,10 @@ def test_check_reports_each_provider_and_fails_when_one_is_down(
 
     assert everything.returncode == 1
     assert "good" in everything.stdout and " ms  ok" in everything.stdout
-    assert "error: 502 exploded" in everything.stdout
+    assert "error: 503 exploded" in everything.stdout, "the upstream's own status"
+    assert "error: unavailable:" in everything.stdout, "no status: what kind of failure"
+    assert "lister         * (listing)" in everything.stdout
+    assert "ok: lists 2 models" in everything.stdout
     assert only_good.returncode == 0
     assert good.requests[-1].json["model"] == "good-m"
     assert "bad" not in only_good.stdout
@@ -73,6 +123,45 @@ def test_chat_streams_an_answer_through_a_running_gateway(pair: Pair) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "Hello from primary"
     assert pair.primary.last_json["stream"] is True
+
+
+def test_chat_sends_the_system_message_and_sampling_options(pair: Pair) -> None:
+    result = run("chat", "-m", "chat-model", "hello", "--url", pair.gateway.base_url,
+                 "--system", "Be brief.", "--max-tokens", "7", "--temperature", "0.2")
+
+    assert result.returncode == 0, result.stderr
+    sent = pair.primary.last_json
+    assert sent["messages"] == [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "hello"}]
+    assert (sent["max_tokens"], sent["temperature"]) == (7, 0.2)
+
+
+def test_chat_without_a_prompt_holds_a_conversation_until_exit(pair: Pair) -> None:
+    result = run("chat", "-m", "chat-model", "--url", pair.gateway.base_url,
+                 "--system", "Be brief.", stdin="first\n\nsecond\n/exit\nnever sent\n")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["Hello from primary", "Hello from primary"]
+    assert pair.primary.last_json["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "Hello from primary"},
+        {"role": "user", "content": "second"}]
+    assert not any("never sent" in str(r.json) for r in pair.primary.requests)
+
+
+def test_chat_conversation_ends_at_end_of_input(pair: Pair) -> None:
+    result = run("chat", "-m", "chat-model", "--url", pair.gateway.base_url, stdin="only\n")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["Hello from primary"]
+
+
+def test_version_is_the_installed_package_s() -> None:
+    result = run("--version")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"llms-gateway {importlib.metadata.version('llms-gateway')}"
 
 
 def test_chat_reports_a_gateway_error(pair: Pair) -> None:

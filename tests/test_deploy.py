@@ -2,10 +2,14 @@
 
 No container engine runs here, so the files are validated statically: the manifests against the
 Kubernetes JSON schemas (`kubernetes-validate` ships them; strict, so an unknown field fails),
-the compose file against the compose specification's schema (tests/data/compose-spec.json, from
-docker-compose 1.29.2's package, Apache-2.0), and every config they carry is loaded by the
-gateway's own loader. Cross-checks catch what only a deploy would otherwise find: a service a
-config names that does not exist, a port that does not match.
+the compose file against the compose specification's schema (tests/data/compose-spec.json, as
+github.com/compose-spec/compose-spec has it at 170098ba07d9f53c383a41bfd4c5166b0a4529a6,
+schema/compose-spec.json, Apache-2.0: no maintained package on PyPI ships it), the Dockerfile's
+stages through `dockerfile-parse`,
+and every config they carry is loaded by the gateway's own loader. Cross-checks catch what only a
+deploy would otherwise find: a service a config names that does not exist, a port that does not
+match, a volume mounted where the image's user cannot write. The cluster admin's policies on the
+manifests are in tests/test_deploy_k8s.py.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import yaml
 
 from gateway.state.config import parse
 from providers.kinds.pool.settings import read_settings
+from tests.dockerfile_stages import ROOT_USER, Stage, stages
 from tests.gateway_process import ROOT
 
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.30.0"
-ENV = {"LLMS_GATEWAY_KEY": "deploy-test-key-0001"}
+ENV = {"LLMS_GATEWAY_KEY": "deploy-test-key-0001", "VLLM_API_KEY": "deploy-worker-key-01"}
 
 
 def manifests() -> list[dict[str, Any]]:
@@ -58,10 +63,10 @@ def test_a_manifest_with_a_misspelt_field_fails_the_same_check() -> None:
 
 def test_the_compose_file_follows_the_compose_specification() -> None:
     schema = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
-    jsonschema.Draft201909Validator(schema).validate(compose())
+    jsonschema.Draft7Validator(schema).validate(compose())
     broken = {**compose(), "services": {"gateway": {"imagee": "x"}}}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft201909Validator(schema).validate(broken)
+        jsonschema.Draft7Validator(schema).validate(broken)
 
 
 def test_every_config_deployed_loads_in_the_gateway(tmp_path: Path) -> None:
@@ -113,14 +118,14 @@ def test_what_the_cluster_config_names_exists_in_the_manifests() -> None:
     for host, port in _host_ports([doc["state"]["url"],
                                    *doc["providers"]["gpu-pool"]["workers"]]):
         assert host in services and port in [p["port"] for p in services[host]["spec"]["ports"]]
-    deployments = {m["metadata"]["name"]: m for m in manifests() if m["kind"] == "Deployment"}
-    gateway = deployments["llms-gateway"]["spec"]["template"]["spec"]["containers"][0]
+    workloads = {m["metadata"]["name"]: m for m in manifests()
+                 if m["kind"] in ("Deployment", "StatefulSet")}
+    gateway = workloads["llms-gateway"]["spec"]["template"]["spec"]["containers"][0]
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
-    vllm = deployments["llms-vllm"]["spec"]["template"]["spec"]["containers"][0]
+    vllm = workloads["llms-vllm"]["spec"]["template"]["spec"]["containers"][0]
     assert vllm["readinessProbe"]["httpGet"]["path"] == "/health"
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert ":latest" not in vllm["image"]
 
 
 def test_the_dockerfile_checks_health_and_pins_vllm() -> None:
@@ -132,3 +137,107 @@ def test_the_dockerfile_checks_health_and_pins_vllm() -> None:
     assert not any(image.endswith(":latest") for image, _ in stages)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+# --- the images: what compose mounts and what COPY puts there, for the user the image runs as
+
+def _service_stage(service: dict[str, Any], built: dict[str, str]) -> str | None:
+    """The Dockerfile target a compose service runs: its own build's, or its image's."""
+    if "build" in service:
+        target: str = service["build"]["target"]
+        return target
+    return built.get(service.get("image", ""))
+
+
+def mount_problems(stage: Stage, mounts: list[str]) -> list[str]:
+    """Why a mount (`source:target[:mode]`) would not work in `stage`, for its user.
+
+    A named volume or a writable bind is written by the image's user: the image must make the
+    mount point and give it to that user, or Docker makes it root's. A read-only bind of a
+    config file needs neither."""
+    problems = []
+    for mount in mounts:
+        source, target, *mode = mount.split(":")
+        read_only = mode == ["ro"]
+        if read_only and source.startswith("."):
+            continue
+        if not stage.made(target):
+            problems.append(f"{target}: the {stage.name} image never creates it")
+        elif stage.owner(target) != stage.user:
+            problems.append(f"{target}: owned by {stage.owner(target)}, the image runs as "
+                            f"{stage.user}")
+    return problems
+
+
+def test_every_compose_volume_is_a_path_the_image_s_user_owns() -> None:
+    images = stages(ROOT / "Dockerfile")
+    services = compose()["services"]
+    built = {s["image"]: s["build"]["target"] for s in services.values() if "build" in s}
+    checked = 0
+    for name, service in services.items():
+        target = _service_stage(service, built)
+        if target is None:  # nginx, redis: someone else's image
+            continue
+        stage = images[target]
+        assert stage.user != ROOT_USER, f"{name} runs as root"
+        assert mount_problems(stage, service.get("volumes", [])) == [], name
+        checked += len(service.get("volumes", []))
+    assert checked >= 3, "the gateways' config and the worker's config and model cache"
+
+
+def test_a_volume_the_image_never_created_fails_the_check() -> None:
+    """The compose worker's model cache before the Dockerfile made it: root's, unwritable."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    line = next(line for line in dockerfile.splitlines() if "/home/gateway/.cache" in line)
+    stage = stages(dockerfile.replace(line, ""))["cpu-worker"]
+    worker = compose()["services"]["worker"]
+    assert mount_problems(stage, worker["volumes"]) == [
+        "/home/gateway/.cache: the cpu-worker image never creates it"]
+    chowned_to_root = dockerfile.replace(line, "RUN mkdir -p /home/gateway/.cache")
+    assert mount_problems(stages(chowned_to_root)["cpu-worker"], worker["volumes"]) == [
+        "/home/gateway/.cache: owned by root, the image runs as gateway"]
+
+
+def test_what_copy_puts_in_an_image_its_user_cannot_rewrite() -> None:
+    """The code and the config an image runs are root's: a compromised process running as the
+    image's user cannot change them for the next start."""
+    for stage in stages(ROOT / "Dockerfile").values():
+        if stage.user == ROOT_USER:  # the vLLM image runs as root: nothing to protect from it
+            continue
+        for path in ("/app/gateway", "/app/providers", "/app/pyproject.toml"):
+            assert stage.owner(path) == ROOT_USER, (stage.name, path)
+        for path, owner in stage.owners.items():
+            writable = owner == stage.user
+            assert not writable or path.startswith(f"/home/{stage.user}"), (stage.name, path)
+
+
+def test_each_image_is_built_once_and_the_cluster_runs_the_image_s_user() -> None:
+    services = compose()["services"]
+    builds = [(s["build"]["target"], s.get("image")) for s in services.values() if "build" in s]
+    assert len(builds) == len(set(builds)), f"an image is built twice: {builds}"
+    built = {image for _, image in builds}
+    for name, service in services.items():
+        if service.get("image") in built:  # else compose asks Docker Hub for it first
+            assert service.get("pull_policy") == "never", f"{name} would pull a local image"
+    gateway = stages(ROOT / "Dockerfile")["gateway"]
+    pod = next(m for m in manifests() if m["metadata"]["name"] == "llms-gateway"
+               and m["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == gateway.uids[gateway.user]
+
+
+def test_every_supervisor_waits_for_the_drain_before_it_kills() -> None:
+    """SIGTERM gives streams `server.drain_timeout`, then the server kills its workers
+    KILL_MARGIN later: compose and Kubernetes must not SIGKILL the gateway before that."""
+    from gateway.edge.serving import KILL_MARGIN
+    from gateway.state.config import ServerConfig
+
+    needed = ServerConfig().drain_timeout + KILL_MARGIN
+    for name, service in compose()["services"].items():
+        if "gateway" in name:
+            grace = service["stop_grace_period"]
+            assert grace.endswith("s") and float(grace[:-1]) >= needed, name
+    for manifest in manifests():
+        if manifest["kind"] == "Deployment" and manifest["metadata"]["name"] == "llms-gateway":
+            assert manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= needed
+    comment = (DEPLOY / "k8s" / "gateway.yaml").read_text()
+    assert f"server.drain_timeout ({ServerConfig().drain_timeout:g} s)" in comment

@@ -6,6 +6,7 @@ No fakes in the inference path: the pool assembles the packaged GGUF, spawns
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -168,6 +169,25 @@ def test_a_three_turn_responses_conversation_runs_on_the_pool(gateway: GatewayPr
     third = sdk.responses.create(model=MODEL, input="And one more.", max_output_tokens=8,
                                  previous_response_id=second.id)
     assert third.status in ("completed", "incomplete") and third.output_text is not None
+
+
+def test_eight_sdk_clients_at_once_all_get_answers_from_the_one_cpu_worker(
+        gateway: GatewayProcess) -> None:
+    """A CPU worker runs one request at a time: the others wait their turn in the pool's line
+    (as with Ollama), none is refused and none fails over to the backup, with no SDK retry."""
+    async def everyone() -> list[Any]:
+        sdk = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+        async with sdk:
+            return await asyncio.gather(*(
+                sdk.chat.completions.with_raw_response.create(
+                    model=MODEL, max_tokens=8,
+                    messages=[{"role": "user", "content": f"Say a word about {topic}."}])
+                for topic in ("cats", "rain", "tea", "maps", "jazz", "salt", "moss", "kites")))
+
+    answers = asyncio.run(everyone())
+
+    assert [a.headers["x-llms-provider"] for a in answers] == ["local"] * 8
+    assert all(a.parse().choices[0].message.content for a in answers)
 
 
 def test_ready_shows_the_worker_its_engine_and_load_time(gateway: GatewayProcess) -> None:

@@ -186,6 +186,49 @@ def test_a_change_that_reshapes_the_workers_changes_the_fingerprint(
     assert fingerprint(read_settings(changed)) != fingerprint(read_settings(FULL_VLLM))
 
 
+@pytest.mark.parametrize("change", [
+    pytest.param({"models": {**FULL_VLLM["models"], "qwen": "qwen3-8b"}},
+                 id="an alias for the running model"),
+    pytest.param({"models": {"qwen3-8b": FULL_VLLM["models"]["qwen3-8b"]}},
+                 id="a remote-only alias removed"),
+    pytest.param({"models": {**FULL_VLLM["models"], "qwen3-8b": {
+        **FULL_VLLM["models"]["qwen3-8b"], "context_window": 16384, "max_output_tokens": 512,
+        "price": {"input": 0.1, "output": 0.4}}}}, id="a model's facts, price and limit"),
+    pytest.param({"max_queue": 8, "queue_timeout": 20, "check_interval": 0.5,
+                  "restart_backoff": 3, "max_restart_backoff": 10, "drain_timeout": 5},
+                 id="the pool's limits and timings"),
+])
+def test_what_applies_live_leaves_the_fingerprint_and_the_workers_alone(
+        change: dict[str, Any]) -> None:
+    assert fingerprint(read_settings({**FULL_VLLM, **change})) == \
+        fingerprint(read_settings(FULL_VLLM))
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param({"served_model_name": "qwen"}, id="the name it is served under"),
+    pytest.param({"chat_format": "chatml"}, id="chat_format"),
+    pytest.param({"task": "embed"}, id="task"),
+    pytest.param({"enable_prefix_caching": False}, id="an engine flag"),
+])
+def test_what_a_worker_runs_changes_the_fingerprint(change: dict[str, Any]) -> None:
+    model = {**FULL_VLLM["models"]["qwen3-8b"], **change}
+    changed = {**FULL_VLLM, "models": {**FULL_VLLM["models"], "qwen3-8b": model}}
+
+    assert fingerprint(read_settings(changed)) != fingerprint(read_settings(FULL_VLLM))
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param({"port": 9100}, id="port"), pytest.param({"engine": "auto"}, id="engine"),
+    pytest.param({"workers": []}, id="remote workers"),
+    pytest.param({"shutdown_grace": 5}, id="shutdown_grace (vllm --shutdown-timeout)"),
+    pytest.param({"cache_dir": "/tmp/x"}, id="cache_dir"),
+])
+def test_a_pool_field_that_shapes_the_workers_changes_the_fingerprint(
+        change: dict[str, Any]) -> None:
+    assert fingerprint(read_settings({**FULL_VLLM, **change})) != \
+        fingerprint(read_settings(FULL_VLLM))
+
+
 def parse_config(providers: dict[str, Any]) -> config.Snapshot:
     return config.parse(json.dumps({"providers": providers}), CONFIG_PATH, {})
 

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -123,3 +124,26 @@ def test_a_removed_provider_s_circuit_is_forgotten_by_ready_and_metrics(
     wait_until(lambda: gateway.log_events("config_reloaded")
                and gateway.log_events("config_reloaded")[-1]["providers"] == ["a"])
     assert "doomed" not in circuits()
+
+
+def test_a_keyless_provider_is_logged_once_not_at_every_reload(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    """One `provider_disabled` line per provider and reason: reloads that leave it disabled for
+    the same reason add none; a new reason is logged once more."""
+    a = upstream_factory("a")
+
+    def doc(variable: str, alias: str) -> dict[str, Any]:
+        return config({"a": provider(a.base_url, {alias: alias}),
+                       "keyless": {**provider(a.base_url, {"m": "m"}), "api_key": variable}})
+
+    gateway = start_gateway(doc("$UNSET_KEY_ONE", "m"))
+    for count, alias in enumerate(("m2", "m3", "m4"), 2):  # three edits, each a reload
+        gateway.write_config(doc("$UNSET_KEY_ONE", alias))
+        wait_until(lambda count=count: len(gateway.log_events("config_reloaded")) >= count - 1)
+    gateway.write_config(doc("$UNSET_KEY_TWO", "m5"))
+    wait_until(lambda: len(gateway.log_events("config_reloaded")) >= 4)
+
+    lines = [(e["provider"], e["reason"]) for e in gateway.log_events("provider_disabled")]
+    assert lines == [("keyless", "UNSET_KEY_ONE is not set"),
+                     ("keyless", "UNSET_KEY_TWO is not set")]

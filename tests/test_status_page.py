@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream
+from tests import browser
+from tests.fake_gpu import install_fakes
+from tests.gateway_process import GatewayProcess, config, free_port, provider, wait_until
+from tests.upstream import FakeUpstream, slow_first_token
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -142,3 +147,101 @@ def test_the_page_renders_in_a_real_browser_and_shows_an_admin_disable(
     assert re.search(r'class="stats">answered <b>1</b>', page.stdout), "per provider traffic"
     assert ":CONSOLE(" not in page.stderr, "the page logged to the console (an error?)"
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_with_keys_on_the_page_asks_for_one_says_when_it_is_wrong_and_goes_live_with_it(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
+    """Keys on, /status.json not public: the page says a key is needed (not "unreachable"),
+    a wrong key is said to be wrong, a right one brings it live; the key stays in the tab."""
+    up = upstream_factory("alpha")
+    gateway = start_gateway(config({"alpha": provider(up.base_url, {"m": "m"})},
+                                   server={"api_keys": [CLIENT_KEY], "admin_keys": [KEY]}))
+    chat(gateway)
+
+    with browser.launched(tmp_path) as port:
+        seen = asyncio.run(paste_keys(gateway.url, port))
+
+    assert "This gateway needs a key" in seen["asked"], seen
+    assert "unreachable" not in seen["meta_asked"]
+    assert "That key was not accepted" in seen["wrong"] and "401" in seen["wrong"], seen
+    assert seen["providers"] == [["alpha", "ok"]]
+    assert "answered 1" in seen["stats"], seen
+    assert seen["panel_hidden"] is True
+    assert seen["kept"] == CLIENT_KEY, "in this tab's sessionStorage"
+    assert CLIENT_KEY not in seen["href"] and "wrong-key" not in seen["href"]
+    assert CLIENT_KEY not in gateway.logs()
+
+
+async def paste_keys(url: str, port: int) -> dict[str, Any]:
+    """Open the page, paste a wrong key then the right one; what the page showed each time."""
+    async with browser.open_page(port) as page:
+        await page.goto(f"{url}/")
+        await page.wait_for("document.body.dataset.auth === 'needed'")
+        seen: dict[str, Any] = {"asked": await page.text("#key-panel"),
+                                "meta_asked": await page.text("#meta")}
+        await page.type("#key", "wrong-key")
+        await page.click("#key-form button")
+        await page.wait_for("document.body.dataset.auth === 'rejected'")
+        seen["wrong"] = await page.text("#key-panel")
+        await page.type("#key", CLIENT_KEY)
+        await page.click("#key-form button")
+        await page.wait_for("document.body.dataset.loaded === 'true'")
+        seen["providers"] = await page.evaluate(
+            "[...document.querySelectorAll('li.provider')].map(li => [li.dataset.name, "
+            "li.dataset.health])")
+        seen["stats"] = await page.text("li.provider .stats")
+        seen["panel_hidden"] = await page.evaluate("document.getElementById('key-panel').hidden")
+        seen["kept"] = await page.evaluate("sessionStorage.getItem('llms-gateway-key')")
+        seen["href"] = await page.evaluate("location.href")
+        return seen
+
+
+def test_a_warming_pool_and_a_full_gateway_are_counted_apart_from_failures(
+        tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    """A pool still loading its model answers 503 model_loading, a gateway at its concurrency
+    cap 503 overloaded: both say "wait", so /status.json counts them as not ready and shed,
+    and the error rate of a healthy gateway stays 0%."""
+    slow = upstream_factory("slow")
+    slow.set_mode(slow_first_token(4.0))
+    pool = {"type": "pool", "engine": "auto", "port": free_port(), "check_interval": 0.2,
+            "models": {"qwen": {"source": "Qwen/Qwen3-8B", "max_model_len": 4096}}}
+    doc = config({"local": pool, "slow": provider(slow.base_url, {"slow": "slow"},
+                                                   timeouts={"first_token": 30})},
+                 server={"max_concurrency": 1})
+    env = {**install_fakes(tmp_path / "bin", gpus=1), "FAKE_VLLM_LOAD_SECONDS": "120"}
+    gateway = GatewayProcess(tmp_path, doc, env=env).start()
+    try:
+        loading = [ask(gateway, "qwen") for _ in range(3)]
+        held: list[httpx.Response] = []
+        holder = threading.Thread(target=lambda: held.append(ask(gateway, "slow")))
+        holder.start()
+        wait_until(lambda: status(gateway)["inflight"] == 1)
+        shed = ask(gateway, "qwen")
+        holder.join()
+        wait_until(lambda: status(gateway)["summary"]["shed"] == 1)
+        seen = status(gateway)
+    finally:
+        gateway.stop()
+
+    assert [r.json()["error"]["code"] for r in loading] == ["model_loading"] * 3
+    assert shed.status_code == 503 and shed.json()["error"]["code"] == "overloaded"
+    assert [r.status_code for r in held] == [200]
+    summary = seen["summary"]
+    assert (summary["not_ready"], summary["shed"], summary["error_rate"]) == (3, 1, 0.0)
+    assert all(row["error_rate"] == 0.0 for row in seen["series"])
+    assert sum(row["rps"] for row in seen["series"]) * 10 == pytest.approx(1, abs=0.01)
+    local = next(p for p in seen["providers"] if p["name"] == "local")
+    assert (local["traffic"]["failed"], local["traffic"]["not_ready"]) == (0, 3)
+    assert local["health"] == "ok"
+
+
+def ask(gateway: GatewayProcess, model: str) -> httpx.Response:
+    return httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+                      json={"model": model, "messages": MESSAGES})
+
+
+def status(gateway: GatewayProcess) -> dict[str, Any]:
+    found: dict[str, Any] = httpx.get(f"{gateway.url}/status.json").json()
+    return found

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.observe.traffic import ProviderTraffic, RecentTraffic, Refusal, refusal
 from gateway.pipeline import router
 from gateway.state import config
 from providers.contract.errors import (
@@ -169,3 +170,45 @@ def test_sse_watch_sees_done_finish_errors_and_garbage_across_chunk_boundaries()
     failing = SSEWatch()
     failing.feed(b'data: {"error": {"message": "overloaded"}}\n\n')
     assert failing.error_event is not None and not failing.done
+
+
+@pytest.mark.parametrize(("reasons", "code", "expected"), [
+    (["model_loading"], "provider_error", Refusal.NOT_READY),
+    (["not_ready", "model_loading"], "provider_error", Refusal.NOT_READY),
+    (["pool_full"], "provider_error", Refusal.SHED),
+    (["model_loading", "pool_full"], "provider_error", Refusal.NOT_READY),
+    ([], "overloaded", Refusal.SHED),
+    (["model_loading", "unavailable"], "provider_error", None),
+    (["timeout"], "provider_error", None),
+    ([], "internal_error", None),
+])
+def test_a_loading_or_full_pool_is_a_refusal_not_a_failure(
+        reasons: list[str], code: str, expected: Refusal | None) -> None:
+    assert refusal(reasons, code) is expected
+
+
+def test_provider_traffic_counts_refusals_apart_from_failures() -> None:
+    now = [1000.0]
+    traffic = ProviderTraffic(clock=lambda: now[0])
+    for reason in ("model_loading", "model_loading", "pool_full", "unavailable"):
+        traffic.failed("local", reason)
+    traffic.served("local", 0.2, None)
+    now[0] += 301  # past the five minutes shown: only what follows counts
+    traffic.failed("local", "pool_full")
+    traffic.served("local", 0.1, 0.5)
+
+    assert traffic.summary("local") == {"answered": 1, "failed": 0, "not_ready": 0, "shed": 1,
+                                        "ttft_p50_ms": 100.0, "cost_usd": 0.5}
+    now[0] -= 301
+    assert traffic.summary("local")["not_ready"] == 2
+
+
+def test_recent_traffic_keeps_refusals_out_of_the_error_rate() -> None:
+    traffic = RecentTraffic(clock=lambda: 1000.0)
+    traffic.add(0.5, ok=True)
+    traffic.add(0.01, ok=False, refused=Refusal.NOT_READY)
+    traffic.add(0.01, ok=False, refused=Refusal.SHED)
+    traffic.add(0.9, ok=False)
+
+    (row,) = [r for r in traffic.series() if r["rps"]]
+    assert (row["error_rate"], row["not_ready"], row["shed"]) == (0.5, 1, 1)

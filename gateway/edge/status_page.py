@@ -64,6 +64,9 @@ def status(runtime: Runtime) -> dict[str, Any]:
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),
             "client_errors": sum(int(r["client_errors"] or 0) for r in series),
+            # Turned away by a healthy gateway (loading, full): apart from the error rate.
+            "not_ready": sum(int(r["not_ready"] or 0) for r in series),
+            "shed": sum(int(r["shed"] or 0) for r in series),
             "cache_hits": sum(int(r["cache_hits"] or 0) for r in series),
             "hedges": sum(int(r["hedges"] or 0) for r in series),
             "error_rate": window[-1]["error_rate"] if window else 0.0,

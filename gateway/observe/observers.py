@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
-from gateway.observe.traffic import ProviderTraffic, RecentTraffic
+from gateway.observe.traffic import ProviderTraffic, RecentTraffic, refusal
 from gateway.pipeline.limits import RateLimiter
 from gateway.pipeline.record import Listener, Outcome, Record
 
@@ -52,11 +52,14 @@ def drawn_by(traffic: RecentTraffic, providers: ProviderTraffic) -> Listener:
     """The status page's recent traffic, the gateway's and each provider's."""
     def ended(record: Record) -> None:
         status = status_of(record)
+        # A 503 because every pool was loading or full is a wait, not a failure.
+        refused = refusal((a.reason for a in record.failed), record.error_code) \
+            if status >= 500 else None
         traffic.add(record.duration, ok=status < 500 and record.outcome is not Outcome.ERROR,
                     client_error=400 <= status < 500 and status != CLIENT_CLOSED,
-                    cache_hit=record.cache_hit, hedged=record.hedged)
+                    cache_hit=record.cache_hit, hedged=record.hedged, refused=refused)
         for attempt in record.failed:
-            providers.failed(attempt.provider)
+            providers.failed(attempt.provider, attempt.reason)
         if record.provider is not None and not record.cache_hit and status < 400:
             providers.served(record.provider,
                              record.ttft if record.stream else record.upstream_time,

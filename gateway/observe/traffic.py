@@ -3,6 +3,10 @@
 What an operator reads as "errors" is the gateway's and the providers' failures: a client's own
 4xx (a bad request, a wrong key, an unknown model) is counted apart and kept out of the error
 rate and the latency percentiles, where a burst of instant 401s would hide a slow provider.
+
+So are the 503s of a healthy gateway that could not take a request yet: `not_ready` (every pool
+that serves the model is still loading it) and `shed` (a full pool, or the process at its
+concurrency cap). They say "wait", not "broken": a pool warming up must not read as 100% errors.
 """
 
 from __future__ import annotations
@@ -10,11 +14,37 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
+
+from providers.contract.errors import ModelLoading, Overloaded, PoolFull, PoolNotReady
 
 HORIZON = 600
 SAMPLES_PER_SECOND = 128
+
+
+class Refusal(Enum):
+    """Why a healthy gateway or provider turned a request away: counted apart from failures."""
+
+    NOT_READY = "not_ready"  # still loading the model
+    SHED = "shed"  # busy: a full pool, the process at its concurrency cap
+
+
+# The try reasons (`ProviderError.reason`) that are a refusal, not a failure.
+REFUSALS = {PoolNotReady.reason: Refusal.NOT_READY, ModelLoading.reason: Refusal.NOT_READY,
+            PoolFull.reason: Refusal.SHED}
+
+
+def refusal(reasons: Iterable[str], code: str | None = None) -> Refusal | None:
+    """The refusal a failed request was, from its error `code` and its tries' `reasons`: None
+    when any try truly failed (or none was made and the gateway was not shedding)."""
+    if code == Overloaded.code:
+        return Refusal.SHED
+    kinds = {REFUSALS.get(reason) for reason in reasons}
+    if not kinds or None in kinds:
+        return None
+    return Refusal.NOT_READY if Refusal.NOT_READY in kinds else Refusal.SHED
 
 
 @dataclass(slots=True)
@@ -23,6 +53,8 @@ class _Second:
     requests: int = 0
     errors: int = 0
     client_errors: int = 0
+    not_ready: int = 0
+    shed: int = 0
     cache_hits: int = 0
     hedges: int = 0
     seen: int = 0
@@ -44,13 +76,20 @@ class RecentTraffic:
         return self._seconds[-1]
 
     def add(self, duration: float, ok: bool, client_error: bool = False,
-            cache_hit: bool = False, hedged: bool = False) -> None:
-        """One finished request: a success, a failure, or the client's own 4xx."""
+            cache_hit: bool = False, hedged: bool = False,
+            refused: Refusal | None = None) -> None:
+        """One finished request: a success, a failure, the client's own 4xx, or a refusal."""
         second = self._now()
         second.cache_hits += cache_hit
         second.hedges += hedged
         if client_error:
             second.client_errors += 1
+            return
+        if refused is Refusal.NOT_READY:
+            second.not_ready += 1
+            return
+        if refused is Refusal.SHED:
+            second.shed += 1
             return
         second.requests += 1
         second.errors += not ok
@@ -61,7 +100,8 @@ class RecentTraffic:
             second.latencies[slot] = duration  # reservoir sampling keeps it uniform
 
     def series(self, minutes: int = 5, step: int = 10) -> list[dict[str, float | int | None]]:
-        """Bins of `step` seconds over the last `minutes`: rate, error rate, p50 and p99 (ms)."""
+        """Bins of `step` seconds over the last `minutes`: rate, error rate, p50 and p99 (ms),
+        and the requests counted apart (client errors, not ready, shed)."""
         now = int(self.clock())
         start = now - minutes * 60 + 1  # the current second is the last one shown
         bins: dict[int, list[_Second]] = {}
@@ -79,6 +119,8 @@ class RecentTraffic:
                 "rps": round(requests / step, 3),
                 "error_rate": round(errors / requests, 4) if requests else 0.0,
                 "client_errors": sum(s.client_errors for s in seconds),
+                "not_ready": sum(s.not_ready for s in seconds),
+                "shed": sum(s.shed for s in seconds),
                 "cache_hits": sum(s.cache_hits for s in seconds),
                 "hedges": sum(s.hedges for s in seconds),
                 "p50_ms": _pct(samples, 0.50),
@@ -100,13 +142,15 @@ PROVIDER_EVENTS = 20_000  # per provider: bounded whatever the load
 class _Served:
     at: float
     failed: bool
+    refused: Refusal | None = None
     ttft: float | None = None
     cost: float | None = None
 
 
 class ProviderTraffic:
-    """Per provider, its recent tries: answers (with their time to first token and cost) and
-    failures, summarised over the last minutes for the status page."""
+    """Per provider, its recent tries: answers (with their time to first token and cost),
+    failures and refusals (not ready, shed), summarised over the last minutes for the status
+    page."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -118,20 +162,29 @@ class ProviderTraffic:
         return found
 
     def served(self, provider: str, ttft: float | None, cost: float | None) -> None:
-        self._of(provider).append(_Served(self.clock(), False, ttft, cost))
+        """A try at `provider` answered."""
+        self._of(provider).append(_Served(self.clock(), False, None, ttft, cost))
 
-    def failed(self, provider: str) -> None:
-        self._of(provider).append(_Served(self.clock(), True))
+    def failed(self, provider: str, reason: str) -> None:
+        """A try at `provider` failed for `reason` (`ProviderError.reason`): a refusal when the
+        provider was loading or full, else a failure."""
+        self._of(provider).append(_Served(self.clock(), True, REFUSALS.get(reason)))
 
     def retain(self, providers: set[str]) -> None:
         """Forget providers the config no longer has."""
         self._events = {p: e for p, e in self._events.items() if p in providers}
 
     def summary(self, provider: str, minutes: int = 5) -> dict[str, float | int | None]:
+        """The last `minutes` of `provider`: tries answered, failed, not ready and shed, the
+        answers' median time to first token and their cost."""
         since = self.clock() - minutes * 60
         recent = [e for e in self._events.get(provider, ()) if e.at >= since]
         answers = [e for e in recent if not e.failed]
         ttfts = sorted(e.ttft for e in answers if e.ttft is not None)
-        return {"answered": len(answers), "failed": len(recent) - len(answers),
+        refused = [e.refused for e in recent if e.refused is not None]
+        not_ready = refused.count(Refusal.NOT_READY)
+        return {"answered": len(answers),
+                "failed": len(recent) - len(answers) - len(refused),
+                "not_ready": not_ready, "shed": len(refused) - not_ready,
                 "ttft_p50_ms": _pct(ttfts, 0.5),
                 "cost_usd": round(sum(e.cost or 0.0 for e in answers), 6)}

@@ -52,6 +52,9 @@ CONFIG_ENV = "LLMS_CONFIG"
 BIND_ENV = "LLMS_BIND_HOST"
 OPEN_ENV = "LLMS_ALLOW_UNAUTHENTICATED"
 CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
+# Why a provider is disabled, as `ls`, `/ready` and the status page say it.
+IN_CONFIG = "disabled in config"  # "enabled": false
+ADMIN_DISABLED = "disabled by an admin"  # POST /admin/providers/{name}/disable
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -392,7 +395,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
     else:
         models = {alias: _model(alias, m, file, f"{where}.models.{alias}")
                   for alias, m in entry.models.items()}
-    disabled_reason = None if entry.enabled else "disabled in config"
+    disabled_reason = None if entry.enabled else IN_CONFIG
     api_key = _expand(entry.api_key, environ) if entry.api_key else None
     if entry.api_key and not api_key and disabled_reason is None:
         disabled_reason = f"{entry.api_key.lstrip('$').strip('{}')} is not set"

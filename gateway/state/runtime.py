@@ -29,6 +29,7 @@ from gateway.pipeline.limits import RateLimiter
 from gateway.pipeline.record import Listener
 from gateway.pipeline.strategy import Latencies, Spread
 from gateway.state.config import (
+    ADMIN_DISABLED,
     ConfigError,
     Snapshot,
     with_discovered,
@@ -46,7 +47,6 @@ from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
-ADMIN_DISABLED = "disabled by an admin"
 # The stages `Runtime.trace` hears, in the order a whole answer passes them.
 STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
 
@@ -124,6 +124,9 @@ class Runtime:
         self.inflight = 0  # relay requests being served, for the concurrency cap
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
+        # The reason each disabled provider was last logged with: a reload that changes nothing
+        # about it logs nothing, so the log is not one line per provider per reload.
+        self.disabled_logged: dict[str, str] = {}
         self.responses = responses
         self.cache = cache
         self.redis = redis  # the process's one Redis client; None with the memory backend
@@ -195,12 +198,20 @@ class Runtime:
         self.latencies.retain(routed)
         self.spread.retain(effective.routes)
         self.provider_traffic.retain({p.name for p in effective.providers})
-        log = get_logger()
-        for spec in effective.providers:
-            if not spec.enabled:
-                log.info("provider_disabled", provider=spec.name, reason=spec.disabled_reason)
+        self._log_disabled(effective)
         if previous is not None:
             await _close_all(previous)
+
+    def _log_disabled(self, snapshot: Snapshot) -> None:
+        """One `provider_disabled` line per provider and reason: again only when the reason
+        changes, or after the provider was enabled in between."""
+        log = get_logger()
+        now = {spec.name: spec.disabled_reason or "disabled" for spec in snapshot.providers
+               if not spec.enabled}
+        for name, reason in now.items():
+            if self.disabled_logged.get(name) != reason:
+                log.info("provider_disabled", provider=name, reason=reason)
+        self.disabled_logged = now
 
     async def set_enabled(self, name: str, enabled: bool) -> None:
         """Enable or disable a provider at runtime; it lasts across config reloads."""

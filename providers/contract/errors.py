@@ -293,16 +293,17 @@ class ModelLoading(PoolNotReady):
 
 
 class PoolFull(ProviderError):
-    """Every worker that serves the model holds all it may (`max_queue`): fail over now; with
-    no other provider, a 503 `overloaded` with Retry-After. Busy is not ill."""
+    """Every worker that serves the model holds all it may and its line is full (`max_queue`),
+    or the request waited its turn in vain: fail over now; with no other provider, a 503
+    `overloaded` whose Retry-After is what the line measured of its pace. Busy is not ill."""
 
     retryable = False
     trips_circuit = False
     reason = "pool_full"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
-        self.retry_after = 1.0
+        self.retry_after = retry_after
 
 
 class ProviderTimeout(ProviderError):

@@ -8,34 +8,41 @@ with exponential backoff when it dies or stops answering. A remote worker's task
 With several gateway processes (`--workers N`) only one of them spawns: the first to lock the
 pool's lock file. The others watch the same ports as remote workers do, and one of them takes
 over spawning if the lock's holder dies.
+
+A request takes a slot on one worker (`take`) and gives it back when its answer is done
+(`release`). When every worker is sent all it may be (`max_sent`), the request waits in the
+pool's line (`queue.Line`) for the next slot freed, within `max_queue` and `queue_timeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import os
-import tempfile
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from providers.contract.errors import GatewayError
+from providers.contract.errors import GatewayError, PoolFull, PoolNotReady
 from providers.contract.log import get_logger
+from providers.contract.spec import Secret
 from providers.contract.transport import Link, Transport
 from providers.kinds.pool.engines import LLAMACPP, WorkerPlan
+from providers.kinds.pool.leader import LeaderLock
 from providers.kinds.pool.picking import Load, Policy, PrefixTable, choose
 from providers.kinds.pool.process import WorkerProcess
+from providers.kinds.pool.queue import Drain, Line
 from providers.kinds.pool.scrape import parse_metrics
 from providers.kinds.pool.settings import PoolSettings
 from providers.kinds.pool.worker import Worker, WorkerState
 
 FAILED_CHECKS = 3  # health checks failed in a row before a ready worker counts as failed
-LLAMACPP_QUEUE = 2  # a llama.cpp worker's default max_queue: twice its one slot
+# A llama.cpp worker's default max_queue: enough that a handful of clients at once wait their
+# turn (as with Ollama or llama-server) while a flood is refused early with a Retry-After.
+LLAMACPP_QUEUE = 16
+LLAMACPP_SENT = 2  # sent to a llama.cpp worker at once: one running, the next ready to start
 STABLE_AFTER = 60.0  # seconds ready after which the restart backoff starts over
 CHECK_TIMEOUT = 5.0  # seconds for one health check or scrape, connect included
 CHECK_CONNECT = 2.0
@@ -44,37 +51,23 @@ LOADING_POLL = 0.5
 DRAIN_POLL = 0.05
 
 
-class LeaderLock:
-    """An exclusive, non-blocking file lock; the kernel drops it when its process dies."""
+@dataclass(eq=False, slots=True)
+class Slot:
+    """One request's hold on one worker, from `Pool.take` or `Pool.acquire` to `Pool.release`."""
 
-    def __init__(self, key: str) -> None:
-        self.path = Path(tempfile.gettempdir()) / f"llms-gateway-pool-{key}.lock"
-        self._fd: int | None = None
-
-    def try_acquire(self) -> bool:
-        if self._fd is not None:
-            return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    worker: Worker
+    since: float  # when it was taken, on the pool's clock
 
 
 class Pool:
     """A pool provider's workers, shared by every snapshot that uses the same pool config."""
 
     def __init__(self, name: str, settings: PoolSettings, transport: Transport, link: Link,
-                 plans: Sequence[WorkerPlan], engine: str | None) -> None:
+                 plans: Sequence[WorkerPlan], engine: str | None,
+                 clock: Callable[[], float] = time.monotonic, key: Secret | None = None) -> None:
         self.name = name
+        self.check_headers = _check_headers(key)
+        self.clock = clock
         self.settings = settings
         self.transport = transport
         self.link = link
@@ -94,6 +87,9 @@ class Pool:
         self._wake: dict[str, asyncio.Event] = {n: asyncio.Event() for n in self.workers}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self.line: Line[Slot] = Line(clock)
+        self._held: set[Slot] = set()
+        self._drains: dict[str, Drain] = {}
         self.log = get_logger().bind(pool=name)
 
     async def start(self) -> None:
@@ -110,29 +106,120 @@ class Pool:
 
     @property
     def max_queue(self) -> int | None:
-        """Requests one worker may hold at once (`max_queue`; on llama.cpp, which runs one at
-        a time, 2 by default: one running, one waiting); None: no bound (vLLM queues itself)."""
+        """Requests one worker may hold, sent to it or waiting in line for it (`max_queue`;
+        on llama.cpp `LLAMACPP_QUEUE` by default); None: no bound (vLLM queues itself)."""
         if self.settings.max_queue is not None:
             return self.settings.max_queue
         return LLAMACPP_QUEUE if self.engine == LLAMACPP else None
 
+    @property
+    def max_sent(self) -> int | None:
+        """Requests one worker is sent at once; the rest of its `max_queue` waits in line.
+        llama.cpp runs one at a time: one running and the next ready to start."""
+        bound = self.max_queue
+        if self.engine == LLAMACPP:
+            return min(LLAMACPP_SENT, bound or LLAMACPP_SENT)
+        return bound
+
     def full(self, model: str) -> bool:
-        """Every ready worker for `model` holds as many requests as it may."""
+        """Every ready worker for `model` holds as many requests as it may, counting the line."""
         bound = self.max_queue
         ready = self.ready_for(model)
-        return bound is not None and bool(ready) and all(
-            w.load.inflight >= bound for w in ready)
+        held = sum(w.load.inflight for w in ready) + self.line.waiting(model)
+        return bound is not None and bool(ready) and held >= bound * len(ready)
 
-    def pick(self, model: str, hashes: Sequence[int], exclude: set[str]) -> Worker | None:
-        """The worker for one try: prefix affinity unless overloaded, else least loaded; never
-        one whose queue is full."""
-        bound = self.max_queue
+    def retry_after(self, model: str) -> float:
+        """Seconds a request refused now should wait: what the line measured of its pace."""
+        slots = (self.max_sent or 1) * len(self.ready_for(model))
+        now = self.clock()
+        oldest = max((now - s.since for s in self._held if s.worker.serves(model)), default=0.0)
+        return self._drain(model).expected_wait(self.line.waiting(model), slots, oldest)
+
+    def take(self, model: str, hashes: Sequence[int], exclude: set[str]) -> Slot | None:
+        """A slot on the worker for one try, taken now: prefix affinity unless overloaded,
+        else least loaded; never a worker already sent all it may be (`max_sent`)."""
+        bound = self.max_sent
         loads: dict[str, Load] = {w.name: w.load for w in self.ready_for(model)
                                   if w.name not in exclude and not w.suspect
                                   and (bound is None or w.load.inflight < bound)}
         if not loads:
             return None
-        return self.workers[choose(loads, hashes, self.table, self.policy)]
+        return self._claim(self.workers[choose(loads, hashes, self.table, self.policy)])
+
+    async def acquire(self, model: str, hashes: Sequence[int], within: float) -> Slot | None:
+        """A slot for a request's first try: free now, or the first to free up in the next
+        `within` seconds while the line has room. None when no worker for `model` is ready;
+        PoolFull when the line is full or the wait ran out, with when to come back."""
+        if not self.line.waiting(model) and (slot := self.take(model, hashes, set())):
+            return slot  # nobody waits ahead: first come, first served
+        if not self._serving(model):
+            return None  # nothing will free a slot: not ready, fail over now
+        if self.full(model):
+            raise PoolFull(f"pool {self.name}: every worker for {model} holds {self.max_queue} "
+                           "requests (max_queue)", self.retry_after(model))
+        try:
+            return await self.line.wait(model, within, self.release)
+        except TimeoutError:
+            raise PoolFull(f"pool {self.name}: no worker for {model} was free within "
+                           f"{within:g}s (queue_timeout)", self.retry_after(model)) from None
+
+    def release(self, slot: Slot) -> None:
+        """A request is done with its worker: the slot goes to the first in line it serves."""
+        if slot not in self._held:
+            return  # released already
+        self._held.discard(slot)
+        worker = slot.worker
+        bound = self.max_sent
+        for model in worker.models:
+            saturated = self.line.waiting(model) > 0 or (bound is not None and all(
+                w.load.inflight >= bound for w in self.ready_for(model)))
+            self._drain(model).released(self.clock() - slot.since, saturated)
+        worker.load.inflight -= 1
+        self._serve_line(worker)
+
+    def _claim(self, worker: Worker) -> Slot:
+        worker.load.inflight += 1
+        slot = Slot(worker, self.clock())
+        self._held.add(slot)
+        return slot
+
+    def _serve_line(self, worker: Worker) -> None:
+        """Hand the worker's free slots to whoever waits for a model it serves."""
+        bound = self.max_sent
+
+        def claim() -> Slot | None:
+            free = worker.state is WorkerState.READY and not worker.suspect and (
+                bound is None or worker.load.inflight < bound)
+            return self._claim(worker) if free else None
+
+        while self.line.hand(worker.serves, claim):
+            pass
+
+    def _serving(self, model: str) -> bool:
+        """Whether a worker for `model` is ready and in good standing (will free slots)."""
+        return any(not w.suspect for w in self.ready_for(model))
+
+    def _left(self, worker: Worker) -> None:
+        """A worker left service: whoever waits for a model no worker serves any more fails
+        over now rather than at its deadline."""
+        for model in worker.models:
+            if not self._serving(model):
+                self.line.abandon(model, PoolNotReady(self.not_ready_reason(model)))
+
+    def _drain(self, model: str) -> Drain:
+        drain = self._drains.get(model)
+        if drain is None:
+            drain = self._drains[model] = Drain(self.clock)
+        return drain
+
+    def update(self, settings: PoolSettings, key: Secret | None = None) -> None:
+        """Take a reload's settings that apply live (limits, timings, the workers' key); what
+        workers run is the same (`settings.fingerprint`), or this pool would have been
+        replaced."""
+        self.settings = settings
+        self.check_headers = _check_headers(key)
+        for worker in self.workers.values():
+            self._serve_line(worker)  # a larger max_queue may free slots now
 
     async def answers(self, worker: Worker) -> bool:
         """One health check now: whether the worker is well (a request it refused may be the
@@ -160,7 +247,8 @@ class Pool:
         return f"pool {self.name}: no ready worker for {model} ({states})"
 
     def view(self) -> dict[str, object]:
-        return {"engine": self.engine, "workers": [w.view() for w in self.workers.values()]}
+        return {"engine": self.engine, "waiting": self.line.waiting(),
+                "workers": [w.view() for w in self.workers.values()]}
 
     # -- spawned workers ------------------------------------------------------------------
 
@@ -187,6 +275,7 @@ class Pool:
                 loaded = time.monotonic() - worker.since
                 worker.move(WorkerState.READY)
                 self.log.info("worker_ready", worker=plan.name, load_s=round(loaded, 2))
+                self._serve_line(worker)
                 reason = await self._while_ready(worker, process)
                 ready_for = time.monotonic() - worker.since
             else:
@@ -226,6 +315,7 @@ class Pool:
     async def _failed(self, worker: Worker, process: WorkerProcess, reason: str) -> None:
         if worker.state is not WorkerState.DRAINING:
             worker.move(WorkerState.FAILED, reason)
+            self._left(worker)
         self.table.forget(worker.name)
         worker.suspect = False
         self.log.warning("worker_failed", worker=worker.name, worker_pid=process.pid,
@@ -247,6 +337,7 @@ class Pool:
                 healthy = await self._check(worker)
                 if not healthy and not self._stopping:
                     worker.move(WorkerState.FAILED, "stopped answering its health check")
+                    self._left(worker)
                     self.log.warning("worker_failed", worker=worker.name, reason="health check")
             else:
                 listed = await self._probe(worker)
@@ -257,6 +348,7 @@ class Pool:
                     worker.models = worker.models if worker.spawned else listed
                     worker.move(WorkerState.READY)
                     self.log.info("worker_ready", worker=worker.name, models=sorted(listed))
+                    self._serve_line(worker)
             await self._sleep(worker)
 
     async def _probe(self, worker: Worker) -> frozenset[str] | None:
@@ -282,6 +374,7 @@ class Pool:
             worker.load.kv_cache = engine.kv_cache
         if healthy:
             worker.failed_checks, worker.suspect = 0, False
+            self._serve_line(worker)  # a suspect worker's free slots are usable again
             return True
         worker.failed_checks += 1
         return worker.failed_checks < FAILED_CHECKS
@@ -291,7 +384,7 @@ class Pool:
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
                 response = await self.transport.request(
-                    "GET", worker.root + path, headers=CHECK_HEADERS, link=self.link,
+                    "GET", worker.root + path, headers=self.check_headers, link=self.link,
                     connect_timeout=CHECK_CONNECT)
                 try:
                     return await response.read() if response.status == 200 else None
@@ -321,6 +414,7 @@ class Pool:
     async def close(self) -> None:
         """Stop routing to every worker, let in-flight requests finish, then stop processes."""
         self._stopping = True
+        self.line.close(PoolNotReady(f"pool {self.name} is stopping"))
         for worker in self.workers.values():
             if worker.state in (WorkerState.READY, WorkerState.STARTING, WorkerState.FAILED):
                 worker.move(WorkerState.DRAINING)
@@ -342,3 +436,11 @@ class Pool:
             if not any(w.load.inflight for w in self.workers.values()):
                 return
             await asyncio.sleep(DRAIN_POLL)
+
+
+def _check_headers(key: Secret | None) -> dict[str, str]:
+    """A health check's headers: the workers' key when they want one (vLLM's `--api-key`
+    guards `/v1/models` too)."""
+    if key is None:
+        return CHECK_HEADERS
+    return {**CHECK_HEADERS, "Authorization": f"Bearer {key.reveal()}"}

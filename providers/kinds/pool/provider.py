@@ -31,7 +31,7 @@ from providers.kinds.openai import OpenAIProvider
 from providers.kinds.pool.counting import EmptyStream, estimated_prompt_tokens, pooled, with_usage
 from providers.kinds.pool.engines import LLAMACPP, VLLM
 from providers.kinds.pool.picking import prefix_hashes, prompt_text
-from providers.kinds.pool.pool import Pool
+from providers.kinds.pool.pool import Pool, Slot
 from providers.kinds.pool.protect import for_engine, output_cap
 from providers.kinds.pool.settings import fingerprint, read_settings, served_name
 from providers.kinds.pool.setup import PoolUnavailable, build_pool
@@ -44,7 +44,7 @@ LOADING_RETRY_AFTER = 5.0
 def _not_ready(pool: Pool, model: str) -> ProviderError:
     if pool.full(model):
         return PoolFull(f"pool {pool.name}: every worker for {model} holds {pool.max_queue} "
-                        "requests (max_queue)")
+                        "requests (max_queue)", pool.retry_after(model))
     if pool.loading(model):
         return ModelLoading(pool.not_ready_reason(model), LOADING_RETRY_AFTER)
     return PoolNotReady(pool.not_ready_reason(model))
@@ -70,7 +70,8 @@ class PoolProvider(Provider):
 
     async def start(self, lasting: Lasting) -> None:
         async def build() -> Pool:
-            return await build_pool(self.name, self.settings, self.transport, self.link)
+            return await build_pool(self.name, self.settings, self.transport, self.link,
+                                    self.spec.api_key)
 
         try:
             self.pool = await lasting.acquire(f"pool:{self.name}", fingerprint(self.settings),
@@ -78,6 +79,9 @@ class PoolProvider(Provider):
         except PoolUnavailable as exc:
             raise ProviderDisabled(str(exc)) from exc
         self._lasting = lasting
+        # The same workers, kept across a reload that changed only what applies live (an
+        # alias, a price, a limit): the pool takes this snapshot's limits and timings.
+        self.pool.update(self.settings, self.spec.api_key)
 
     async def close(self) -> None:
         for client in self._clients.values():
@@ -119,25 +123,36 @@ class PoolProvider(Provider):
         chosen by the pool; the last worker's failure, or why none could take it."""
         request = self._for_engine(request, upstream_model)
         pool, hashes = self._pool(), self._hashes(request, upstream_model)
+        # The first try may wait in line for a worker; a retry on another worker after a
+        # failure takes one that is free now, or none.
+        first = await pool.acquire(upstream_model, hashes, self._queue_timeout())
+        waited = [first] if first is not None else []
         tried: set[str] = set()
 
-        def pick() -> Worker | None:
-            worker = pool.pick(upstream_model, hashes, tried)
-            if worker is not None:
-                tried.add(worker.name)
-            return worker
+        def pick() -> Slot | None:
+            slot = waited.pop() if waited else (
+                pool.take(upstream_model, hashes, tried) if tried else None)
+            if slot is not None:
+                tried.add(slot.worker.name)
+            return slot
 
         try:
             return await first_answer(
-                pick, lambda worker: self._try(pool, worker, request, upstream_model))
+                pick, lambda slot: self._try(pool, slot, request, upstream_model))
         except NoneAnswered as none:
             raise none.last or _not_ready(pool, upstream_model) from None
 
-    async def _try(self, pool: Pool, worker: Worker, request: Outgoing,
+    def _queue_timeout(self) -> float:
+        """How long a request may wait in line: `queue_timeout`, else the time a client is
+        promised a first token in."""
+        return self.settings.queue_timeout or self.spec.timeouts.first_token
+
+    async def _try(self, pool: Pool, slot: Slot, request: Outgoing,
                    model: str) -> Reply | Opened:
         """One worker's answer: whole, or a stream peeked to its first event (a worker that
-        fails before it is skipped: nothing was sent yet)."""
-        worker.load.inflight += 1
+        fails before it is skipped: nothing was sent yet). The slot is given back once the
+        answer is done: a reply at once, a stream when it is read or closed."""
+        worker = slot.worker
         held = False
         try:
             try:
@@ -147,12 +162,14 @@ class PoolProvider(Provider):
             except ProviderError as exc:
                 failure = await self._worker_failed(pool, worker, exc)
             else:
-                held = isinstance(answer, Opened)
-                return answer
+                if not isinstance(answer, Opened):
+                    return answer
+                held = True
+                return _Held.keeping(answer, pool, slot)
             raise failure
         finally:
             if not held:
-                worker.load.inflight -= 1
+                pool.release(slot)
 
     async def _ask(self, pool: Pool, worker: Worker, request: Outgoing,
                    model: str) -> Reply | Opened:
@@ -163,8 +180,7 @@ class PoolProvider(Provider):
         chunks = self._client(worker).stream(request, model)
         if pool.engine == LLAMACPP:  # its streams count no usage: counted here
             chunks = with_usage(chunks, estimated_prompt_tokens(request.json()), model)
-        opened = await peek(chunks, request.choices)
-        return Opened(opened.head, _Held(opened.rest, worker), opened.watch)
+        return await peek(chunks, request.choices)
 
     def loading_models(self) -> list[str]:
         if self.pool is None:
@@ -243,19 +259,25 @@ class PoolProvider(Provider):
         """An OpenAI-kind client for one worker, with this provider's options and timeouts."""
         client = self._clients.get(worker.base_url)
         if client is None:
-            spec = replace(self.spec, kind="openai", base_url=worker.base_url, api_key=None,
+            spec = replace(self.spec, kind="openai", base_url=worker.base_url,
                            proxy=self.link.proxy)
             client = self._clients[worker.base_url] = OpenAIProvider(spec, self.transport)
         return client
 
 
 class _Held:
-    """A worker's stream, counted in its in-flight load until it is read to its end or
-    closed, whichever comes first (closed unread, a generator's own `finally` would not run)."""
+    """A worker's stream, holding its slot until it is read to its end or closed, whichever
+    comes first (closed unread, a generator's own `finally` would not run)."""
 
-    def __init__(self, rest: AsyncIterator[bytes], worker: Worker) -> None:
+    def __init__(self, rest: AsyncIterator[bytes], pool: Pool, slot: Slot) -> None:
         self.rest = rest
-        self.worker: Worker | None = worker
+        self.pool = pool
+        self.slot: Slot | None = slot
+
+    @classmethod
+    def keeping(cls, opened: Opened, pool: Pool, slot: Slot) -> Opened:
+        """`opened`, its slot given back when its rest is done."""
+        return Opened(opened.head, cls(opened.rest, pool, slot), opened.watch)
 
     def __aiter__(self) -> _Held:
         return self
@@ -268,7 +290,7 @@ class _Held:
             raise
 
     async def aclose(self) -> None:
-        if self.worker is not None:
-            self.worker.load.inflight -= 1
-            self.worker = None
+        if self.slot is not None:
+            self.pool.release(self.slot)
+            self.slot = None
         await close_quietly(self.rest)

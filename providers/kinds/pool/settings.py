@@ -73,9 +73,12 @@ class PoolSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_timeout: float = 30.0  # on shutdown, how long in-flight requests may finish
     shutdown_grace: float = 30.0  # then SIGTERM, and SIGKILL after this (vLLM --shutdown-timeout)
     cache_dir: str | None = None  # where packaged weights are assembled
-    # Requests one worker may hold at once; past it the pool is full for the request (it fails
-    # over, or the client gets 503 overloaded). None: 2 on llama.cpp, no bound on vLLM.
+    # Requests one worker may hold, sent to it or waiting in the pool's line for it; past it
+    # the pool is full for the request (it fails over, or the client gets 503 overloaded with
+    # a Retry-After). None: 16 on llama.cpp (2 sent, the rest wait), no bound on vLLM.
     max_queue: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # Seconds a request may wait in line for a worker; None: the provider's first_token timeout.
+    queue_timeout: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
 # The core's provider fields and the OpenAI options (workers speak OpenAI): present in the same
@@ -116,10 +119,27 @@ def served_name(alias: str, model: ModelSettings) -> str:
     return model.served_model_name or model.id or alias
 
 
+# Fields that change nothing a worker runs: a reload applies them to the running pool
+# (`Pool.update`) instead of restarting workers that may take minutes to load.
+_LIVE_POOL_FIELDS = ("models", "check_interval", "restart_backoff", "max_restart_backoff",
+                     "drain_timeout", "max_queue", "queue_timeout")
+_LIVE_MODEL_FIELDS = ("served_model_name", "id", "context_window", "max_output_tokens", "price")
+
+
 def fingerprint(settings: PoolSettings) -> str:
-    """Changes when any pool field changes (the running pool keeps the settings it started with),
-    not when only the core's fields (timeouts, circuit) or the order of providers change."""
-    return hashlib.sha256(msgspec.json.encode(settings, order="sorted")).hexdigest()[:16]
+    """Changes when what the pool's workers run changes (a model's source, engine options,
+    GPUs, the name it is served under, ports, remote workers), and only then: a new alias for
+    a running model, a price, a limit or a timing leaves it as it was, and so does the order
+    of models or of providers, or the core's fields (timeouts, circuit)."""
+    running = {name: value for name, value in msgspec.structs.asdict(settings).items()
+               if name not in _LIVE_POOL_FIELDS}
+    # Keyed by the name workers serve, not the alias: a model with no source spawns nothing.
+    running["spawned"] = {
+        served_name(alias, model): {name: value for name, value
+                                    in msgspec.structs.asdict(model).items()
+                                    if name not in _LIVE_MODEL_FIELDS}
+        for alias, model in settings.models.items() if model.source is not None}
+    return hashlib.sha256(msgspec.json.encode(running, order="sorted")).hexdigest()[:16]
 
 
 def model_entries(settings: PoolSettings) -> dict[str, ModelEntry]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from providers.contract.log import get_logger
+from providers.contract.spec import Secret
 from providers.contract.transport import Link, Transport
 from providers.kinds.pool import gpus
 from providers.kinds.pool.engines import choose_engine, installed_engines, plan
@@ -18,10 +19,11 @@ class PoolUnavailable(Exception):
     """The pool cannot run on this machine; the message is the one log line saying why."""
 
 
-async def build_pool(name: str, settings: PoolSettings, transport: Transport, link: Link
-                     ) -> Pool:
-    """A started pool, checking its workers through `transport` over `link`; PoolUnavailable
-    when it has nothing to run and no remote workers."""
+async def build_pool(name: str, settings: PoolSettings, transport: Transport, link: Link,
+                     key: Secret | None = None) -> Pool:
+    """A started pool, checking its workers through `transport` over `link` (with `key`, the
+    workers' own, when they want one); PoolUnavailable when it has nothing to run and no
+    remote workers."""
     log = get_logger().bind(pool=name)
     host = installed_engines(gpus.select(await gpus.discover(), "all"))
     spawns = any(model.source for model in settings.models.values())
@@ -41,7 +43,7 @@ async def build_pool(name: str, settings: PoolSettings, transport: Transport, li
             raise PoolUnavailable(f"pool cannot start: {exc}") from exc
         log.warning("pool_spawns_nothing", reason=str(exc), remote_workers=len(settings.workers))
         engine, plans = None, []
-    pool = Pool(name, settings, transport, link, plans, engine)
+    pool = Pool(name, settings, transport, link, plans, engine, key=key)
     await pool.start()
     log.info("pool_started", engine=engine, gpus=list(host.gpus),
              workers=[p.name for p in plans], remote=list(settings.workers))

@@ -1,0 +1,105 @@
+"""`llms-gateway ls`: the providers in the order they are tried, each with its state and models.
+
+A running gateway is asked for what only it knows (its `/status.json`): a provider an admin
+disabled, a circuit that is open, the models a `"models": "*"` provider discovered, the pool's
+workers. With none answering, the config file's view is printed, and said to be only that.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from gateway.state.config import ADMIN_DISABLED, IN_CONFIG, Snapshot
+from providers.contract.spec import ProviderSpec
+
+
+def local_url(snapshot: Snapshot) -> str:
+    """Where the gateway running this config answers (its bind, or loopback for any-address)."""
+    server = snapshot.server
+    host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+    return f"http://{host}:{server.port}"
+
+
+def live_status(root: str, key: str | None,
+                direct: bool) -> tuple[dict[str, Any] | None, str]:
+    """The gateway's `/status.json` at `root`, or None and why not. `direct` skips the
+    environment's proxy (the config's own address is this machine)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"{root}/status.json", headers=headers)
+    handlers = [urllib.request.ProxyHandler({})] if direct else []
+    try:
+        with urllib.request.build_opener(*handlers).open(request, timeout=3) as answer:
+            body: dict[str, Any] = json.load(answer)
+    except urllib.error.HTTPError as exc:
+        return None, f"the gateway at {root} answered {exc.code} to /status.json" + (
+            ": set the key it expects (server.api_keys) in this shell" if exc.code in (401, 403)
+            else "")
+    except (OSError, ValueError):
+        return None, f"no gateway answering at {root}"
+    return body, ""
+
+
+def state(row: dict[str, Any]) -> str:
+    """A provider's state as the running gateway reports it: `enabled`, `disabled (why)`,
+    `disabled by an admin`, `circuit open (models)` or `cooling down (…)`."""
+    if not row.get("enabled"):
+        return disabled(row.get("reason"))
+    circuits = row.get("circuits") or ()
+    tripped = [str(c["model"]) + (" half-open" if c["state"] == "half_open" else "")
+               for c in circuits if c.get("state") in ("open", "half_open")]
+    if tripped:
+        return f"circuit open ({', '.join(tripped)})"
+    if row.get("cooling_down_for"):
+        return f"cooling down ({row['cooling_down_for']}s left after a 429)"
+    return "enabled"
+
+
+def disabled(reason: str | None) -> str:
+    """How `ls` words a disabled provider."""
+    if reason == ADMIN_DISABLED:
+        return ADMIN_DISABLED
+    if reason in (None, IN_CONFIG):
+        return 'disabled ("enabled": false)'
+    return f"disabled ({reason})"
+
+
+def lines(snapshot: Snapshot, live: dict[str, Any] | None) -> Iterator[str]:
+    """The listing: one line per provider (number, name, kind, state), then its models and,
+    for a pool, its workers."""
+    rows = {row["name"]: row for row in (live or {}).get("providers") or ()}
+    for number, spec in enumerate(snapshot.providers, 1):
+        row = rows.get(spec.name)
+        if row is not None:
+            said = state(row)
+        else:
+            said = "enabled" if spec.enabled else disabled(spec.disabled_reason)
+        yield f"{number:>3}. {spec.name:<14} {spec.kind:<10} {said}"
+        yield from _models(spec, row, live is not None)
+        for worker in ((row or {}).get("state") or {}).get("workers") or ():
+            yield "       " + worker_line(worker)
+
+
+def _models(spec: ProviderSpec, row: dict[str, Any] | None, running: bool) -> Iterator[str]:
+    if spec.discovery is not None:
+        found = [m["alias"] for m in (row or {}).get("models") or ()]
+        if not running:
+            yield "       * (discovered at start)"
+        elif not found:
+            yield "       * (none discovered yet)"
+        for alias in found:
+            yield f"       {alias}  (discovered)"
+        return
+    for alias, model in spec.models.items():
+        target = f" -> {model.id}" if model.id != alias else ""
+        yield f"       {alias}{target}"
+
+
+def worker_line(worker: dict[str, Any]) -> str:
+    """One pool worker as `ls` prints it: name, state and for how long, where, load."""
+    line = (f"worker {worker['name']:<12} {worker['state']:<9} {worker['for_s']:>7}s  "
+            f"{worker['url']}  inflight {worker['inflight']}  restarts {worker['restarts']}")
+    return line + (f"  ({worker['last_error']})" if worker.get("last_error") else "")
