@@ -24,7 +24,7 @@ from langchain_openai import ChatOpenAI
 from gateway.state import config as llms_config
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
-from tests.upstream import FakeUpstream, echo_headers, ok, stream_cut, tool_call
+from tests.upstream import FakeUpstream, echo_headers, ok, status, stream_cut, tool_call
 
 WORDS = 200
 ANSWER = " ".join(f"w{i}" for i in range(WORDS))
@@ -334,3 +334,15 @@ def test_resume_is_off_unless_an_alias_asks_and_its_bound_is_checked_at_load() -
     assert (snapshot.policy("b").resume, snapshot.policy("b").max_resumes) == (False, 1)
     with pytest.raises(llms_config.ConfigError, match="max_resumes"):
         llms_config.parse(text % 0, Path("llms.json"), {})
+
+
+def test_a_candidate_refusing_the_continuation_passes_it_to_the_next(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER),
+                         ok(content=ANSWER))
+    fresh.vllm.set_mode(status(400, "continue_final_message is not supported here"))
+
+    lines, _, _ = fresh.stream("resumed")
+
+    assert _text(_events(lines)) == ANSWER, "the provider that broke, asked last, finished it"
+    assert lines[-2:] == [": resumed", "data: [DONE]"]
+    assert len(fresh.vllm.requests) == 1 and len(fresh.first.requests) == 2

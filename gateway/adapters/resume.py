@@ -20,7 +20,12 @@ import msgspec
 
 from gateway.adapters.seam import Broke, Stitched, continuation
 from gateway.state.config import Route
-from providers.contract.errors import BadUpstreamResponse, ProviderError, ProviderUnavailable
+from providers.contract.errors import (
+    BadUpstreamResponse,
+    ProviderError,
+    ProviderUnavailable,
+    UpstreamClientError,
+)
 from providers.contract.log import get_logger
 from providers.contract.provider import Adapter, Outgoing, Provider, Resumes
 from providers.contract.stream import close_quietly, peek
@@ -99,6 +104,10 @@ class Resuming(Adapter):
             except ProviderError as exc:
                 log.info("resume_try_failed", request_id=request.request_id,
                          provider=provider.name, reason=exc.reason)
+                continue
+            except UpstreamClientError as exc:  # it refused the continuation (a prefill it
+                log.info("resume_try_refused", request_id=request.request_id,  # cannot take)
+                         provider=provider.name, status=exc.status)
                 continue
             log.info("stream_resumed", request_id=request.request_id, broke=self.name,
                      provider=provider.name, dialect=dialect, reason=reason[:200],
