@@ -28,7 +28,7 @@ from providers.contract.errors import (
 )
 from providers.contract.log import get_logger
 from providers.contract.provider import Adapter, Outgoing, Provider, Resumes
-from providers.contract.stream import close_quietly, peek
+from providers.contract.stream import UNREADABLE_ANSWER, close_quietly, peek, unreadable
 from providers.wire import sse
 
 ENDPOINT = "chat/completions"
@@ -104,6 +104,10 @@ class Resuming(Adapter):
             except ProviderError as exc:
                 log.info("resume_try_failed", request_id=request.request_id,
                          provider=provider.name, reason=exc.reason)
+                continue
+            except UNREADABLE_ANSWER as exc:  # its kind could not read what came
+                log.info("resume_try_failed", request_id=request.request_id,
+                         provider=provider.name, reason=unreadable(provider.name, exc).reason)
                 continue
             except UpstreamClientError as exc:  # it refused the continuation (a prefill it
                 log.info("resume_try_refused", request_id=request.request_id,  # cannot take)
