@@ -346,3 +346,16 @@ def test_a_candidate_refusing_the_continuation_passes_it_to_the_next(fresh: Stac
     assert _text(_events(lines)) == ANSWER, "the provider that broke, asked last, finished it"
     assert lines[-2:] == [": resumed", "data: [DONE]"]
     assert len(fresh.vllm.requests) == 1 and len(fresh.first.requests) == 2
+
+
+def test_a_client_leaving_during_the_continuation_cancels_it(fresh: Stack) -> None:
+    fresh.first.set_mode(replace(stream_cut(after_chunks=HALF), content=ANSWER))
+    fresh.vllm.set_mode(ok(content=ANSWER, delay_between_chunks=0.05))
+    body = {"model": "resumed", "messages": MESSAGES, "stream": True}
+
+    with httpx.stream("POST", f"{fresh.gateway.base_url}/chat/completions", json=body) as resp:
+        for line in resp.iter_lines():
+            if f"w{HALF + 1}" in line:  # the continuation has begun: hang up
+                break
+
+    assert fresh.vllm.wait_for_cancel(timeout=5)
