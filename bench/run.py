@@ -19,7 +19,10 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
 - assembly: one whole chat answer of 100,000 logprob events assembled by the gateway, vs the same
   events relayed as a stream, with /health polled meanwhile (assembly.py);
 - chaos: three upstreams flapping every 0.3 s among healthy, 5xx, 429, hang, cut and garbage,
-  400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py).
+  400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py);
+- resume: a stream cut halfway and resumed by another candidate, the seam's latency against the
+  gap between chunks; streams/s of an alias with resume on (never needed) against one without,
+  alternating rounds (resume.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -64,6 +67,7 @@ from harness import (
     stop,
     wait_for_port,
 )
+from resume import resume
 
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 LUA = """
@@ -78,7 +82,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly", "chaos")
+         "startup", "whole_streamed", "assembly", "chaos", "resume")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -279,6 +283,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "whole_streamed": lambda: whole_streamed(work, duration, wrk, 2 if quick else 5),
         "assembly": lambda: assembly(work, ASSEMBLY_EVENTS, 1 if quick else 3),
         "chaos": lambda: chaos(work, 100 if quick else 400),
+        "resume": lambda: resume(work, 3 if quick else 8, 2 if quick else 4),
     }
     for name, step in steps.items():
         if name in parts:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
-from tests.upstream import FakeUpstream, Mode, _error, _words, echoed
+from tests.upstream import FakeUpstream, Mode, _error, _words, after_prefix, echoed
 
 OVERLOADED = json.dumps({"type": "error", "error": {"type": "overloaded_error",
                                                     "message": "Overloaded"}})
@@ -24,7 +25,24 @@ def refused(request: web.Request, body: Any) -> web.Response | None:
             error = {"type": "invalid_request_error",
                      "message": f"{name}: Extra inputs are not permitted"}
             return web.json_response({"type": "error", "error": error}, status=400)
+    if (prefill := prefilled(body)) is not None and prefill != prefill.rstrip():
+        error = {"type": "invalid_request_error",
+                 "message": "messages: final assistant content cannot end with trailing "
+                            "whitespace"}
+        return web.json_response({"type": "error", "error": error}, status=400)
     return None
+
+
+def prefilled(body: Any) -> str | None:
+    """The text of a final assistant message: a prefill, which the answer continues."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict) \
+            or messages[-1].get("role") != "assistant":
+        return None
+    content = messages[-1].get("content")
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return content if isinstance(content, str) else None
 
 
 class FakeAnthropic(FakeUpstream):
@@ -51,6 +69,9 @@ class FakeAnthropic(FakeUpstream):
         mode = self._next_mode()
         if mode.kind == "cut" and mode.then is not None and not body.get("stream"):
             mode = mode.then
+        if (prefill := prefilled(body)) is not None:  # the answer goes on from it
+            text = mode.content if mode.content is not None else f"Hello from {self.name}"
+            mode = replace(mode, content="".join(after_prefix(_words(text), prefill)))
         try:
             if mode.kind == "status":
                 return _error(mode.code, mode.message, mode.retry_after, mode.body)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from providers.wire.sse import DONE, Event, Reader, drop_events, encode
+from providers.wire.sse import DONE, Event, Reader, data_of, drop_events, encode
 
 # A stream as upstreams write it: comments, names, ids, multi-line data, CRLF, a lone CR.
 SAMPLE = (b": hello\r\n\r\n"
@@ -230,3 +230,15 @@ def test_drop_events_removes_whole_events_and_keeps_every_other_byte(chunk: byte
 ])
 def test_drop_events_returns_the_chunk_itself_when_it_drops_nothing(chunk: bytes) -> None:
     assert drop_events(chunk, usage_only) is chunk
+
+
+@pytest.mark.parametrize("complete", [
+    b'data: {"a": 1}\n\n',
+    b'data: {"a": 1}\n\ndata: [DONE]\n\n',
+    b': ping\n\ndata: {"a": 1}\n\n',
+    b'data: {"a":\ndata: 1}\n\n',
+    b'event: x\r\ndata: 2\r\n\r\n',
+    b'data:{"a": 1}\n\n',
+])
+def test_data_of_complete_events_is_what_the_reader_reads(complete: bytes) -> None:
+    assert data_of(complete) == [e.data for e in Reader().feed(complete)]

@@ -415,6 +415,8 @@ class FakeUpstream:
             return await _garbage_stream(request)
         content = f"Hello from {self.name}" if mode.content is None else mode.content
         pieces = list(mode.chunks) if mode.chunks else _words(content)
+        if isinstance(shape, _ChatShape):
+            pieces = continued(body, pieces)
         if streaming:
             events = [_sse(event) for event in shape.events(body, pieces, mode)]
             return await _stream(request, events + ([DONE] if shape.ends_with_done else []), mode)
@@ -513,6 +515,44 @@ def _words(text: str) -> list[str]:
     """Split on spaces keeping them: "Hello from x" -> ["Hello", " from", " x"]."""
     pieces = text.split(" ")
     return [pieces[0]] + [f" {p}" for p in pieces[1:]]
+
+
+# A model asked in words to go on from a cut-off answer starts a few words back.
+REPEATED_WORDS = 3
+
+
+def continued(body: dict[str, Any], pieces: list[str]) -> list[str]:
+    """What a model whose answer is `pieces` says when asked to go on with a partial answer of
+    it: after a final assistant message it is told to continue (vLLM's
+    `continue_final_message`), the rest; asked in words after one ("cut off ... continue"),
+    the rest from a few words back, as models repeat themselves at such a seam. Anything else
+    is a new answer."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return pieces
+    last, before = messages[-1], messages[-2]
+    if last.get("role") == "assistant" and body.get("continue_final_message"):
+        partial, repeat = last.get("content"), 0
+    elif last.get("role") == "user" and before.get("role") == "assistant" \
+            and "cut off" in str(last.get("content")):
+        partial, repeat = before.get("content"), REPEATED_WORDS
+    else:
+        return pieces
+    return after_prefix(pieces, partial, repeat)
+
+
+def after_prefix(pieces: list[str], partial: Any, repeat: int = 0) -> list[str]:
+    """`pieces` after those that make `partial` (a prefix of their text), `repeat` of them
+    again; all of them when `partial` is not such a prefix."""
+    if not isinstance(partial, str) or not "".join(pieces).startswith(partial.rstrip()):
+        return pieces
+    at = count = 0
+    for piece in pieces:
+        if at + len(piece.rstrip()) > len(partial.rstrip()) or at >= len(partial):
+            break
+        at += len(piece)
+        count += 1
+    return pieces[max(0, count - repeat):]
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int:

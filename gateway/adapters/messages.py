@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.adapters.seam import RESUMED
 from providers.contract import messages
 from providers.contract.errors import ProviderUnavailable
 from providers.contract.provider import Adapter, Outgoing, Reply
@@ -74,7 +75,8 @@ class MessagesBridge(Adapter):
             await close_quietly(chunks)
         if not events.finished:
             raise ProviderUnavailable("stream ended before it finished")
-        yield events.finish()
+        # A chat stream resumed below (`gateway.adapters.resume`) says so before the end.
+        yield (RESUMED if request.resumes.ok else b"") + events.finish()
 
 
 def _translate(events: messages.MessageEvents, event: sse.Event) -> bytes:

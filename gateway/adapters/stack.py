@@ -4,17 +4,21 @@ An adapter is a `Provider` wrapped in another (`providers.contract.provider.Adap
 relay makes one call whatever the endpoint: a chat provider answers `/v1/messages` through the
 Messages bridge and `/v1/responses` through the Responses bridge; an embeddings batch larger
 than a provider takes is split (`Batched`); whole chat and completion answers are gathered from
-streams (`Assembled`) where the provider allows it. Next: resume, idempotency.
+streams (`Assembled`) where the provider allows it; broken chat streams of aliases with
+`resume` are continued (`Resuming`), below the bridges and the assembly, so all of them resume.
+Next: idempotency.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.adapters.assemble import Assembled, assembles
 from gateway.adapters.embeddings import Batched
 from gateway.adapters.messages import MessagesBridge
 from gateway.adapters.responses.bridge import ResponsesBridge
+from gateway.adapters.resume import Resuming
+from gateway.state.config import Snapshot
 from gateway.stores.responses import ResponseStore
 from providers.contract.provider import Provider
 
@@ -24,20 +28,39 @@ ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "mess
 Adapted = Mapping[str, Mapping[str, Provider]]
 
 
-def adapt(endpoint: str, provider: Provider, store: ResponseStore) -> Provider:
-    """`provider` as `endpoint`'s requests reach it."""
-    if endpoint in ("chat/completions", "completions"):
+def _as_is(provider: Provider) -> Provider:
+    return provider
+
+
+def adapt(endpoint: str, provider: Provider, store: ResponseStore,
+          resuming: Callable[[Provider], Provider] = _as_is) -> Provider:
+    """`provider` as `endpoint`'s requests reach it; `resuming` wraps its chat streams."""
+    if endpoint == "chat/completions":
+        chat = resuming(provider)
+        return Assembled(chat) if assembles(provider, endpoint) else chat
+    if endpoint == "completions":
         return Assembled(provider) if assembles(provider, endpoint) else provider
     if endpoint == "embeddings":
         return Batched(provider)
     if provider.supports(endpoint):
         return provider
     if endpoint == "responses":
-        return ResponsesBridge(provider, store)
-    return MessagesBridge(provider)
+        return ResponsesBridge(resuming(provider), store)
+    return MessagesBridge(resuming(provider))
 
 
-def adapted(providers: Mapping[str, Provider], store: ResponseStore) -> Adapted:
+def adapted(providers: Mapping[str, Provider], store: ResponseStore,
+            snapshot: Snapshot | None = None) -> Adapted:
     """Per endpoint, every provider adapted to it."""
-    return {endpoint: {name: adapt(endpoint, p, store) for name, p in providers.items()}
+    resumes = {alias: policy.max_resumes for alias, policy in snapshot.policies.items()
+               if policy.resume} if snapshot is not None else {}
+
+    def resuming(provider: Provider) -> Provider:
+        if not resumes:  # no alias resumes: not even the layer
+            return provider
+        assert snapshot is not None
+        return Resuming(provider, resumes, snapshot.routes, providers)
+
+    return {endpoint: {name: adapt(endpoint, p, store, resuming)
+                       for name, p in providers.items()}
             for endpoint in ENDPOINTS}

@@ -77,8 +77,10 @@ CACHE_STORED = Family("llms_cache_stored_bytes", "Bytes of answers put in the re
                       ("model",))
 HEDGES = Family("llms_hedges", "Hedged requests: started, and won by the hedge",
                 ("model", "result"))
+RESUMES = Family("llms_resumes", "Broken streams resumed by another try: ok (its continuation "
+                 "went on), failed (none could continue)", ("model", "result"))
 FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
-            CACHE_STORED, HEDGES)
+            CACHE_STORED, HEDGES, RESUMES)
 INFLIGHT = ("llms_inflight_requests", "Requests holding an upstream")
 
 Labels = tuple[Any, ...]  # label values; exported as str()
@@ -217,6 +219,10 @@ class Metrics:
     def hedge(self, model: str, result: str) -> None:
         """A hedge started, or won."""
         self.values.inc(HEDGES, (model, result))
+
+    def resumed(self, model: str, result: str, count: int) -> None:
+        """Resumes of a request's broken streams, by result: ok or failed."""
+        self.values.inc(RESUMES, (model, result), count)
 
     def exposition(self) -> bytes:
         """The text `/metrics` serves: this process, or every worker's when there are several."""

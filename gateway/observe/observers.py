@@ -42,6 +42,10 @@ def counted_by(metrics: Metrics) -> Listener:
             metrics.hedge(model, "started")
         if record.hedge_won:
             metrics.hedge(model, "won")
+        if (resumes := record.resumes) is not None and (resumes.ok or resumes.failed):
+            for result, count in (("ok", resumes.ok), ("failed", resumes.failed)):
+                if count:
+                    metrics.resumed(model, result, count)
     return ended
 
 
@@ -85,6 +89,10 @@ def logged_by(log: RequestLog) -> Listener:
             "latency_ms": round(record.duration * 1000, 2),
             **({"error": record.error_code} if record.error_code else {}),
             **({"cache": "hit"} if record.cache_hit else {}),
+            **({"resumed": record.resumes.ok + record.resumes.failed,
+                "resumes_failed": record.resumes.failed}
+               if record.resumes is not None and (record.resumes.ok or record.resumes.failed)
+               else {}),
             **record.detail,
         })
     return ended

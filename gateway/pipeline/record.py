@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from providers.contract.errors import Attempt, Dialect
+from providers.contract.provider import Resumes
 from providers.contract.usage import Price, Usage
 from providers.contract.usage import cost as cost_of
 
@@ -57,6 +58,7 @@ class Record:
     failed: tuple[Attempt, ...] = ()
     hedged: bool = False
     hedge_won: bool = False
+    resumes: Resumes | None = None  # its broken streams resumed (`gateway.adapters.resume`)
     status: int = 200
     error_code: str | None = None
     usage: Usage | None = None
@@ -94,6 +96,8 @@ class Record:
             headers["x-llms-hedged"] = "1"
         if self.cache_hit:
             headers["x-llms-cache"] = "hit"
+        if self.resumes is not None and self.resumes.ok:  # a whole answer's (a stream's
+            headers["x-llms-resumed"] = str(self.resumes.ok)  # headers left before)
         return headers
 
     def used(self, usage: Usage | None, price: Price | None) -> None:

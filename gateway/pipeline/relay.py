@@ -50,6 +50,7 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
                             key_id=record.key_id, choices=getattr(head, "n", None) or 1,
                             betas=request.headers.get("anthropic-beta"))
         outgoing = fallbacks.as_alias(outgoing, alias)
+        record.resumes = outgoing.resumes
         policy = live.snapshot.policy(alias)
         cached = caching.caching(request.headers, record, policy.cache.ttl, outgoing.json(),
                                  runtime.cache, runtime.metrics) \

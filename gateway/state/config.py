@@ -128,10 +128,14 @@ class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class AliasPolicy(msgspec.Struct, frozen=True):
-    """What one alias does beyond its candidates: routing and caching."""
+    """What one alias does beyond its candidates: routing, caching, resuming broken streams."""
 
     routing: RoutingPolicy = RoutingPolicy()
     cache: CachePolicy = CachePolicy()
+    # A chat stream broken after its first token is continued by a candidate, at most
+    # `max_resumes` times (`gateway.adapters.resume`); opt-in: another model may change style.
+    resume: bool = False
+    max_resumes: int = 1
 
 
 class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -141,6 +145,8 @@ class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     alias_of: str | None = None
     # Aliases tried after this one's candidates: for any failure, or per failure class.
     fallbacks: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
+    resume: bool = False
+    max_resumes: Annotated[int, msgspec.Meta(ge=1, le=10)] = 1
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -304,7 +310,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         _merge(CachePolicy(), file.defaults.cache, where, "defaults.cache"))
     policies = {alias: AliasPolicy(
         _merge(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
-        _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"))
+        _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"),
+        entry.resume, entry.max_resumes)
         for alias, entry in file.models.items() if entry.alias_of is None}
     names, chains = _names(file.models, providers, where)
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
@@ -323,7 +330,7 @@ def _names(models: Mapping[str, _AliasEntry], providers: tuple[ProviderSpec, ...
     written: dict[str, dict[str, tuple[str, ...]]] = {}
     for name, entry in models.items():
         if entry.alias_of is not None:
-            if entry.routing or entry.cache or entry.fallbacks:
+            if entry.routing or entry.cache or entry.fallbacks or entry.resume:
                 raise ConfigError(f"{file}: models.{name}: an alias_of takes routing, cache "
                                   f"and fallbacks from '{entry.alias_of}'; set them there")
             alias_of[name] = entry.alias_of

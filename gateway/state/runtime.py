@@ -88,7 +88,7 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {served: known.price for served, known in model_facts(snapshot).items()
               if known.price is not None}
-    return Live(snapshot, providers, adapted(providers, store), models_list(snapshot),
+    return Live(snapshot, providers, adapted(providers, store, snapshot), models_list(snapshot),
                       prices, Redactor.of(config_secrets(snapshot)))
 
 
@@ -195,7 +195,7 @@ class Runtime:
             for name, reason in disabled.items():
                 effective = with_provider_disabled(effective, name, reason)
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
-            live = Live(effective, serving, adapted(serving, self.responses),
+            live = Live(effective, serving, adapted(serving, self.responses, effective),
                               models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor

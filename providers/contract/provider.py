@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
@@ -22,6 +22,15 @@ from providers.contract.spec import ProviderSpec
 from providers.contract.stream import Opened, peek
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
+
+
+@dataclass(slots=True)
+class Resumes:
+    """What resuming a request's broken streams came to (`gateway.adapters.resume`): one
+    client request's, shared by every request derived from it, read by its record."""
+
+    ok: int = 0  # continuations that were spliced in and went on
+    failed: int = 0  # resumes that found no candidate to continue, or broke with none left
 
 
 @dataclass(slots=True)
@@ -38,6 +47,7 @@ class Outgoing:
     choices: int = 1  # the request's `n`: a stream is finished once that many have ended
     # The client's `anthropic-beta` header: the betas that make its Messages body valid.
     betas: str | None = None
+    resumes: Resumes = field(default_factory=Resumes)
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -53,13 +63,13 @@ class Outgoing:
         body.pop("stream_options", None)
         return Outgoing(self.endpoint, msgspec.json.encode(body), self.model, stream,
                         self.request_id, key_id=self.key_id, choices=self.choices,
-                        betas=self.betas)
+                        betas=self.betas, resumes=self.resumes)
 
     def with_body(self, endpoint: str, body: dict[str, Any]) -> Outgoing:
         """The same request as another endpoint's body (what a bridge sends on)."""
         return Outgoing(endpoint, msgspec.json.encode(body), self.model, self.stream,
                         self.request_id, client_wants_usage=True, key_id=self.key_id,
-                        choices=self.choices)
+                        choices=self.choices, resumes=self.resumes)
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
@@ -175,6 +185,12 @@ class Provider(ABC):
         (`stream_upstream`); a kind whose streams lose something (usage) says no."""
         return self.spec.stream_upstream is not False
 
+    def continues(self) -> str:
+        """How this provider is asked to go on with a partial chat answer (a resume): a
+        trailing assistant message it continues (`prefill`), the same with vLLM's and SGLang's
+        `continue_final_message`, or, when it can do neither, an `instruction` in words."""
+        return "instruction"
+
     @property
     def embedding_batch_limit(self) -> int | None:
         """The most inputs one upstream embeddings call may carry."""
@@ -203,6 +219,9 @@ class Adapter(Provider):
 
     def streams_whole_answers(self) -> bool:
         return self.inner.streams_whole_answers()
+
+    def continues(self) -> str:
+        return self.inner.continues()
 
     @property
     def embedding_batch_limit(self) -> int | None:

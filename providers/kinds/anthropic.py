@@ -316,6 +316,10 @@ class AnthropicProvider(Provider):
     # Messages (and their token counts) pass through natively: no double translation.
     endpoints = frozenset({"chat/completions", "messages", "messages/count_tokens"})
 
+    def continues(self) -> str:
+        """A trailing assistant turn is a prefill the Messages API continues."""
+        return "prefill"
+
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)
         self._url = f"{(spec.base_url or DEFAULT_BASE_URL).removesuffix('/v1')}/v1/messages"

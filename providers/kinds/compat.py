@@ -29,6 +29,9 @@ class OpenAIOptions(msgspec.Struct, frozen=True):
     legacy_functions: bool = False  # the upstream still accepts functions/function_call
     responses: bool = False  # the upstream serves /v1/responses itself
     stream_usage: bool = True  # ask streams for usage (cost, token limits)
+    # The upstream continues a trailing assistant message when told (vLLM, SGLang): how a
+    # broken stream is resumed there (`Provider.continues`).
+    continue_final_message: bool = False
 
 
 OPTION_FIELDS = frozenset(OpenAIOptions.__struct_fields__)

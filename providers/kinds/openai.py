@@ -100,6 +100,10 @@ class OpenAIProvider(Provider):
         return [str(m["id"]) for m in listing.get("data") or () if isinstance(m, dict)
                 and "id" in m]
 
+    def continues(self) -> str:
+        return "continue_final_message" if self.options.continue_final_message \
+            else "instruction"
+
     def _legacy(self, request: Outgoing) -> bool:
         """Did the client use the deprecated functions API that this upstream no longer has?"""
         return (not self.options.legacy_functions and b'"function' in request.raw

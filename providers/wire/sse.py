@@ -263,6 +263,20 @@ def split(complete: bytes) -> list[bytes]:
     return events
 
 
+def data_of(complete: bytes) -> list[bytes]:
+    """The data of complete events (`Framer.feed`), for a reader that looks at every event of
+    a stream it passes on: split on blank lines when each event is one `data: ` line, as
+    upstreams write chat chunks; by a `Reader` otherwise."""
+    if complete.startswith(b"data: ") and complete.find(b"\n") == len(complete) - 2:
+        return [complete[6:-2]]  # one event, the most common chunk
+    if b"\r" not in complete:
+        parts = complete.split(b"\n\n")
+        if not parts[-1] and all(p.startswith(b"data: ") and b"\n" not in p
+                                 for p in parts[:-1]):
+            return [p[6:] for p in parts[:-1]]
+    return [event.data for event in Reader().feed(complete)]
+
+
 def parse(raw: bytes) -> Event | None:
     """One event's bytes as the event they make (None: no data line, as a comment)."""
     found = Reader().feed(raw if raw.endswith((b"\n\n", b"\r\r", b"\r\n\r\n"))

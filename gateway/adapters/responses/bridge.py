@@ -10,6 +10,7 @@ import msgspec
 from gateway.adapters.responses import reply
 from gateway.adapters.responses.events import ResponseEvents
 from gateway.adapters.responses.request import to_chat
+from gateway.adapters.seam import RESUMED
 from gateway.stores.responses import ResponseStore, StoredTurn
 from providers.contract.errors import ProviderError, ProviderUnavailable, ResponseNotFound
 from providers.contract.provider import Adapter, Outgoing, Provider, Reply
@@ -82,7 +83,8 @@ class ResponsesBridge(Adapter):
             if events.response["status"] == "in_progress":
                 if events.finish_reason is None:
                     raise ProviderUnavailable("stream ended before it finished")
-                yield events.finish()
+                # A chat stream resumed below (`gateway.adapters.resume`) says so before the end.
+                yield (RESUMED if request.resumes.ok else b"") + events.finish()
         except ProviderError as exc:
             if not sent:
                 raise  # nothing sent yet: the router may still fail over

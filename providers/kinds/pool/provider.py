@@ -94,6 +94,12 @@ class PoolProvider(Provider):
     def live_state(self) -> dict[str, Any] | None:
         return self.pool.view() if self.pool is not None else None
 
+    def continues(self) -> str:
+        """vLLM continues a final assistant message when told; llama.cpp's server continues
+        one by itself (it treats it as a prefill)."""
+        engine = (self.pool.engine if self.pool is not None else None) or VLLM
+        return "prefill" if engine == LLAMACPP else "continue_final_message"
+
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         answer = await self._tried(request, upstream_model)

@@ -1,0 +1,101 @@
+"""The seam of a resumed stream, pure: continuations per dialect, overlap, usage, rewriting."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.adapters.seam import INSTRUCTION, RESUMED, Stitched, continuation, overlap, whole_usage
+from providers.contract.usage import Usage
+from providers.wire import sse
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+        "max_tokens": 100, "n": 1}
+
+
+@pytest.mark.parametrize(("dialect", "tail", "extra"), [
+    ("prefill", [{"role": "assistant", "content": "It was"}], {}),
+    ("continue_final_message", [{"role": "assistant", "content": "It was "}],
+     {"continue_final_message": True, "add_generation_prompt": False}),
+    ("instruction", [{"role": "assistant", "content": "It was "},
+                     {"role": "user", "content": INSTRUCTION}], {}),
+])
+def test_each_dialect_asks_for_the_rest(dialect: str, tail: list[dict[str, str]],
+                                        extra: dict[str, Any]) -> None:
+    asked = continuation(BODY, "It was ", dialect, tokens_sent=30)
+
+    assert asked["messages"] == [*BODY["messages"], *tail]
+    assert asked["max_tokens"] == 70, "the budget less what was sent"
+    assert "n" not in asked
+    assert {k: asked[k] for k in extra} == extra
+    assert BODY["messages"] == [{"role": "user", "content": "hi"}], "the client's body is kept"
+
+
+def test_nothing_sent_yet_asks_the_request_again() -> None:
+    assert continuation(BODY, " ", "prefill", 0)["messages"] == BODY["messages"]
+
+
+@pytest.mark.parametrize(("sent", "incoming", "dropped", "cut"), [
+    ("the quick brown", " fox jumps", "", 0),  # a prefill continued exactly
+    ("the quick brown ", " fox", " ", 1),  # the whitespace the prefill dropped
+    ("jumps over the lazy dog", "the lazy dog, then", "", 12),  # words repeated
+    ("ends with ab", "abc", "", 0),  # too short to be a repeat: kept
+])
+def test_overlap(sent: str, incoming: str, dropped: str, cut: int) -> None:
+    assert overlap(sent, incoming, dropped) == cut
+
+
+def test_whole_usage_counts_the_prompt_once_and_sums_completions() -> None:
+    rest = Usage(prompt_tokens=150, completion_tokens=40)
+
+    assert whole_usage(None, 100, rest) == {"prompt_tokens": 50, "completion_tokens": 140,
+                                           "total_tokens": 190}
+    reported = Usage(prompt_tokens=48, completion_tokens=101)
+    assert whole_usage(reported, 100, rest)["prompt_tokens"] == 48
+    assert whole_usage(reported, 100, rest)["completion_tokens"] == 141
+
+
+def _chunk(content: str | None = None, finish: str | None = None, cid: str = "a",
+           **delta: Any) -> bytes:
+    if content is not None:
+        delta["content"] = content
+    return sse.encode(json.dumps({"id": cid, "created": 7, "model": cid, "choices": [
+        {"index": 0, "delta": delta, "finish_reason": finish}]}).encode())
+
+
+def test_the_first_stream_passes_as_it_came_and_a_break_is_not_sent() -> None:
+    stitched = Stitched()
+    first = _chunk("", role="assistant") + _chunk("Hello") + _chunk(" there")
+
+    assert stitched.take(first) == (first, None)
+    out, broke = stitched.take(_chunk(" you") + b'data: {"error": {"message": "boom"}}\n\n')
+
+    assert out == _chunk(" you") and broke is not None and "boom" in broke.reason
+    assert stitched.text == "Hello there you" and stitched.tokens == 3
+
+
+def test_a_continuation_takes_the_first_identity_and_loses_its_repeat() -> None:
+    stitched = Stitched()
+    stitched.take(_chunk("", role="assistant") + _chunk("one two three four five"))
+    stitched.resumed("")
+
+    out, _ = stitched.take(_chunk("", cid="b", role="assistant") + _chunk(" three four five",
+                                                                          cid="b")
+                           + _chunk(" six", cid="b") + _chunk(finish="stop", cid="b"))
+    out += stitched.take(sse.encode(sse.DONE))[0]
+
+    events = [e.data for e in sse.Reader().feed(out)]
+    chunks = [json.loads(d) for d in events if d != sse.DONE]
+    assert {(c["id"], c["model"]) for c in chunks} == {("a", "a")}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == " six"
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks)
+    assert out.endswith(RESUMED + sse.encode(sse.DONE))
+
+
+def test_a_tool_call_is_seen() -> None:
+    stitched = Stitched()
+    stitched.take(_chunk(tool_calls=[{"index": 0, "function": {"name": "f"}}]))
+
+    assert stitched.tool_started
