@@ -30,6 +30,8 @@ from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
 from gateway.observe import logs
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.observe.tracing import TracedCache, Tracing
+from gateway.observe.tracing import configure as tracing_of
 from gateway.pipeline import router
 from gateway.pipeline.record import request_id
 from gateway.state import config, discovery, reload
@@ -47,6 +49,8 @@ from providers.contract.errors import (
     error_body,
 )
 from providers.contract.log import get_logger
+from providers.contract.transport import Transport
+from providers.traced import TracedTransport
 from providers.transport import AiohttpTransport
 
 JSON = "application/json"
@@ -217,13 +221,16 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     kept connections, when the app stops."""
     snapshot: Snapshot = app.state.initial
     state, cache_policy = snapshot.state, snapshot.default_policy.cache  # sized once, at start
-    async with AiohttpTransport() as transport, redis_client(state) as redis:
+    tracing = tracing_of(snapshot.telemetry, os.environ)
+    async with _upstream(tracing) as transport, redis_client(state) as redis:
         cache = ResponseCache(cache_policy.max_bytes, cache_policy.max_entry_bytes,
-                              redis, state.prefix)
+                              redis, state.prefix) if tracing is None else TracedCache(
+            tracing.tracer, cache_policy.max_bytes, cache_policy.max_entry_bytes, redis,
+            state.prefix)
         responses = ResponseStore(snapshot.responses.store_max_bytes,
                                   snapshot.responses.store_max_entry_bytes, redis, state.prefix)
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
-                            cache=cache, responses=responses, redis=redis)
+                          cache=cache, responses=responses, redis=redis, tracing=tracing)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         runtime.drain.listen(snapshot.server.drain_timeout)
@@ -251,6 +258,15 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 await runtime.close()
             except Exception:
                 get_logger().exception("shutdown_cleanup_failed")
+            if tracing is not None:  # the spans still queued are exported
+                await tracing.close()
+
+
+@contextlib.asynccontextmanager
+async def _upstream(tracing: Tracing | None) -> AsyncIterator[Transport]:
+    """The process's one upstream transport; with tracing, each traced call in a span."""
+    async with AiohttpTransport() as transport:
+        yield transport if tracing is None else TracedTransport(transport, tracing.tracer)
 
 
 def create_app(snapshot: Snapshot | None = None) -> ASGIApp:

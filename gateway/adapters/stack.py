@@ -9,7 +9,7 @@ streams (`Assembled`) where the provider allows it. Next: resume, idempotency.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.adapters.assemble import Assembled, assembles
 from gateway.adapters.embeddings import Batched
@@ -37,7 +37,10 @@ def adapt(endpoint: str, provider: Provider, store: ResponseStore) -> Provider:
     return MessagesBridge(provider)
 
 
-def adapted(providers: Mapping[str, Provider], store: ResponseStore) -> Adapted:
-    """Per endpoint, every provider adapted to it."""
-    return {endpoint: {name: adapt(endpoint, p, store) for name, p in providers.items()}
+def adapted(providers: Mapping[str, Provider], store: ResponseStore,
+            outermost: Callable[[Provider], Provider] | None = None) -> Adapted:
+    """Per endpoint, every provider adapted to it; each then wrapped in `outermost` if given
+    (a try's span: `gateway.adapters.traced`)."""
+    return {endpoint: {name: outermost(adapt(endpoint, p, store)) if outermost is not None
+                       else adapt(endpoint, p, store) for name, p in providers.items()}
             for endpoint in ENDPOINTS}

@@ -19,10 +19,12 @@ import msgspec
 from redis.asyncio import Redis
 
 from gateway.adapters.stack import Adapted, adapted
+from gateway.adapters.traced import Traced
 from gateway.edge.drain import Drain
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
+from gateway.observe.tracing import Tracing, traced_by
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.pipeline.health import ProviderHealth
 from gateway.pipeline.limits import RateLimiter
@@ -75,9 +77,9 @@ def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None
 
 
 def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Provider]],
-          store: ResponseStore) -> Live:
-    """Instantiate every enabled provider and its adapters; an unknown type or bad field is a
-    ConfigError."""
+          store: ResponseStore, tracing: Tracing | None = None) -> Live:
+    """Instantiate every enabled provider and its adapters (with `tracing`, each try in a
+    span); an unknown type or bad field is a ConfigError."""
     check_kinds(snapshot, kinds)
     providers: dict[str, Provider] = {}
     for spec in snapshot.enabled:
@@ -87,8 +89,20 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {(spec.name, alias): model.price for spec in snapshot.providers
               for alias, model in spec.models.items() if model.price is not None}
-    return Live(snapshot, providers, adapted(providers, store), models_list(snapshot),
-                      prices, Redactor.of(config_secrets(snapshot)))
+    redactor = Redactor.of(config_secrets(snapshot))
+    return Live(snapshot, providers,
+                adapted(providers, store, traced(tracing, snapshot, redactor)),
+                models_list(snapshot), prices, redactor)
+
+
+def traced(tracing: Tracing | None, snapshot: Snapshot, redactor: Redactor
+           ) -> Callable[[Provider], Provider] | None:
+    """What wraps each adapted provider so its tries are spans; None when tracing is off."""
+    if tracing is None:
+        return None
+    private = frozenset(key.limits.key_id for key in snapshot.keys + snapshot.admin_keys
+                        if key.private)
+    return lambda provider: Traced(provider, tracing, redactor, private)
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
@@ -109,7 +123,8 @@ class Runtime:
 
     def __init__(self, transport: Transport, kinds: Mapping[str, type[Provider]],
                  request_log: RequestLog | None = None, *, cache: ResponseCache,
-                 responses: ResponseStore, redis: Redis | None = None) -> None:
+                 responses: ResponseStore, redis: Redis | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -139,10 +154,13 @@ class Runtime:
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
         # profiler such as bench/stages.py; None in production, where it costs one check each.
         self.trace: Callable[[str], None] | None = None
+        # Traces (`gateway.observe.tracing`): None when off, and then nothing of it runs.
+        self.tracing = tracing
         # Told of every request's record when it ends, in this order.
         self.listeners: tuple[Listener, ...] = (
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
-            logged_by(self.request_log), spent_by(self.limiter), self._staged)
+            logged_by(self.request_log), spent_by(self.limiter),
+            *((traced_by(tracing),) if tracing is not None else ()), self._staged)
         self._live: Live | None = None
 
     @property
@@ -182,15 +200,16 @@ class Runtime:
         effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
-        live = build(effective, self.transport, self.kinds, self.responses)
+        live = build(effective, self.transport, self.kinds, self.responses, self.tracing)
         self.configured = snapshot
         disabled = await _start_all(live, self.lasting)
         if disabled:
             for name, reason in disabled.items():
                 effective = with_provider_disabled(effective, name, reason)
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
-            live = Live(effective, serving, adapted(serving, self.responses),
-                              models_list(effective), live.prices, live.redactor)
+            live = Live(effective, serving, adapted(
+                serving, self.responses, traced(self.tracing, effective, live.redactor)),
+                models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor
         routed = [route for routes in effective.routes.values() for route in routes]
