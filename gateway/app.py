@@ -30,6 +30,7 @@ from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
 from gateway.observe import logs
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.observe.traced_transport import TracedTransport
 from gateway.observe.tracing import TracedCache, Tracing
 from gateway.observe.tracing import configure as tracing_of
 from gateway.pipeline import router
@@ -50,7 +51,6 @@ from providers.contract.errors import (
 )
 from providers.contract.log import get_logger
 from providers.contract.transport import Transport
-from providers.traced import TracedTransport
 from providers.transport import AiohttpTransport
 
 JSON = "application/json"

@@ -1,8 +1,8 @@
 """A span per try: the outermost adapter when tracing is on (`gateway.observe.tracing`).
 
 Each `answer()` the router calls opens an attempt span under the request's server span, current
-while the try runs, so the transport's span of the upstream call (`providers.traced`) is its
-child and the upstream gets the attempt's `traceparent`. A try started while another of the same
+while the try runs, so the span of the upstream call (`gateway.observe.traced_transport`) is
+its child and the upstream gets the attempt's `traceparent`. A try started while another of the same
 request is in flight is a hedge: it runs under an `llms.hedge` span of its own. The span ends
 with the try: a failure (its failover reason, redacted), a whole answer, or, for a stream or
 an answer still gathering, once that is read to its end, cut, or closed.

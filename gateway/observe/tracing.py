@@ -10,7 +10,7 @@ adapter, no transport layer and no span. The tree one request makes (docs/observ
     ├── llms.cache.lookup                  `TracedCache`
     ├── chat gpt-4o-mini-2024     CLIENT   one per try (`gateway.adapters.traced`)
     │   └── POST                  CLIENT   the upstream call, carrying `traceparent`
-    │                                      (`providers.traced`)
+    │                                      (`gateway.observe.traced_transport`)
     └── llms.hedge                         a second candidate started beside a slow first
         └── chat other-model      CLIENT   its try
 
