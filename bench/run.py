@@ -19,7 +19,9 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
 - assembly: one whole chat answer of 100,000 logprob events assembled by the gateway, vs the same
   events relayed as a stream, with /health polled meanwhile (assembly.py);
 - chaos: three upstreams flapping every 0.3 s among healthy, 5xx, 429, hang, cut and garbage,
-  400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py).
+  400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py);
+- tracing: req/s at 50 clients without any tracing code, with tracing off, and with tracing on
+  exporting to a local OTLP receiver, paired rounds (traced.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -49,6 +51,7 @@ from typing import Any
 
 import scenarios
 import stages
+import traced
 from assembly import assembly
 from chaos import chaos
 from harness import (
@@ -78,7 +81,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly", "chaos")
+         "startup", "whole_streamed", "assembly", "chaos", "tracing")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -218,6 +221,12 @@ ASSEMBLY_EVENTS = 100_000  # the assembly part's answer: one token and its logpr
 WHOLE_CHUNKS = 16  # the upstream's stream for a whole answer: one event per token of 16
 
 
+def _post_script(work: Path) -> Path:
+    script = work / "post.lua"
+    script.write_text(LUA % json.dumps(BODY))
+    return script
+
+
 def whole_streamed(work: Path, duration: float, wrk: str | None, rounds: int) -> dict[str, Any]:
     """The cost of early failover: whole requests relayed whole, against the same requests
     asked upstream as a stream of `WHOLE_CHUNKS` events and assembled, at 10 clients, in
@@ -279,6 +288,10 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "whole_streamed": lambda: whole_streamed(work, duration, wrk, 2 if quick else 5),
         "assembly": lambda: assembly(work, ASSEMBLY_EVENTS, 1 if quick else 3),
         "chaos": lambda: chaos(work, 100 if quick else 400),
+        "tracing": lambda: traced.tracing_cost(
+            work, duration, 2 if quick else 5,
+            lambda url, clients, seconds: measure("tracing", url, [clients], seconds, wrk,
+                                                  _post_script(work))[0].rps),
     }
     for name, step in steps.items():
         if name in parts:
@@ -444,6 +457,11 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                      f"switching every {ch['flip_s']:g} s)", "none: breakers on beside off, "
                      "reported", f"breakers on {ch['on_rate']:.0%}, `circuit.enabled: false` "
                      f"{ch['off_rate']:.0%}", None))
+    if tr := data.get("tracing"):
+        rows += traced.rows(tr)
+    else:
+        rows.append(("non-streaming req/s against no tracing code: tracing off / on",
+                     "≥ 0.98x / ≥ 0.85x", "not measured", None))
     if su := data.get("startup"):
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))
@@ -576,8 +594,8 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     duration = args.duration or (2.0 if args.quick else 5.0)
     parts = args.only or list(PARTS)
-    wrk = ensure_wrk() if "throughput" in parts else None
-    if "throughput" in parts:
+    wrk = ensure_wrk() if {"throughput", "tracing"} & set(parts) else None
+    if {"throughput", "tracing"} & set(parts):
         print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
     data = run_parts(parts, args.quick, levels, duration, wrk)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

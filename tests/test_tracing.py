@@ -253,3 +253,27 @@ def test_without_an_endpoint_nothing_is_traced_nor_propagated(
         gateway.stop()
     assert answer.status_code == 200
     assert "traceparent" not in upstream.requests[-1].headers
+
+
+def test_a_trace_not_sampled_records_nothing_yet_is_passed_upstream_as_such(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    upstream = upstream_factory("unsampled")
+    with OtlpReceiver() as receiver:
+        gateway = start_gateway(config({"u": provider(upstream.base_url, {"m": "m"})},
+                                       telemetry={"otlp_endpoint": receiver.endpoint,
+                                                  "sample_ratio": 0}), env=FAST_EXPORT)
+        answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+                            json={"model": "m", "messages": HI})
+        assert answer.status_code == 200
+        sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=30, json={
+            "model": "m", "messages": HI}, headers={"traceparent": sampled,
+                                                    "x-request-id": "sampled-by-client"})
+        assert answer.status_code == 200
+        # The client's sampled trace is continued; it is the only one exported.
+        spans = receiver.trace("sampled-by-client", until=lambda spans: len(spans) >= 3)
+    unsampled, continued = upstream.requests[-2:]
+    assert int(unsampled.headers["traceparent"].split("-")[3], 16) & 1 == 0, "not sampled"
+    assert continued.headers["traceparent"].split("-")[1] == sampled.split("-")[1]
+    assert {s.trace_id for s in receiver.spans} == {spans[0].trace_id}

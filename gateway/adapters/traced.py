@@ -43,7 +43,7 @@ class Traced(Adapter):
 
     async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
         state = current()
-        if state is None:  # not a relayed request being traced
+        if state is None or not state.span.is_recording():  # not traced, or not sampled
             return await self.inner.answer(request, upstream_model)
         tracer = self.tracing.tracer
         hedge = tracer.start_span("llms.hedge") if state.inflight else None

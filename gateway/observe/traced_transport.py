@@ -30,13 +30,19 @@ class TracedTransport(Transport):
     async def request(self, method: str, url: str, *, headers: Mapping[str, str],
                       body: bytes | None = None, link: Link = DIRECT,
                       connect_timeout: float = 10.0, compressed: bool = True) -> HttpResponse:
-        if not trace.get_current_span().get_span_context().is_valid:
+        current = trace.get_current_span()
+        if not current.get_span_context().is_valid:
             return await self.inner.request(method, url, headers=headers, body=body, link=link,
+                                            connect_timeout=connect_timeout,
+                                            compressed=compressed)
+        carrier = dict(headers)
+        if not current.is_recording():  # a trace not sampled: passed on as such, no span
+            propagate.inject(carrier)
+            return await self.inner.request(method, url, headers=carrier, body=body, link=link,
                                             connect_timeout=connect_timeout,
                                             compressed=compressed)
         span = self.tracer.start_span(method, kind=SpanKind.CLIENT,
                                       attributes=_url_attributes(method, url))
-        carrier = dict(headers)
         propagate.inject(carrier, trace.set_span_in_context(span))
         try:
             answer = await self.inner.request(method, url, headers=carrier, body=body,

@@ -210,7 +210,8 @@ class TracedCache(ResponseCache):
         self.tracer = tracer
 
     async def get(self, key: str) -> Cached | None:
-        if current() is None:
+        state = current()
+        if state is None or not state.span.is_recording():
             return await super().get(key)
         with self.tracer.start_as_current_span("llms.cache.lookup") as span:
             found = await super().get(key)
