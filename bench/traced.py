@@ -2,8 +2,9 @@
 before it came), with tracing off, and with tracing on exporting to a local OTLP receiver
 (a tenth of traces sampled, the target; and every request, reported).
 
-The three gateways run in turn on core 0, round by round (drift on a shared machine touches
-every side of a round alike); the upstream, the receiver and the load generator share core 1.
+The gateways run in turn on core 0, round by round, each round starting with the next one
+(drift on a shared machine touches every side alike); the upstream, the receiver and the load
+generator share core 1.
 The code without tracing is the parent of the commit that added `gateway/observe/tracing.py`,
 unpacked from git into the run's work folder. Tracing on uses the SDK's batch processor with
 its defaults (`OTEL_BSP_*`): a queue that drops spans when full rather than slowing requests.
@@ -79,8 +80,10 @@ def tracing_cost(work: Path, duration: float, rounds: int,
                                    env={**clean, "PYTHONPATH": str(code), **env}))
             wait_for_port(port, processes[-1])
             urls[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
-        for _ in range(rounds):
-            row = {name: measure(url, CLIENTS, duration) for name, url in urls.items()}
+        for turn in range(rounds):
+            # Each round in another order: a side first in every round would get the drift.
+            order = list(urls)[turn % len(urls):] + list(urls)[:turn % len(urls)]
+            row = {name: measure(urls[name], CLIENTS, duration) for name in order}
             rows.append({**row, "off_ratio": row["off"] / row["without"],
                          "on_ratio": row["on"] / row["without"],
                          "every_ratio": row["every"] / row["without"]})

@@ -136,7 +136,7 @@ def configure(telemetry: Telemetry, environ: Mapping[str, str]) -> Tracing | Non
                    telemetry.max_content_bytes)
 
 
-def traced_by(_: Tracing) -> Listener:
+def server_spans() -> Listener:
     """The server span, named and filled from the record when the request ends (it ends once
     the edge has sent the answer). The listener runs where the record ends: in the request's
     own task, under the context `Tracing.serving` made."""

@@ -24,7 +24,7 @@ from gateway.edge.drain import Drain
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
-from gateway.observe.tracing import Tracing, traced_by
+from gateway.observe.tracing import Tracing, server_spans
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.pipeline.health import ProviderHealth
 from gateway.pipeline.limits import RateLimiter
@@ -91,12 +91,12 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
               for alias, model in spec.models.items() if model.price is not None}
     redactor = Redactor.of(config_secrets(snapshot))
     return Live(snapshot, providers,
-                adapted(providers, store, traced(tracing, snapshot, redactor)),
+                adapted(providers, store, tries_traced(tracing, snapshot, redactor)),
                 models_list(snapshot), prices, redactor)
 
 
-def traced(tracing: Tracing | None, snapshot: Snapshot, redactor: Redactor
-           ) -> Callable[[Provider], Provider] | None:
+def tries_traced(tracing: Tracing | None, snapshot: Snapshot, redactor: Redactor
+                 ) -> Callable[[Provider], Provider] | None:
     """What wraps each adapted provider so its tries are spans; None when tracing is off."""
     if tracing is None:
         return None
@@ -160,7 +160,7 @@ class Runtime:
         self.listeners: tuple[Listener, ...] = (
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
             logged_by(self.request_log), spent_by(self.limiter),
-            *((traced_by(tracing),) if tracing is not None else ()), self._staged)
+            *((server_spans(),) if tracing is not None else ()), self._staged)
         self._live: Live | None = None
 
     @property
@@ -208,7 +208,7 @@ class Runtime:
                 effective = with_provider_disabled(effective, name, reason)
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
             live = Live(effective, serving, adapted(
-                serving, self.responses, traced(self.tracing, effective, live.redactor)),
+                serving, self.responses, tries_traced(self.tracing, effective, live.redactor)),
                 models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor
