@@ -149,15 +149,16 @@ def server_spans() -> Listener:
         if alias is not None:
             span.update_name(f"{operation} {alias}")
         status = status_of(record)
-        span.set_attributes(_attributes(record, status))
+        attributes = _attributes(record, status)
         if alias is not None:
-            span.set_attributes({"gen_ai.request.model": alias, "llms.alias": alias})
+            attributes["gen_ai.request.model"] = attributes["llms.alias"] = alias
         served = _served(state, record)
         if served is not None:
-            span.set_attributes({"gen_ai.response.model": served.upstream_model,
-                                 "gen_ai.provider.name": served.kind})
+            attributes["gen_ai.response.model"] = served.upstream_model
+            attributes["gen_ai.provider.name"] = served.kind
             if served.finish_reasons:
-                span.set_attribute("gen_ai.response.finish_reasons", served.finish_reasons)
+                attributes["gen_ai.response.finish_reasons"] = list(served.finish_reasons)
+        span.set_attributes(attributes)  # one call: the SDK takes its lock once
         if record.outcome is Outcome.ERROR or (status >= 500 and status != CLIENT_CLOSED):
             span.set_status(Status(StatusCode.ERROR, record.error_code or "error"))
     return ended
