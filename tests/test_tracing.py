@@ -3,6 +3,7 @@ receiver (tests/otlp_receiver.py), and each story asserts the tree of its reques
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.state.config import ConfigError, parse, secrets
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.otlp_receiver import CLIENT, SERVER, OtlpReceiver, Received, children, one
 from tests.upstream import FakeUpstream, hang, status, stream_cut
@@ -307,3 +309,18 @@ def test_every_relay_endpoint_is_traced_through_its_adapters(fresh: Traced) -> N
         [attempt] = children(spans, server)
         assert attempt.attributes["llms.outcome"] == "completed"
         assert children(spans, attempt), "the upstream call under its try"
+
+
+def test_the_telemetry_section_is_checked_like_the_rest_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "llms.json"
+    providers = {"p": provider("http://127.0.0.1:9/v1", {"m": "m"})}
+    for telemetry, field in (({"sample_ratio": 2}, "telemetry.sample_ratio"),
+                             ({"exporter": "grpc"}, "telemetry")):
+        with pytest.raises(ConfigError, match=field):
+            parse(json.dumps(config(providers, telemetry=telemetry)), path, {})
+    snapshot = parse(json.dumps(config(providers, telemetry={
+        "otlp_endpoint": "$COLLECTOR", "capture_content": True})), path,
+        {"COLLECTOR": "https://user:collector-password@otel.example:4318"})
+    assert snapshot.telemetry.otlp_endpoint == "https://user:collector-password@otel.example:4318"
+    assert snapshot.telemetry.capture_content
+    assert "collector-password" in secrets(snapshot), "redacted wherever it could leak"

@@ -525,10 +525,12 @@ def _expand(value: str, environ: Mapping[str, str]) -> str | None:
 
 def secrets(snapshot: Snapshot) -> list[str]:
     """Every credential the config holds, resolved: the gateway's keys, providers' keys and
-    header values, credentials in their URLs and proxies, and in the Redis URL. What
-    `Redactor` removes from everything that leaves the process."""
+    header values, credentials in their URLs and proxies, in the Redis URL and in the
+    collector's. What `Redactor` removes from everything that leaves the process."""
     found = [key.secret.reveal() for key in snapshot.keys + snapshot.admin_keys]
     found += url_secrets(snapshot.state.url)
+    if snapshot.telemetry.otlp_endpoint:
+        found += url_secrets(snapshot.telemetry.otlp_endpoint)
     for spec in snapshot.providers:
         if spec.api_key is not None:
             found.append(spec.api_key.reveal())
