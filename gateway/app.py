@@ -15,7 +15,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from litestar import Litestar, Request, Response, get
@@ -30,9 +30,6 @@ from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
 from gateway.observe import logs
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.observe.traced_transport import TracedTransport
-from gateway.observe.tracing import TracedCache, Tracing
-from gateway.observe.tracing import configure as tracing_of
 from gateway.pipeline import router
 from gateway.pipeline.record import request_id
 from gateway.state import config, discovery, reload
@@ -52,6 +49,9 @@ from providers.contract.errors import (
 from providers.contract.log import get_logger
 from providers.contract.transport import Transport
 from providers.transport import AiohttpTransport
+
+if TYPE_CHECKING:
+    from gateway.observe.tracing import Tracing
 
 JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
@@ -221,12 +221,11 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     kept connections, when the app stops."""
     snapshot: Snapshot = app.state.initial
     state, cache_policy = snapshot.state, snapshot.default_policy.cache  # sized once, at start
-    tracing = tracing_of(snapshot.telemetry, os.environ)
+    tracing = _tracing(snapshot)
     async with _upstream(tracing) as transport, redis_client(state) as redis:
         cache = ResponseCache(cache_policy.max_bytes, cache_policy.max_entry_bytes,
-                              redis, state.prefix) if tracing is None else TracedCache(
-            tracing.tracer, cache_policy.max_bytes, cache_policy.max_entry_bytes, redis,
-            state.prefix)
+                              redis, state.prefix) if tracing is None else tracing.cache(
+            cache_policy.max_bytes, cache_policy.max_entry_bytes, redis, state.prefix)
         responses = ResponseStore(snapshot.responses.store_max_bytes,
                                   snapshot.responses.store_max_entry_bytes, redis, state.prefix)
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
@@ -262,11 +261,21 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 await tracing.close()
 
 
+def _tracing(snapshot: Snapshot) -> Tracing | None:
+    """The process's tracing when llms.json or the environment asks for it (only then is
+    OpenTelemetry imported: a gateway that does not trace carries none of it)."""
+    if not snapshot.telemetry.wanted(os.environ):
+        return None
+    from gateway.observe.tracing import configure
+
+    return configure(snapshot.telemetry, os.environ)
+
+
 @contextlib.asynccontextmanager
 async def _upstream(tracing: Tracing | None) -> AsyncIterator[Transport]:
     """The process's one upstream transport; with tracing, each traced call in a span."""
     async with AiohttpTransport() as transport:
-        yield transport if tracing is None else TracedTransport(transport, tracing.tracer)
+        yield transport if tracing is None else tracing.transport(transport)
 
 
 def create_app(snapshot: Snapshot | None = None) -> ASGIApp:

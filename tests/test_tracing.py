@@ -4,6 +4,8 @@ receiver (tests/otlp_receiver.py), and each story asserts the tree of its reques
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ import httpx
 import pytest
 
 from gateway.state.config import ConfigError, parse, secrets
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.otlp_receiver import CLIENT, SERVER, OtlpReceiver, Received, children, one
 from tests.upstream import FakeUpstream, hang, status, stream_cut
 
@@ -115,13 +117,15 @@ def test_a_plain_answer_is_a_server_span_over_its_try_over_the_upstream_call(
     no_secret_in(spans, KEY, UPSTREAM_KEY)
 
 
-def test_content_is_recorded_bounded_and_never_for_a_private_key(fresh: Traced) -> None:
-    assert fresh.post("content-1").status_code == 200
+def test_content_is_recorded_bounded_redacted_and_never_for_a_private_key(
+        fresh: Traced) -> None:
+    pasted = [{"role": "user", "content": f"hi {UPSTREAM_KEY}"}]
+    assert fresh.post("content-1", messages=pasted).status_code == 200
     assert fresh.post("content-2", key=PRIVATE_KEY).status_code == 200
 
     attempt = one(fresh.spans("content-1", 3), kind=CLIENT, **{"llms.provider": "first"})
     prompt = attempt.attributes["gen_ai.input.messages"]
-    assert "hello there" in prompt and len(prompt.encode()) <= 64
+    assert '"hi ***' in prompt and len(prompt.encode()) <= 64
     assert len(attempt.attributes["gen_ai.output.messages"].encode()) <= 64
     private = one(fresh.spans("content-2", 3), kind=CLIENT, **{"llms.provider": "first"})
     assert "gen_ai.input.messages" not in private.attributes
@@ -324,3 +328,12 @@ def test_the_telemetry_section_is_checked_like_the_rest_of_the_file(tmp_path: Pa
     assert snapshot.telemetry.otlp_endpoint == "https://user:collector-password@otel.example:4318"
     assert snapshot.telemetry.capture_content
     assert "collector-password" in secrets(snapshot), "redacted wherever it could leak"
+
+
+def test_a_gateway_that_does_not_trace_loads_none_of_it() -> None:
+    probe = ("import sys, gateway.app, gateway.pipeline.relay, gateway.state.runtime;"
+             "print([m for m in sys.modules if m.startswith(('opentelemetry.exporter',"
+             "'gateway.observe.trac', 'gateway.adapters.traced'))])")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout
+    assert loaded.strip() == "[]"

@@ -16,12 +16,22 @@ from gateway.adapters.embeddings import Batched
 from gateway.adapters.messages import MessagesBridge
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.stores.responses import ResponseStore
-from providers.contract.provider import Provider
+from providers.contract.provider import Adapter, Provider
 
 ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
              "messages/count_tokens")
 
 Adapted = Mapping[str, Mapping[str, Provider]]
+
+
+class Outermost(Adapter):
+    """An adapter `adapted` puts around all the others (a try's span, `adapters.traced`):
+    what a provider is, as an endpoint reaches it, is what it wraps (`bare`)."""
+
+
+def bare(provider: Provider) -> Provider:
+    """The provider as its endpoint's adapters made it, under any `Outermost`."""
+    return provider.inner if isinstance(provider, Outermost) else provider
 
 
 def adapt(endpoint: str, provider: Provider, store: ResponseStore) -> Provider:

@@ -18,17 +18,19 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from gateway.adapters.stack import Outermost
 from gateway.observe.tracing import OPERATIONS, RequestTrace, Tracing, Try, current
 from providers.contract.errors import GatewayError, ProviderError, UpstreamClientError
-from providers.contract.provider import Adapter, Answer, Gathering, Outgoing, Provider, Reply
+from providers.contract.provider import Answer, Gathering, Outgoing, Provider, Reply
 from providers.contract.redact import Redactor, mask_credentials
 from providers.contract.stream import Opened, SSEWatch, close_quietly
 
 _FINISH = re.compile(rb'"(?:finish_reason|stop_reason)"\s*:\s*"([A-Za-z_]{1,40})"')
 MAX_FINISH_REASONS = 16
+SECRET_MARGIN = 4096  # read past the cut of recorded content, so no secret is cut in two
 
 
-class Traced(Adapter):
+class Traced(Outermost):
     """`inner`, each try in an attempt span."""
 
     kind = "traced"
@@ -56,7 +58,7 @@ class Traced(Adapter):
         attempt = _Attempt(self, state, span, hedge,
                            Try(self.name, self.spec.kind, upstream_model))
         if self._captures(request):
-            span.set_attribute("gen_ai.input.messages", self._cut(request.raw))
+            span.set_attribute("gen_ai.input.messages", self.recorded(request.raw))
         started = time.perf_counter()
         state.inflight += 1
         try:
@@ -74,10 +76,13 @@ class Traced(Adapter):
     def _captures(self, request: Outgoing) -> bool:
         return self.tracing.capture_content and request.key_id not in self.private_keys
 
-    def _cut(self, data: bytes) -> str:
-        """Content as recorded: its first `max_content_bytes`, with secrets removed."""
-        text = data[:self.tracing.max_content_bytes].decode("utf-8", "replace")
-        return self.redactor.text(mask_credentials(text))
+    def recorded(self, data: bytes) -> str:
+        """Content as recorded: its first `max_content_bytes`, secrets removed before the cut
+        (a secret cut in two would not be found)."""
+        most = self.tracing.max_content_bytes
+        text = data[:most + SECRET_MARGIN].decode("utf-8", "ignore")
+        cleaned = self.redactor.text(mask_credentials(text)).encode()[:most]
+        return cleaned.decode("utf-8", "ignore")
 
 
 class _Attempt:
@@ -122,25 +127,27 @@ class _Attempt:
     def answered(self, answer: Answer, captures: bool) -> Answer:
         self.try_.outcome = "answered"
         if isinstance(answer, Reply):
-            self._whole(answer, captures)
+            self.whole(answer, captures)
             return answer
         if isinstance(answer, Opened):
             return _Opened(answer.head, self._stream(answer, captures), answer.watch, self)
         return _Gathering(answer, self, captures)
 
-    def _whole(self, reply: Reply, captures: bool) -> None:
+    def whole(self, reply: Reply, captures: bool) -> None:
         self._reasons(reply.body)
         if reply.usage is not None:
             self.span.set_attributes({"gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
                                       "gen_ai.usage.output_tokens":
                                       reply.usage.completion_tokens})
         if captures:
-            self.span.set_attribute("gen_ai.output.messages", self.adapter._cut(reply.body))
+            self.span.set_attribute("gen_ai.output.messages",
+                                    self.adapter.recorded(reply.body))
         self._end("completed")
 
     async def _stream(self, opened: Opened, captures: bool) -> AsyncIterator[bytes]:
         """The stream's rest as it passes: its finish reasons, and how it ended."""
-        rest, watch, limit = opened.rest, opened.watch, self.adapter.tracing.max_content_bytes
+        rest, watch = opened.rest, opened.watch
+        limit = self.adapter.tracing.max_content_bytes + SECRET_MARGIN
         self._reasons(opened.head)
         if captures:
             self.content = opened.head[:limit]
@@ -166,7 +173,8 @@ class _Attempt:
 
     def _captured(self) -> None:
         if self.content:
-            self.span.set_attribute("gen_ai.output.messages", self.adapter._cut(self.content))
+            self.span.set_attribute("gen_ai.output.messages",
+                                    self.adapter.recorded(self.content))
 
     def _ended_stream(self, watch: SSEWatch, early: str | None = None) -> None:
         if watch.usage is not None:
@@ -239,14 +247,10 @@ class _Gathering(Gathering):
         except BaseException as exc:
             self.attempt.failed(exc)
             raise
-        self.attempt._whole(reply, self.captures)
+        self.attempt.whole(reply, self.captures)
         return reply
 
     async def close(self) -> None:
         self.attempt.closed()
         await self.inner.close()
 
-
-def bare(provider: Provider) -> Provider:
-    """The provider a `Traced` wraps (itself, when not traced)."""
-    return provider.inner if isinstance(provider, Traced) else provider

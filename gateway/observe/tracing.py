@@ -2,7 +2,8 @@
 
 Off unless `telemetry.otlp_endpoint` (llms.json) or `OTEL_EXPORTER_OTLP_ENDPOINT` is set; then
 `configure` builds the process's tracer (the SDK, a batch processor, the OTLP/HTTP protobuf
-exporter). Off, nothing here runs: `Runtime.tracing` is None, so there is no listener, no
+exporter). Off, nothing here runs, nor is it even imported (the app, the runtime and the
+admission load it only when on): `Runtime.tracing` is None, so there is no listener, no
 adapter, no transport layer and no span. The tree one request makes (docs/observability.md):
 
     chat gpt-4o-mini              SERVER   opened by the edge (`serving`), continuing a client's
@@ -24,20 +25,21 @@ import asyncio
 import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry import context, propagate, trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 
 from gateway.observe.observers import CLIENT_CLOSED, status_of
+from gateway.observe.traced_transport import TracedTransport
 from gateway.pipeline.record import Listener, Outcome, Record
 from gateway.state.config import Telemetry
 from gateway.stores.cache import Cached, ResponseCache
+from providers.contract.transport import Transport
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 SERVICE = "llms-gateway"
 TRACES_PATH = "/v1/traces"
@@ -105,6 +107,15 @@ class Tracing:
             context.detach(token)
             span.end()
 
+    def cache(self, max_bytes: int, max_entry_bytes: int, redis: Redis | None,
+              prefix: str) -> ResponseCache:
+        """The response cache, each lookup in a span."""
+        return TracedCache(self.tracer, max_bytes, max_entry_bytes, redis, prefix)
+
+    def transport(self, inner: Transport) -> Transport:
+        """The process's transport, each upstream call in a span carrying `traceparent`."""
+        return TracedTransport(inner, self.tracer)
+
     async def close(self) -> None:
         """Export what is still queued and stop (the exporter's own timeout bounds it)."""
         await asyncio.to_thread(self.provider.shutdown)
@@ -113,13 +124,15 @@ class Tracing:
 def configure(telemetry: Telemetry, environ: Mapping[str, str]) -> Tracing | None:
     """The process's tracing, or None when neither llms.json nor the environment names an
     OTLP endpoint (or `OTEL_SDK_DISABLED` / `OTEL_TRACES_EXPORTER=none` turn it off)."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" \
-            or environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+    if not telemetry.wanted(environ):
         return None
-    from_env = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not telemetry.otlp_endpoint and not from_env:
-        return None
+    # The SDK and its exporter are loaded by a gateway that traces, only.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
+
     endpoint = None  # the exporter reads the environment's itself, with its rules
     if telemetry.otlp_endpoint:
         endpoint = telemetry.otlp_endpoint.rstrip("/")

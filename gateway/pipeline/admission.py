@@ -15,7 +15,7 @@ from litestar.types import Receive
 
 from gateway.adapters import embeddings
 from gateway.adapters.responses.bridge import ResponsesBridge
-from gateway.adapters.traced import bare
+from gateway.adapters.stack import bare
 from gateway.edge import auth
 from gateway.pipeline import router, schemas, strategy
 from gateway.pipeline.record import Record

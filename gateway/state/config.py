@@ -184,6 +184,15 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     capture_content: bool = False
     max_content_bytes: Annotated[int, msgspec.Meta(gt=0)] = 8 * 1024
 
+    def wanted(self, environ: Mapping[str, str]) -> bool:
+        """Whether traces are on: an endpoint here or in the environment, and the SDK not
+        turned off there (`OTEL_SDK_DISABLED`, `OTEL_TRACES_EXPORTER=none`)."""
+        if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" \
+                or environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+            return False
+        return bool(self.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                    or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
 
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     providers: dict[str, dict[str, Any]]

@@ -13,18 +13,16 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from redis.asyncio import Redis
 
 from gateway.adapters.stack import Adapted, adapted
-from gateway.adapters.traced import Traced
 from gateway.edge.drain import Drain
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
-from gateway.observe.tracing import Tracing, server_spans
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.pipeline.health import ProviderHealth
 from gateway.pipeline.limits import RateLimiter
@@ -48,6 +46,9 @@ from providers.contract.redact import Redactor
 from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.transport import Transport
 from providers.contract.usage import Price
+
+if TYPE_CHECKING:  # tracing is imported by a gateway that traces, only
+    from gateway.observe.tracing import Tracing
 
 # The stages `Runtime.trace` hears, in the order a whole answer passes them.
 STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
@@ -100,6 +101,8 @@ def tries_traced(tracing: Tracing | None, snapshot: Snapshot, redactor: Redactor
     """What wraps each adapted provider so its tries are spans; None when tracing is off."""
     if tracing is None:
         return None
+    from gateway.adapters.traced import Traced
+
     private = frozenset(key.limits.key_id for key in snapshot.keys + snapshot.admin_keys
                         if key.private)
     return lambda provider: Traced(provider, tracing, redactor, private)
@@ -156,11 +159,15 @@ class Runtime:
         self.trace: Callable[[str], None] | None = None
         # Traces (`gateway.observe.tracing`): None when off, and then nothing of it runs.
         self.tracing = tracing
+        traced: tuple[Listener, ...] = ()
+        if tracing is not None:
+            from gateway.observe.tracing import server_spans
+
+            traced = (server_spans(),)
         # Told of every request's record when it ends, in this order.
         self.listeners: tuple[Listener, ...] = (
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
-            logged_by(self.request_log), spent_by(self.limiter),
-            *((server_spans(),) if tracing is not None else ()), self._staged)
+            logged_by(self.request_log), spent_by(self.limiter), *traced, self._staged)
         self._live: Live | None = None
 
     @property
