@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.state.config import ConfigError, parse, secrets
+from gateway.state.config import ConfigError, Telemetry, parse, secrets
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.otlp_receiver import CLIENT, SERVER, OtlpReceiver, Received, children, one
 from tests.upstream import FakeUpstream, hang, status, stream_cut
@@ -337,3 +337,17 @@ def test_a_gateway_that_does_not_trace_loads_none_of_it() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+@pytest.mark.parametrize(("section", "environ", "on"), [
+    ({}, {}, False),
+    ({"otlp_endpoint": "http://collector:4318"}, {}, True),
+    ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+    ({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+    ({"otlp_endpoint": "http://collector:4318"}, {"OTEL_SDK_DISABLED": "true"}, False),
+    ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"},
+     False),
+])
+def test_tracing_is_on_only_where_an_endpoint_is_named(
+        section: dict[str, Any], environ: dict[str, str], on: bool) -> None:
+    assert Telemetry(**section).wanted(environ) is on
