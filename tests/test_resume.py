@@ -127,6 +127,7 @@ def test_a_stream_cut_halfway_is_finished_by_the_next_candidate(fresh: Stack) ->
     logged = fresh.logged(rid)
     assert logged["resumed"] == 1 and logged["resumes_failed"] == 0
     assert logged["outcome"] == "completed" and logged["provider"] == "first"
+    assert logged["resumed_by"] == "vllm", "and the provider that finished the answer"
     metrics = httpx.get(f"{fresh.gateway.url}/metrics").text
     assert 'llms_resumes_total{model="resumed",result="ok"}' in metrics
 

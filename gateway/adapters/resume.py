@@ -117,6 +117,7 @@ class Resuming(Adapter):
                      provider=provider.name, dialect=dialect, reason=reason[:200],
                      sent_chars=len(partial))
             stitched.resumed(partial[len(partial.rstrip()):] if dialect == "prefill" else "")
+            request.resumes.by = provider.name
             return _joined(opened.head, opened.rest)
         request.resumes.failed += 1
         raise ProviderUnavailable(f"{reason} (and no candidate could resume the stream)")
