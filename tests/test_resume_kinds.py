@@ -22,7 +22,7 @@ import pytest
 from tests.fake_gemini import FakeGemini
 from tests.fake_ollama import FakeOllama
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
-from tests.upstream import REPEATED_WORDS, FakeUpstream, ok, stream_cut
+from tests.upstream import REPEATED_WORDS, FakeUpstream, ok, status, stream_cut
 
 WORDS = 200
 ANSWER = " ".join(f"w{i}" for i in range(WORDS))
@@ -65,22 +65,28 @@ class Kinds:
 @pytest.fixture(scope="module")
 def kinds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kinds]:
     with FakeUpstream(name="first") as first, FakeUpstream(name="vllm") as vllm, \
-            FakeGemini(name="gemini") as gemini, FakeOllama(name="ollama") as ollama:
+            FakeGemini(name="gemini") as gemini, FakeOllama(name="ollama") as ollama, \
+            FakeUpstream(name="limited") as limited:
         doc = config({
             "first": provider(first.base_url, {"gemini-continues": "m",
-                                               "ollama-continues": "m"}),
+                                               "ollama-continues": "m", "cooled": "m"}),
             "gemini": {"type": "google", "base_url": gemini.base_url, "api_key": "g-key-0000",
                        "models": {"gemini-breaks": "gemini-2.5-flash",
                                   "gemini-continues": "gemini-2.5-flash"}},
             "ollama": {"type": "ollama", "base_url": ollama.base_url,
                        "models": {"ollama-breaks": "llama3.2", "ollama-continues": "llama3.2"}},
-            "vllm": provider(vllm.base_url, {"gemini-breaks": "m", "ollama-breaks": "m"},
+            "limited": provider(limited.base_url, {"cooled": "m", "warm": "m"},
+                                circuit={"enabled": True}),
+            "vllm": provider(vllm.base_url, {"gemini-breaks": "m", "ollama-breaks": "m",
+                                             "cooled": "m", "warm": "m"},
                              continue_final_message=True),
         }, defaults={"circuit": {"enabled": False}},
             models={alias: {"resume": True} for alias in (
-                "gemini-breaks", "gemini-continues", "ollama-breaks", "ollama-continues")})
+                "gemini-breaks", "gemini-continues", "ollama-breaks", "ollama-continues",
+                "cooled")})
         gateway = GatewayProcess(Path(tmp_path_factory.mktemp("resume-kinds")), doc).start()
-        yield Kinds(gateway, {"first": first, "vllm": vllm, "gemini": gemini, "ollama": ollama})
+        yield Kinds(gateway, {"first": first, "vllm": vllm, "gemini": gemini, "ollama": ollama,
+                              "limited": limited})
         gateway.stop()
 
 
@@ -174,3 +180,19 @@ def test_the_request_log_names_the_provider_that_finished_the_answer(fresh: Kind
 
     wait_until(logged)
     assert found[0]["provider"] == "first" and found[0]["resumed_by"] == "ollama"
+
+
+def test_a_candidate_cooling_down_is_asked_to_continue_only_after_the_others(
+        fresh: Kinds) -> None:
+    limited, vllm = fresh.fakes["limited"], fresh.fakes["vllm"]
+    limited.set_mode(status(429, retry_after=60), ok(content=ANSWER))
+    warmed = httpx.post(f"{fresh.gateway.base_url}/chat/completions", timeout=20,
+                        json={"model": "warm", "messages": MESSAGES})
+    assert warmed.headers["x-llms-provider"] == "vllm", "limited is cooling down now"
+    _cut(fresh, "first", "vllm")
+
+    text, _, said = fresh.answered("cooled", streamed=True)
+
+    assert text == ANSWER and said == ": resumed"
+    assert len(limited.requests) == 1, "next in file order, but cooling down: passed over"
+    assert vllm.last_json["continue_final_message"] is True

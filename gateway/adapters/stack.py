@@ -18,6 +18,7 @@ from gateway.adapters.embeddings import Batched
 from gateway.adapters.messages import MessagesBridge
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.resume import Resuming
+from gateway.pipeline.health import ProviderHealth
 from gateway.state.config import Snapshot
 from gateway.stores.responses import ResponseStore
 from providers.contract.provider import Provider
@@ -50,8 +51,9 @@ def adapt(endpoint: str, provider: Provider, store: ResponseStore,
 
 
 def adapted(providers: Mapping[str, Provider], store: ResponseStore,
-            snapshot: Snapshot | None = None) -> Adapted:
-    """Per endpoint, every provider adapted to it."""
+            snapshot: Snapshot | None = None, health: ProviderHealth | None = None) -> Adapted:
+    """Per endpoint, every provider adapted to it; `health`: the breakers and cooldowns that
+    order a resume's candidates, as the router's tries."""
     resumes = {alias: policy.max_resumes for alias, policy in snapshot.policies.items()
                if policy.resume} if snapshot is not None else {}
 
@@ -59,7 +61,7 @@ def adapted(providers: Mapping[str, Provider], store: ResponseStore,
         if not resumes:  # no alias resumes: not even the layer
             return provider
         assert snapshot is not None
-        return Resuming(provider, resumes, snapshot.routes, providers)
+        return Resuming(provider, resumes, snapshot.routes, providers, health)
 
     return {endpoint: {name: adapt(endpoint, p, store, resuming)
                        for name, p in providers.items()}

@@ -76,9 +76,9 @@ def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None
 
 
 def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Provider]],
-          store: ResponseStore) -> Live:
-    """Instantiate every enabled provider and its adapters; an unknown type or bad field is a
-    ConfigError."""
+          store: ResponseStore, health: ProviderHealth | None = None) -> Live:
+    """Instantiate every enabled provider and its adapters (`health`: the breakers a resume's
+    candidates are ordered by); an unknown type or bad field is a ConfigError."""
     check_kinds(snapshot, kinds)
     providers: dict[str, Provider] = {}
     for spec in snapshot.enabled:
@@ -88,8 +88,8 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {served: known.price for served, known in model_facts(snapshot).items()
               if known.price is not None}
-    return Live(snapshot, providers, adapted(providers, store, snapshot), models_list(snapshot),
-                      prices, Redactor.of(config_secrets(snapshot)))
+    return Live(snapshot, providers, adapted(providers, store, snapshot, health),
+                models_list(snapshot), prices, Redactor.of(config_secrets(snapshot)))
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
@@ -188,15 +188,16 @@ class Runtime:
         effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
-        live = build(effective, self.transport, self.kinds, self.responses)
+        live = build(effective, self.transport, self.kinds, self.responses, self.health)
         self.configured = snapshot
         disabled = await _start_all(live, self.lasting)
         if disabled:
             for name, reason in disabled.items():
                 effective = with_provider_disabled(effective, name, reason)
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
-            live = Live(effective, serving, adapted(serving, self.responses, effective),
-                              models_list(effective), live.prices, live.redactor)
+            live = Live(effective, serving,
+                        adapted(serving, self.responses, effective, self.health),
+                        models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor
         routed = [route for routes in effective.routes.values() for route in routes]
