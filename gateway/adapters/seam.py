@@ -79,7 +79,7 @@ def continuation(body: dict[str, Any], partial: str, dialect: str, tokens_sent: 
                  ) -> dict[str, Any]:
     """The chat body asking for the rest of `partial` in `dialect`:
 
-    - `prefill` (Anthropic, llama.cpp's server): the partial answer as the last, assistant,
+    - `prefill` (Anthropic, Ollama): the partial answer as the last, assistant,
       message, which the model goes on from (trailing whitespace dropped: Anthropic refuses it);
     - `continue_final_message` (vLLM, SGLang): the same, with the chat template told to leave
       that message open (`add_generation_prompt: false`);

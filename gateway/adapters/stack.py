@@ -18,6 +18,7 @@ from gateway.adapters.embeddings import Batched
 from gateway.adapters.messages import MessagesBridge
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.resume import Resuming
+from gateway.pipeline.health import ProviderHealth
 from gateway.state.config import Snapshot
 from gateway.stores.responses import ResponseStore
 from providers.contract.provider import Adapter, Provider
@@ -60,10 +61,11 @@ def adapt(endpoint: str, provider: Provider, store: ResponseStore,
 
 
 def adapted(providers: Mapping[str, Provider], store: ResponseStore,
-            snapshot: Snapshot | None = None,
+            snapshot: Snapshot | None = None, health: ProviderHealth | None = None,
             outermost: Callable[[Provider], Provider] | None = None) -> Adapted:
-    """Per endpoint, every provider adapted to it; each then wrapped in `outermost` if given
-    (a try's span: `gateway.adapters.traced`)."""
+    """Per endpoint, every provider adapted to it (`health`: the breakers and cooldowns that
+    order a resume's candidates, as the router's tries); each then wrapped in `outermost` if
+    given (a try's span: `gateway.adapters.traced`)."""
     resumes = {alias: policy.max_resumes for alias, policy in snapshot.policies.items()
                if policy.resume} if snapshot is not None else {}
 
@@ -71,7 +73,7 @@ def adapted(providers: Mapping[str, Provider], store: ResponseStore,
         if not resumes:  # no alias resumes: not even the layer
             return provider
         assert snapshot is not None
-        return Resuming(provider, resumes, snapshot.routes, providers)
+        return Resuming(provider, resumes, snapshot.routes, providers, health)
 
     def layered(provider: Provider, endpoint: str) -> Provider:
         made = adapt(endpoint, provider, store, resuming)

@@ -91,7 +91,7 @@ def logged_by(log: RequestLog) -> Listener:
             **({"error": record.error_code} if record.error_code else {}),
             **({"cache": "hit"} if record.cache_hit else {}),
             **({"resumed": record.resumes.ok + record.resumes.failed,
-                "resumes_failed": record.resumes.failed}
+                "resumes_failed": record.resumes.failed, "resumed_by": record.resumes.by}
                if record.resumes is not None and (record.resumes.ok or record.resumes.failed)
                else {}),
             **record.detail,

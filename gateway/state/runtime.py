@@ -79,9 +79,11 @@ def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None
 
 
 def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Provider]],
-          store: ResponseStore, tracing: Tracing | None = None) -> Live:
-    """Instantiate every enabled provider and its adapters (with `tracing`, each try in a
-    span); an unknown type or bad field is a ConfigError."""
+          store: ResponseStore, health: ProviderHealth | None = None,
+          tracing: Tracing | None = None) -> Live:
+    """Instantiate every enabled provider and its adapters (`health`: the breakers a resume's
+    candidates are ordered by; with `tracing`, each try in a span); an unknown type or bad
+    field is a ConfigError."""
     check_kinds(snapshot, kinds)
     providers: dict[str, Provider] = {}
     for spec in snapshot.enabled:
@@ -93,7 +95,8 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
               if known.price is not None}
     redactor = Redactor.of(config_secrets(snapshot))
     return Live(snapshot, providers,
-                adapted(providers, store, snapshot, tries_traced(tracing, snapshot, redactor)),
+                adapted(providers, store, snapshot, health,
+                        tries_traced(tracing, snapshot, redactor)),
                 models_list(snapshot), prices, redactor)
 
 
@@ -213,7 +216,8 @@ class Runtime:
         effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
-        live = build(effective, self.transport, self.kinds, self.responses, self.tracing)
+        live = build(effective, self.transport, self.kinds, self.responses, self.health,
+                     self.tracing)
         self.configured = snapshot
         disabled = await _start_all(live, self.lasting)
         if disabled:
@@ -221,7 +225,7 @@ class Runtime:
                 effective = with_provider_disabled(effective, name, reason)
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
             live = Live(effective, serving, adapted(
-                serving, self.responses, effective,
+                serving, self.responses, effective, self.health,
                 tries_traced(self.tracing, effective, live.redactor)),
                 models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
