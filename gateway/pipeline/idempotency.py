@@ -52,7 +52,7 @@ _OWN_HEADERS = frozenset({"x-request-id", "x-llms-cost", "x-llms-attempts"})
 Produce = Callable[[], Awaitable[Whole | Streamed | None]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # each follower is itself, whatever its place
 class _Reader:
     """Where one follower of a stream is: the index of the next chunk it reads."""
 

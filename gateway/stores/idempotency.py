@@ -49,8 +49,14 @@ def key_of(scope: str | None, endpoint: str, sent: str) -> str:
 
 
 def digest_of(body: bytes) -> str:
-    """The hash a retry's body must match: of its bytes, as a retrying client resends them."""
-    return hashlib.sha256(body).hexdigest()
+    """The hash a retry's body must match: of its JSON with keys sorted and no spacing, so
+    the same request from another client library (another key order, other whitespace)
+    matches; of its bytes when it is not JSON."""
+    try:
+        canonical = msgspec.json.encode(msgspec.json.decode(body), order="sorted")
+    except msgspec.DecodeError:
+        canonical = body
+    return hashlib.sha256(canonical).hexdigest()
 
 
 class IdempotencyStore:
