@@ -65,15 +65,28 @@ def post(gateway: GatewayProcess, key: str | None, body: dict[str, Any],
     return httpx.post(f"{gateway.base_url}/{path}", json=body, headers=headers, timeout=30)
 
 
+def sent(gateway: GatewayProcess, key: str, body: dict[str, Any]) -> socket.socket:
+    """A request sent on a raw connection, its answer left to read (`Connection: close`)."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+                 b"Content-Type: application/json\r\nIdempotency-Key: %s\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                 % (key.encode(), len(data), data))
+    return sock
+
+
 def left_mid_wait(gateway: GatewayProcess, upstream: FakeUpstream, key: str,
                   body: dict[str, Any]) -> None:
     """Send a request, and drop the connection once the upstream has it."""
-    data = json.dumps(body).encode()
-    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
-                     b"Content-Type: application/json\r\nIdempotency-Key: %s\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (key.encode(), len(data), data))
+    with sent(gateway, key, body):
         wait_until(lambda: len(upstream.requests) == 1)
+
+
+def inflight(gateway: GatewayProcess) -> float:
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    return float(next(line.split()[1] for line in metrics.splitlines()
+                      if line.startswith("llms_inflight_requests ")))
 
 
 def test_a_whole_request_retried_after_its_client_left_gets_the_answer_of_one_upstream_call(
@@ -290,3 +303,27 @@ def test_an_answer_is_forgotten_after_its_ttl() -> None:
 
     assert kept == entry and gone is None
     assert not too_large, "an answer past the entry bound is not remembered"
+
+
+def test_retries_waiting_on_a_running_request_are_bounded_and_it_keeps_its_slot(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(doc(upstream, idempotency={"max_waiters": 1}))
+    upstream.set_mode(slow_first_token(2.0, ok("worth the wait")))
+    key, body = new_key(), chat("waited on")
+    left_mid_wait(gateway, upstream, key, body)
+    wait_until(lambda: inflight(gateway) == 1)  # the flight whose client left still counts
+
+    with sent(gateway, key, body) as waiting:
+        wait_until(lambda: inflight(gateway) == 2)
+        refused = post(gateway, key, body)
+        answer = b""
+        while piece := waiting.recv(65536):
+            answer += piece
+
+    assert refused.status_code == 409
+    assert refused.json()["error"]["param"] == "Idempotency-Key"
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"x-llms-idempotent-replay: true" in head
+    assert json.loads(payload)["choices"][0]["message"]["content"] == "worth the wait"
+    wait_until(lambda: inflight(gateway) == 0)
+    assert len(upstream.requests) == 1

@@ -78,6 +78,7 @@ class Flight:
         self.size = 0
         self.joinable = True
         self.ended = False
+        self.detached = False  # its client left: the flight holds an in-flight slot itself
         self.waiters = 0
         # The client that started it reads from the start: counted before any chunk comes.
         self.first = _Reader()
@@ -135,9 +136,13 @@ class Idempotency:
     """The keyed requests of this process: those running (`Flight`s) and the store of those
     that completed."""
 
-    def __init__(self, store: IdempotencyStore) -> None:
+    def __init__(self, store: IdempotencyStore, enter: Callable[[], None] = lambda: None,
+                 leave: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.running: dict[str, Flight] = {}
+        # The process's in-flight slots (`Runtime.enter`, `leave`): a flight whose client left
+        # still calls an upstream, so it keeps counting against `server.max_concurrency`.
+        self.enter, self.leave = enter, leave
         self._tasks: set[asyncio.Task[None]] = set()
 
     def launch(self, key: str, flight: Flight, produce: Produce, ttl: float) -> None:
@@ -146,6 +151,13 @@ class Idempotency:
         task = asyncio.create_task(_fly(self, key, flight, produce, ttl))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def detach(self, flight: Flight) -> None:
+        """The client that started `flight` left before its end: the slot it gave back is
+        taken again, until the flight ends (`_fly`)."""
+        if not flight.ended and not flight.detached:
+            flight.detached = True
+            self.enter()
 
     async def close(self) -> None:
         """Stop the flights still running (the process is stopping)."""
@@ -189,8 +201,9 @@ async def answer(keys: Idempotency, sent: str, body: bytes, record: Record,
             await flight.opened.wait()
     except ClientDisconnected:
         flight.readers.discard(flight.first)
+        keys.detach(flight)
         return None  # the flight goes on, and ends this request's record
-    return _first(flight)
+    return _first(keys, flight)
 
 
 def _check(remembered: str, digest: str) -> None:
@@ -234,14 +247,16 @@ async def _fly(keys: Idempotency, key: str, flight: Flight, produce: Produce,
         flight.end()
         if keys.running.get(key) is flight:
             del keys.running[key]
+        if flight.detached:
+            keys.leave()
 
 
-def _first(flight: Flight) -> Whole | Streamed:
+def _first(keys: Idempotency, flight: Flight) -> Whole | Streamed:
     """The flight's answer for the client that started it: as the pipeline made it."""
     if flight.stream is not None:
         stream = flight.stream
-        return Streamed(flight.follow(flight.first), stream.headers, stream.record, stream.status,
-                        stream.media_type)
+        return Streamed(_started(flight.follow(flight.first), keys, flight), stream.headers,
+                        stream.record, stream.status, stream.media_type)
     if flight.whole is None:
         raise GatewayError("Internal gateway error")
     return flight.whole
@@ -281,6 +296,17 @@ async def _join(flight: Flight, digest: str, record: Record, config: Idempotency
     record.status, record.error_code = whole.status, whole.record.error_code
     return Whole(whole.body, _headers(whole.headers, record), record, whole.status,
                  whole.media_type, whole.outcome)
+
+
+async def _started(chunks: AsyncGenerator[bytes, None], keys: Idempotency, flight: Flight
+                   ) -> AsyncGenerator[bytes, None]:
+    """The stream for the client that started it; if it leaves first, the flight goes on."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        await close_quietly(chunks)
+        keys.detach(flight)
 
 
 def _follows(record: Record, first: Record) -> None:

@@ -139,7 +139,8 @@ class Runtime:
         self.responses = responses
         self.cache = cache
         # `Idempotency-Key` requests: those running here, and the store of those completed.
-        self.idempotency = Idempotency(idempotency or IdempotencyStore())
+        self.idempotency = Idempotency(idempotency or IdempotencyStore(), self.enter,
+                                       self.leave)
         self.redis = redis  # the process's one Redis client; None with the memory backend
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
