@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.stores.idempotency import IdempotencyStore, Remembered
+from gateway.stores.idempotency import IdempotencyStore, Remembered, digest_of, key_of
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, ok, slow_first_token, status, stream_cut
@@ -327,3 +327,10 @@ def test_retries_waiting_on_a_running_request_are_bounded_and_it_keeps_its_slot(
     assert json.loads(payload)["choices"][0]["message"]["content"] == "worth the wait"
     wait_until(lambda: inflight(gateway) == 0)
     assert len(upstream.requests) == 1
+
+
+def test_the_same_request_from_another_client_library_matches_and_scopes_stay_apart() -> None:
+    assert digest_of(b'{"model": "m", "n": 1}') == digest_of(b'{"n":1,"model":"m"}')
+    assert digest_of(b'{"model": "m", "n": 1}') != digest_of(b'{"model": "m", "n": 2}')
+    assert key_of("alice", "chat/completions", "k") != key_of("bob", "chat/completions", "k")
+    assert key_of("alice", "chat/completions", "k") != key_of("alice", "embeddings", "k")
