@@ -217,16 +217,29 @@ def test_a_stream_cut_mid_way_is_not_remembered(gateway: GatewayProcess,
     assert len(upstream.requests) == 2
 
 
-def test_embeddings_and_completions_are_replayed(gateway: GatewayProcess,
-                                                 upstream: FakeUpstream) -> None:
+def test_embeddings_completions_and_responses_are_replayed(gateway: GatewayProcess,
+                                                           upstream: FakeUpstream) -> None:
     for path, body in (("embeddings", {"model": "embed", "input": ["a", "b"]}),
-                       ("completions", {"model": "m", "prompt": "once"})):
+                       ("completions", {"model": "m", "prompt": "once"}),
+                       ("responses", {"model": "m", "input": "once"})):
         key = new_key()
         first = post(gateway, key, body, path)
         replayed = post(gateway, key, body, path)
         assert first.status_code == 200, first.text
         assert replayed.headers["x-llms-idempotent-replay"] == "true"
         assert replayed.content == first.content
+    assert len(upstream.requests) == 3
+
+
+def test_an_answer_past_the_entry_bound_is_not_remembered(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(doc(upstream, idempotency={"max_entry_bytes": 64}))
+    key, body = new_key(), chat("too long to keep")
+
+    first, again = post(gateway, key, body), post(gateway, key, body)
+
+    assert first.status_code == again.status_code == 200
+    assert "x-llms-idempotent-replay" not in again.headers
     assert len(upstream.requests) == 2
 
 
