@@ -76,6 +76,16 @@ def test_the_first_stream_passes_as_it_came_and_a_break_is_not_sent() -> None:
     assert stitched.text == "Hello there you" and stitched.tokens == 3
 
 
+def test_an_answer_longer_than_any_prefill_is_relayed_but_no_longer_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gateway.adapters.seam.MAX_PARTIAL_CHARS", 10)
+    stitched = Stitched()
+    first = _chunk("", role="assistant") + _chunk("Hello") + _chunk(" there, you")
+
+    assert stitched.take(first) == (first, None), "the client still gets every event"
+    assert stitched.overflowed and stitched.text == "", "nothing held past the bound"
+
+
 def test_a_continuation_takes_the_first_identity_and_loses_its_repeat() -> None:
     stitched = Stitched()
     stitched.take(_chunk("", role="assistant") + _chunk("one two three four five"))

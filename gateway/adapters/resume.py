@@ -136,7 +136,7 @@ def _may_resume(stitched: Stitched, reason: str, spliced: bool, most: int,
                 resumes: Resumes) -> None:
     """Raise the break's error when the stream may not be resumed (as without resume: the
     client gets it in-band); a continuation that broke is counted, ok if it may be resumed."""
-    if stitched.tool_started or stitched.resumes >= most:
+    if stitched.tool_started or stitched.overflowed or stitched.resumes >= most:
         if spliced:
             resumes.failed += 1
         raise ProviderUnavailable(reason)

@@ -1,8 +1,9 @@
 """The listeners every request's record is told of when it ends (`gateway.pipeline.record`).
 
 Each turns a finished `Record` into what one sink keeps: Prometheus metrics, the recent
-traffic the status page draws, the request log line, a key's token spend. They are registered
-once, at startup (`gateway.state.runtime.Runtime`), in the order here.
+traffic the status page draws, the request log line, a key's token spend, and with tracing on
+the request's server span (`gateway.observe.tracing.server_spans`). They are registered once, at
+startup (`gateway.state.runtime.Runtime`), in the order here.
 """
 
 from __future__ import annotations
