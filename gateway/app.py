@@ -37,6 +37,7 @@ from gateway.state.config import BIND_ENV, Snapshot
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime, model_card
 from gateway.stores.cache import ResponseCache
+from gateway.stores.idempotency import IdempotencyStore
 from gateway.stores.responses import ResponseStore
 from providers.contract.errors import (
     GatewayError,
@@ -229,8 +230,12 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             cache_policy.max_bytes, cache_policy.max_entry_bytes, redis, state.prefix)
         responses = ResponseStore(snapshot.responses.store_max_bytes,
                                   snapshot.responses.store_max_entry_bytes, redis, state.prefix)
+        remembered = snapshot.idempotency
+        idempotency = IdempotencyStore(remembered.max_bytes, remembered.max_entry_bytes, redis,
+                                       state.prefix)
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
-                          cache=cache, responses=responses, redis=redis, tracing=tracing)
+                          cache=cache, responses=responses, redis=redis, tracing=tracing,
+                          idempotency=idempotency)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         runtime.drain.listen(snapshot.server.drain_timeout)

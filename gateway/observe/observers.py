@@ -19,6 +19,12 @@ from gateway.pipeline.record import Listener, Outcome, Record
 # The status a request that lost its client before any answer is counted with (nginx's).
 CLIENT_CLOSED = 499
 CACHE = "cache"  # the provider label of answers served from the response cache
+REPLAY = "replay"  # ... and of answers replayed for an `Idempotency-Key` retry
+
+
+def provider_label(record: Record) -> str | None:
+    """Who served the request, as metrics and the log name it."""
+    return CACHE if record.cache_hit else REPLAY if record.replayed else record.provider
 
 
 def status_of(record: Record) -> int:
@@ -35,7 +41,7 @@ def counted_by(metrics: Metrics) -> Listener:
         model = record.alias if record.known_model and record.alias is not None else "_unknown"
         metrics.record(
             endpoint=record.endpoint, model=model,
-            provider=CACHE if record.cache_hit else record.provider, status=status_of(record),
+            provider=provider_label(record), status=status_of(record),
             duration=record.duration, ttft=record.ttft, upstream=record.upstream_time,
             failed=record.failed, attempts=record.attempts, usage=record.usage,
             cost=record.cost)
@@ -62,7 +68,7 @@ def drawn_by(traffic: RecentTraffic, providers: ProviderTraffic) -> Listener:
                     cache_hit=record.cache_hit, hedged=record.hedged, refused=refused)
         for attempt in record.failed:
             providers.failed(attempt.provider, attempt.reason)
-        if record.provider is not None and not record.cache_hit and status < 400:
+        if record.provider is not None and not record.from_store and status < 400:
             providers.served(record.provider,
                              record.ttft if record.stream else record.upstream_time,
                              record.cost)
@@ -77,7 +83,7 @@ def logged_by(log: RequestLog) -> Listener:
             "endpoint": record.endpoint,
             "model": record.model,
             **({"alias": record.alias} if record.alias not in (None, record.model) else {}),
-            "provider": CACHE if record.cache_hit else record.provider,
+            "provider": provider_label(record),
             "status": status_of(record),
             "outcome": record.outcome.value if record.outcome else None,
             "attempts": record.attempts,
@@ -90,6 +96,7 @@ def logged_by(log: RequestLog) -> Listener:
             "latency_ms": round(record.duration * 1000, 2),
             **({"error": record.error_code} if record.error_code else {}),
             **({"cache": "hit"} if record.cache_hit else {}),
+            **({"idempotent": "replay"} if record.replayed else {}),
             **({"resumed": record.resumes.ok + record.resumes.failed,
                 "resumes_failed": record.resumes.failed, "resumed_by": record.resumes.by}
                if record.resumes is not None and (record.resumes.ok or record.resumes.failed)

@@ -55,6 +55,9 @@ class Record:
     key_id: str | None = None
     provider: str | None = None
     cache_hit: bool = False  # answered from the response cache (`provider` said who first did)
+    # Answered by the request its `Idempotency-Key` repeats (`gateway.pipeline.idempotency`):
+    # no usage nor cost of its own, that request counted them.
+    replayed: bool = False
     failed: tuple[Attempt, ...] = ()
     hedged: bool = False
     hedge_won: bool = False
@@ -77,8 +80,13 @@ class Record:
     @property
     def attempts(self) -> int:
         """Tries made: every failed one, and the one that answered."""
-        return len(self.failed) + (1 if self.provider is not None and not self.cache_hit
+        return len(self.failed) + (1 if self.provider is not None and not self.from_store
                                    else 0)
+
+    @property
+    def from_store(self) -> bool:
+        """Answered with what an earlier request got, without a try of its own."""
+        return self.cache_hit or self.replayed
 
     def headers(self) -> dict[str, str]:
         """What the answer tells of the request: its id, tries, provider and the alias that
@@ -96,6 +104,8 @@ class Record:
             headers["x-llms-hedged"] = "1"
         if self.cache_hit:
             headers["x-llms-cache"] = "hit"
+        if self.replayed:
+            headers["x-llms-idempotent-replay"] = "true"
         if self.resumes is not None and self.resumes.ok:  # a whole answer's (a stream's
             headers["x-llms-resumed"] = str(self.resumes.ok)  # headers left before)
         return headers

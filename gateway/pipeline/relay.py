@@ -8,10 +8,14 @@ the way and ended once, by whoever delivers its last byte.
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
 from gateway.adapters.messages import ENDPOINTS as MESSAGES_ENDPOINTS
 from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.pipeline import caching, fallbacks, router
-from gateway.pipeline.admission import Incoming, admit, ordered
+from gateway.pipeline import caching, fallbacks, idempotency, router
+from gateway.pipeline.admission import Admitted, Incoming, admit, ordered
 from gateway.pipeline.delivery import (
     STREAM_HEADERS,
     Streamed,
@@ -21,7 +25,7 @@ from gateway.pipeline.delivery import (
 )
 from gateway.pipeline.record import Outcome, Record, request_id
 from gateway.pipeline.streaming import relay
-from gateway.state.runtime import Runtime
+from gateway.state.runtime import Live, Runtime
 from providers.contract.errors import GatewayError
 from providers.contract.provider import Gathering, Outgoing, Reply
 from providers.contract.stream import Opened
@@ -40,6 +44,27 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
     try:
         admitted = await admit(request, runtime, record)
         runtime.stage("admitted")
+        if (sent := idempotency.keyed(request.headers, record)) is not None:
+            # The run is the flight's, not this client's: no disconnect guard of its own.
+            return await idempotency.answer(
+                runtime.idempotency, sent, admitted.raw, record, live.snapshot.idempotency,
+                request.receive, lambda: _serve(request, admitted, record, runtime, live,
+                                                contextlib.nullcontext()))
+    except GatewayError as exc:
+        return error_delivery(exc, record, live.redactor)
+    except Exception:  # a bug: logged with its traceback and counted, as every request is
+        return internal_error(record, live.redactor)
+    return await _serve(request, admitted, record, runtime, live,
+                        DisconnectGuard(request.receive))
+
+
+async def _serve(request: Incoming, admitted: Admitted, record: Record, runtime: Runtime,
+                 live: Live, guard: AbstractAsyncContextManager[Any]
+                 ) -> Whole | Streamed | None:
+    """An admitted request past admission: the cache, the router, the answer's delivery;
+    `guard` ends the wait for the router when the client leaves."""
+    endpoint = record.endpoint
+    try:
         head = admitted.head
         options = getattr(head, "stream_options", None)
         wants_usage = bool(options and options.include_usage) \
@@ -61,7 +86,7 @@ async def handle(request: Incoming, endpoint: str, runtime: Runtime
                                 lambda name: ordered(runtime, endpoint, name),
                                 lambda name: _routing(runtime, name))
         runtime.stage("provider")
-        async with DisconnectGuard(request.receive):
+        async with guard:
             record.alias, served = await fallbacks.attempt(alias, admitted.routes, outgoing,
                                                            chain)
         runtime.stage("reply")

@@ -25,6 +25,11 @@ from gateway.pipeline.limits import KeyLimits
 from gateway.state import aliases
 from gateway.state.aliases import AliasError, Chains, Names
 from gateway.state.facts import Facts, facts
+from gateway.stores.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_MAX_BYTES
+from gateway.stores.idempotency import (
+    DEFAULT_MAX_ENTRY_BYTES as DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES,
+)
+from gateway.stores.idempotency import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from gateway.stores.responses import DEFAULT_MAX_BYTES as DEFAULT_STORE_MAX_BYTES
 from gateway.stores.responses import DEFAULT_MAX_ENTRY_BYTES as DEFAULT_STORE_MAX_ENTRY_BYTES
 from providers.contract.redact import url_secrets
@@ -182,6 +187,18 @@ class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     store_max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_STORE_MAX_ENTRY_BYTES
 
 
+class IdempotencyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How long and how much `Idempotency-Key` requests are remembered (`idempotency`; the
+    byte bounds are read at start, `ttl` and `max_waiters` on every request)."""
+
+    ttl: Annotated[float, msgspec.Meta(gt=0)] = DEFAULT_IDEMPOTENCY_TTL
+    max_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_IDEMPOTENCY_MAX_BYTES
+    # A larger answer is not remembered: its retry runs again.
+    max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES
+    # Retries that may wait on one running request; past it, a 409.
+    max_waiters: Annotated[int, msgspec.Meta(ge=1)] = 16
+
+
 class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """OpenTelemetry traces (`gateway.observe.tracing`): off unless `otlp_endpoint` is set here
     or `OTEL_EXPORTER_OTLP_ENDPOINT` in the environment (read at start; restart to change)."""
@@ -215,6 +232,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     defaults: _Defaults = _Defaults()
     state: StateConfig = StateConfig()
     responses: ResponsesConfig = ResponsesConfig()
+    idempotency: IdempotencyConfig = IdempotencyConfig()
     telemetry: Telemetry = Telemetry()
 
 
@@ -252,6 +270,7 @@ class Snapshot:
     keys: tuple[GatewayKey, ...] = ()
     admin_keys: tuple[GatewayKey, ...] = ()
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig)
     default_policy: AliasPolicy = field(default_factory=AliasPolicy)
     policies: Mapping[str, AliasPolicy] = field(default_factory=dict)
     names: Names = field(default_factory=Names)
@@ -349,6 +368,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     names, chains = _names(file.models, providers, where)
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
+                    idempotency=file.idempotency,
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry)
 

@@ -25,6 +25,7 @@ from gateway.observe.metrics import Metrics
 from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.pipeline.health import ProviderHealth
+from gateway.pipeline.idempotency import Idempotency
 from gateway.pipeline.limits import RateLimiter
 from gateway.pipeline.record import Listener
 from gateway.pipeline.strategy import Latencies, Spread
@@ -39,6 +40,7 @@ from gateway.state.config import (
 from gateway.state.config import secrets as config_secrets
 from gateway.state.supervise import Supervisor
 from gateway.stores.cache import ResponseCache
+from gateway.stores.idempotency import IdempotencyStore
 from gateway.stores.responses import ResponseStore
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
@@ -136,7 +138,8 @@ class Runtime:
     def __init__(self, transport: Transport, kinds: Mapping[str, type[Provider]],
                  request_log: RequestLog | None = None, *, cache: ResponseCache,
                  responses: ResponseStore, redis: Redis | None = None,
-                 tracing: Tracing | None = None) -> None:
+                 tracing: Tracing | None = None,
+                 idempotency: IdempotencyStore | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -156,6 +159,9 @@ class Runtime:
         self.disabled_logged: dict[str, str] = {}
         self.responses = responses
         self.cache = cache
+        # `Idempotency-Key` requests: those running here, and the store of those completed.
+        self.idempotency = Idempotency(idempotency or IdempotencyStore(), self.enter,
+                                       self.leave)
         self.redis = redis  # the process's one Redis client; None with the memory backend
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
@@ -260,6 +266,8 @@ class Runtime:
             await self.apply(self.configured)
 
     async def close(self) -> None:
+        """Stop what still runs for requests, then close the providers and their pools."""
+        await self.idempotency.close()
         if self._live is not None:
             await _close_all(self._live)
         await self.lasting.close()

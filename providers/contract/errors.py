@@ -14,6 +14,8 @@
      │    ├── HeadersTooLarge         431 headers_too_large
      │    ├── AuthenticationFailed    401 invalid_api_key
      │    ├── PermissionDenied        403 permission_denied: a valid key, not allowed here
+     │    ├── IdempotencyKeyReused    422 idempotency_key_reused: the key sent with another body
+     │    ├── IdempotencyKeyBusy      409 idempotency_key_in_use: too many retries wait on it
      │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
      ├── Overloaded                   503 overloaded: the process is at its concurrency cap
      ├── ShuttingDown                 503 server_shutting_down: a stream the drain ended
@@ -215,6 +217,20 @@ def client_error_type(upstream_type: str | None) -> str:
     if upstream_type in OPENAI_ERROR_TYPES:
         return upstream_type
     return _CLASS_NAME_TYPES.get(upstream_type or "", "invalid_request_error")
+
+
+class IdempotencyKeyReused(ClientError):
+    """An `Idempotency-Key` this key already used on this endpoint, sent with another body."""
+
+    http_status = 422
+    code = "idempotency_key_reused"
+
+
+class IdempotencyKeyBusy(ClientError):
+    """A retry of a running request that finds its bound of waiting retries reached."""
+
+    http_status = 409
+    code = "idempotency_key_in_use"
 
 
 class UpstreamClientError(ClientError):
@@ -494,7 +510,8 @@ class Dialect(enum.Enum):
 
 # Anthropic's error types by status; anything else is an `api_error`.
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   403: "permission_error", 404: "not_found_error", 409: "invalid_request_error",
+                   413: "request_too_large", 422: "invalid_request_error",
                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
