@@ -96,6 +96,12 @@ def hang() -> Mode:
     return Mode("hang")
 
 
+def held(then: Mode | None = None) -> Mode:
+    """Send nothing until the test calls `release()`, then behave like `then` (default: ok).
+    Each request held is recorded on arrival, so `requests` is the order they started in."""
+    return Mode("held", then=then or ok())
+
+
 def slow_first_token(seconds: float, then: Mode | None = None) -> Mode:
     """Send nothing (not even headers) for `seconds`, then behave like `then` (default: ok)."""
     return Mode("slow", seconds=seconds, then=then or ok())
@@ -204,6 +210,7 @@ class FakeUpstream:
         self._stop_requested: asyncio.Event | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        self._released: asyncio.Event | None = None
 
     # -- control, from the test's thread ------------------------------------------------------
 
@@ -243,6 +250,12 @@ class FakeUpstream:
             self.requests.clear()
             self._cancelled = 0
             self._cancel_event.clear()
+
+    def release(self) -> None:
+        """Let every request `held()` now, or later, go on."""
+        loop, released = self._loop, self._released
+        assert loop is not None and released is not None, "the fake is not running"
+        loop.call_soon_threadsafe(released.set)
 
     def wait_for_cancel(self, timeout: float = 5.0) -> bool:
         """Block until a client has left mid-answer; False on timeout."""
@@ -292,6 +305,7 @@ class FakeUpstream:
     async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
+        self._released = asyncio.Event()
         # Cancel handlers when the client leaves, so the fake can count abandoned requests.
         runner = web.AppRunner(self._app(), handle_signals=False, access_log=None,
                                handler_cancellation=True, shutdown_timeout=2.0)
@@ -405,6 +419,10 @@ class FakeUpstream:
             return await self._play(request, mode.then or ok(), body, shape)
         if mode.kind == "hang":
             await _forever()
+        if mode.kind == "held":
+            assert self._released is not None
+            await self._released.wait()
+            return await self._play(request, mode.then or ok(), body, shape)
         if mode.kind == "status":
             return _error(mode.code, mode.message, mode.retry_after, mode.body)
         if mode.kind == "echo":
