@@ -109,6 +109,31 @@ def test_a_slot_freed_while_others_wait_goes_to_the_first_in_line_not_a_newcomer
     run(story)
 
 
+def test_a_freed_slot_goes_to_the_highest_priority_waiting_then_the_first_come() -> None:
+    async def story() -> None:
+        pool = ready_pool(Clock(), max_queue=8)
+        held = [await take_now(pool), await take_now(pool)]
+        served: list[str] = []
+
+        async def wait(name: str, priority: int) -> None:
+            slot = await pool.acquire(MODEL, (), within=60, priority=priority)
+            assert slot is not None
+            served.append(name)
+            held.append(slot)
+
+        waiting = [asyncio.create_task(wait(name, priority)) for name, priority in
+                   [("low", 0), ("high", 9), ("mid", 5), ("high-later", 9)]]
+        await settled()
+        for _ in range(4):  # one slot freed at a time
+            pool.release(held.pop(0))
+            await settled()
+        await asyncio.gather(*waiting)
+
+        assert served == ["high", "high-later", "mid", "low"]
+
+    run(story)
+
+
 def test_a_client_that_leaves_the_line_takes_no_slot_with_it() -> None:
     async def story() -> None:
         pool = ready_pool(Clock(), max_queue=4)

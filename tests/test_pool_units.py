@@ -329,7 +329,8 @@ def test_four_gpus_at_tensor_parallel_two_make_two_vllm_workers_with_exact_argv(
         "--served-model-name", "m", "--tensor-parallel-size", "2", "--max-model-len", "4096",
         "--gpu-memory-utilization", "0.9", "--enable-prefix-caching",
         "--reasoning-parser", "deepseek_r1", "--tool-call-parser", "hermes",
-        "--enable-auto-tool-choice", "--shutdown-timeout", "30", "--max-num-seqs", "64")
+        "--enable-auto-tool-choice", "--scheduling-policy", "priority", "--shutdown-timeout", "30",
+        "--max-num-seqs", "64")
     assert plans[1].argv == tuple("8102" if a == "8101" else a for a in plans[0].argv)
 
 
@@ -350,7 +351,7 @@ def test_each_vllm_option_becomes_its_flag_and_only_when_set(
     name = fields.get("served_model_name", "m")
     assert argv == ("vllm", "serve", "/models/x", "--host", "127.0.0.1", "--port", "8101",
                     "--served-model-name", name, "--tensor-parallel-size", "1", *flags,
-                    "--shutdown-timeout", "30")
+                    "--scheduling-policy", "priority", "--shutdown-timeout", "30")
 
 
 def test_vllm_workers_listen_where_the_pool_says_and_get_its_shutdown_grace() -> None:

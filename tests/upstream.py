@@ -407,6 +407,10 @@ class FakeUpstream:
         finally:
             self._inflight.discard(task)
 
+    async def _until_released(self) -> None:
+        assert self._released is not None
+        await self._released.wait()
+
     async def _play(self, request: web.Request, mode: Mode, body: dict[str, Any],
                     shape: _Shape) -> web.StreamResponse:
         streaming = bool(body.get("stream"))
@@ -414,15 +418,11 @@ class FakeUpstream:
             mode = mode.then
         if isinstance(shape, _EmbeddingShape) and (problem := embedding_problem(body)):
             return _error(400, problem)
-        if mode.kind == "slow":
-            await asyncio.sleep(mode.seconds)
+        if mode.kind in ("slow", "held"):
+            await (asyncio.sleep(mode.seconds) if mode.kind == "slow" else self._until_released())
             return await self._play(request, mode.then or ok(), body, shape)
         if mode.kind == "hang":
             await _forever()
-        if mode.kind == "held":
-            assert self._released is not None
-            await self._released.wait()
-            return await self._play(request, mode.then or ok(), body, shape)
         if mode.kind == "status":
             return _error(mode.code, mode.message, mode.retry_after, mode.body)
         if mode.kind == "echo":

@@ -164,11 +164,11 @@ def vllm_argv(vllm: str, weights: Weights, alias: str, model: ModelSettings,
         argv.append("--enable-auto-tool-choice")
     if model.task == "embed":
         argv += ["--runner", "pooling"]
-    argv += ["--shutdown-timeout", f"{settings.shutdown_grace:g}"]
     if model.task != "embed" and not any(a.startswith(SCHEDULING_FLAG) for a in model.args):
         # The gateway's priorities (`x-llms-priority`) order the worker's own queue too; with
         # every priority equal, vLLM's priority policy is first come first served.
         argv += [SCHEDULING_FLAG, "priority"]
+    argv += ["--shutdown-timeout", f"{settings.shutdown_grace:g}"]
     return (*argv, *model.args)
 
 
