@@ -22,7 +22,10 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py);
 - resume: a stream cut halfway and resumed by another candidate, the seam's latency against the
   gap between chunks; streams/s of an alias with resume on (never needed) against one without,
-  alternating rounds (resume.py).
+  alternating rounds (resume.py);
+- queueing: 200 requests of a batch key then 20 of an interactive key at max_concurrency 10,
+  the interactive key's p95 wait against the batch key's median, each key its own (fair) and
+  all under one key (first come first served), alternating rounds (queueing.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -67,6 +70,7 @@ from harness import (
     stop,
     wait_for_port,
 )
+from queueing import queueing
 from resume import resume
 
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -82,7 +86,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly", "chaos", "resume")
+         "startup", "whole_streamed", "assembly", "chaos", "resume", "queueing")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -284,6 +288,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "assembly": lambda: assembly(work, ASSEMBLY_EVENTS, 1 if quick else 3),
         "chaos": lambda: chaos(work, 100 if quick else 400),
         "resume": lambda: resume(work, 3 if quick else 8, 2 if quick else 4),
+        "queueing": lambda: queueing(work, 2 if quick else 4),
     }
     for name, step in steps.items():
         if name in parts:
