@@ -92,6 +92,7 @@ def test_an_interactive_key_is_served_ahead_of_a_batch_burst_and_nobody_is_starv
     # Within the interactive key, the higher priority first.
     chats = [name for name in queued if name.startswith("chat-")]
     assert {int(n.split("-")[1]) % 2 for n in chats[:10]} == {1}
+    wait_until(lambda: queue(gateway)["running"] == 0)  # every slot given back
     status = queue(gateway)
     assert (status["depth"], status["dropped"]) == (0, {})
     metrics = httpx.get(f"{gateway.url}/metrics",

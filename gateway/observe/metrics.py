@@ -87,7 +87,7 @@ QUEUE_DROPPED = Family("llms_queue_dropped", "Requests that left the queue witho
                        ("key", "reason"))
 FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
             CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED)
-INFLIGHT = ("llms_inflight_requests", "Requests holding an upstream")
+INFLIGHT = ("llms_inflight_requests", "Requests in the gateway: served, or queued for a slot")
 QUEUE_DEPTH = ("llms_queue_depth", "Requests waiting for a slot under server.max_concurrency")
 
 Labels = tuple[Any, ...]  # label values; exported as str()
@@ -177,7 +177,7 @@ class Metrics:
 
     def __init__(self, health: ProviderHealth, inflight: Callable[[], int] = lambda: 0,
                  queued: Callable[[], int] = lambda: 0) -> None:
-        """`inflight` reads the requests holding an upstream, `queued` those waiting for a slot:
+        """`inflight` reads the requests in the gateway, `queued` those of them waiting for a slot:
         in one process the gauges call them when scraped; with several workers each moves its
         share (`add_inflight`, `add_queued`)."""
         self._health = health

@@ -132,7 +132,7 @@ class Runtime:
                            on_depth=self.metrics.add_queued)
         self.traffic = RecentTraffic()
         self.provider_traffic = ProviderTraffic()
-        self.inflight = 0  # relay requests being served, for the concurrency cap
+        self.inflight = 0  # relay requests in the gateway: served, or waiting in the queue
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         # The reason each disabled provider was last logged with: a reload that changes nothing
