@@ -35,6 +35,7 @@ from providers.contract.pace import Pace
 PRIORITY_HEADER = "x-llms-priority"
 TIMEOUT_HEADER = "x-llms-timeout"
 ANONYMOUS = "anonymous"  # the key requests without one share (no keys configured)
+_ANONYMOUS = KeyLimits(ANONYMOUS)
 # Why a request left the queue without its turn: `llms_queue_dropped_total{reason}`.
 FULL, DEADLINE, TIMEOUT, LEFT = "full", "deadline", "timeout", "client_left"
 
@@ -53,7 +54,7 @@ def turn_of(headers: Mapping[str, str], key: KeyLimits | None, queue_timeout: fl
     """The request's turn from its headers and key: `x-llms-priority` capped by the key's
     `max_priority` (its `priority` without the header), `x-llms-timeout` or the key's `timeout`,
     both at most `queue_timeout`. A value that is not a number is a 400 naming the header."""
-    limits = key or KeyLimits(ANONYMOUS)
+    limits = key or _ANONYMOUS
     priority = min(limits.priority, limits.max_priority)
     if (raw := headers.get(PRIORITY_HEADER)) is not None:
         priority = min(_priority(raw), limits.max_priority)
