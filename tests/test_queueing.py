@@ -100,6 +100,8 @@ def test_an_interactive_key_is_served_ahead_of_a_batch_burst_and_nobody_is_starv
     assert 'llms_queue_wait_seconds_count{key="interactive"} 20.0' in metrics
     assert 'llms_queue_wait_seconds_count{key="batch"} 200.0' in metrics
     assert "llms_queue_depth 0.0" in metrics
+    lines = gateway.wait_for_log("request", 220, timeout=30)
+    assert sum("queued_ms" in line for line in lines) == 210  # those that waited say how long
 
 
 def test_a_tiny_deadline_is_refused_early_or_times_out_never_answered_late(

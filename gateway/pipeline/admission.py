@@ -88,6 +88,7 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
     if not runtime.queue.start_now(request.ticket, turn):
         async with DisconnectGuard(request.receive):  # a client that leaves leaves the queue
             await runtime.queue.wait(request.ticket, turn)
+        record.detail["queued_ms"] = round(request.ticket.waited * 1000, 2)  # its log line
     return Admitted(head, raw, alias, routes, providers, turn.priority)
 
 

@@ -97,6 +97,11 @@ class Ticket:
         self.granted: asyncio.Future[None] | None = None
         self.started: float | None = None  # when it was given a slot
 
+    @property
+    def waited(self) -> float:
+        """Seconds it waited for its slot (0 until it has one)."""
+        return 0.0 if self.started is None else self.started - self.since
+
 
 class Queue:
     """The slots under `max_concurrency` and the requests waiting for one, on an injected
