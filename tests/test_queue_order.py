@@ -163,7 +163,9 @@ def test_a_full_queue_refuses_at_once_with_when_to_come_back_from_the_measured_p
 
         assert refused.value.retry_after == pytest.approx(6.0)  # one ahead, then its own turn
         assert refused.value.headers() == {"Retry-After": "6"}
-        assert queue.dropped == {("b", "full"): 1}
+        with pytest.raises(Overloaded):  # and before reading its body
+            queue.check_room(Turn("b"))
+        assert queue.dropped == {("b", "full"): 2}
         waiting.cancel()
 
     run(story)

@@ -77,6 +77,7 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
                                  f"retry in {wait:.0f}s", retry_after=wait)
     turn = turn_of(request.headers, key.limits if key is not None else None,
                    live.snapshot.server.queue_timeout)
+    runtime.queue.check_room(turn)
     head, raw = schemas.parse(await request.body(), HEADS[endpoint])
     record.model, record.stream = head.model, bool(getattr(head, "stream", False))
     alias = live.snapshot.resolve(head.model)

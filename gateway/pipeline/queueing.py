@@ -135,6 +135,13 @@ class Queue:
         """A new request's ticket, to be given back with `leave` however it ends."""
         return Ticket(self.clock())
 
+    def check_room(self, turn: Turn) -> None:
+        """Overloaded now if `turn` could neither start nor wait (every slot taken and the
+        queue full): asked before the request's body is read, so a flood past the queue costs
+        no body reads."""
+        if len(self.order) >= self.max_queue and len(self.running) >= self.max_concurrency:
+            raise self._full(turn.key)
+
     def start_now(self, ticket: Ticket, turn: Turn) -> bool:
         """Give `ticket` a slot if one is free and nobody waits for it; False: `wait`."""
         ticket.key = turn.key
@@ -149,9 +156,7 @@ class Queue:
         if self.start_now(ticket, turn):
             return
         if len(self.order) >= self.max_queue:
-            raise self._refused(turn.key, FULL, self.expected_wait(len(self.order)),
-                                f"The gateway is at its concurrency limit and its queue is full "
-                                f"({self.max_queue} waiting)")
+            raise self._full(turn.key)
         expected = self.expected_wait(self.order.place(turn.key, turn.priority))
         if expected > turn.timeout:
             raise self._refused(turn.key, DEADLINE, expected,
@@ -233,6 +238,11 @@ class Queue:
         self._unqueue(ticket)
         self.dropped[(ticket.key, reason)] += 1
         self.on_drop(ticket.key, reason)
+
+    def _full(self, key: str) -> Overloaded:
+        return self._refused(key, FULL, self.expected_wait(len(self.order)),
+                             f"The gateway is at its concurrency limit and its queue is full "
+                             f"({self.max_queue} waiting)")
 
     def _refused(self, key: str, reason: str, wait: float, message: str) -> Overloaded:
         self.dropped[(key, reason)] += 1
