@@ -22,9 +22,12 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py);
 - resume: a stream cut halfway and resumed by another candidate, the seam's latency against the
   gap between chunks; streams/s of an alias with resume on (never needed) against one without,
-  alternating rounds (resume.py).
+  alternating rounds (resume.py);
 - tracing: req/s at 50 clients without any tracing code, with tracing off, and with tracing on
-  exporting to a local OTLP receiver, paired rounds (traced.py).
+  exporting to a local OTLP receiver, paired rounds (traced.py);
+- queueing: 200 requests of a batch key then 20 of an interactive key at max_concurrency 10,
+  the interactive key's p95 wait against the batch key's median, each key its own (fair) and
+  all under one key (first come first served), alternating rounds (queueing.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -70,6 +73,7 @@ from harness import (
     stop,
     wait_for_port,
 )
+from queueing import queueing
 from resume import resume
 
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -85,7 +89,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing")
+         "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -297,6 +301,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
             work, duration, 2 if quick else 5,
             lambda url, clients, seconds: measure("tracing", url, [clients], seconds, wrk,
                                                   _post_script(work))[0].rps),
+        "queueing": lambda: queueing(work, 2 if quick else 4),
     }
     for name, step in steps.items():
         if name in parts:

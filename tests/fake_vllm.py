@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trust-remote-code", action="store_true")
     # vLLM 0.10+: "pooling" serves /v1/embeddings (and refuses generation), as `--task embed` did.
     serve.add_argument("--runner", choices=["auto", "generate", "pooling"], default="auto")
+    # "priority": requests carry `priority` (lower first); under fcfs a nonzero one is refused.
+    serve.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     # Other options a pool's `args` commonly pass on; accepted and ignored.
     for flag in ("--quantization", "--kv-cache-dtype", "--chat-template", "--tokenizer",
                  "--revision", "--download-dir", "--seed", "--uvicorn-log-level",
@@ -404,6 +406,9 @@ class Worker:
         if body.get("continue_final_message") and body.get("add_generation_prompt"):
             return new_error(400, "Cannot set both `continue_final_message` and "
                              "`add_generation_prompt` to True.", "BadRequestError")
+        if body.get("priority", 0) != 0 and self.args.scheduling_policy != "priority":
+            return new_error(400, f"Got priority {body['priority']} but Priority scheduling "
+                             "is not enabled.", "BadRequestError")
         return self.too_long(body, required)
 
     def too_long(self, body: dict[str, Any], required: str) -> web.Response | None:

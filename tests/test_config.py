@@ -69,6 +69,20 @@ def test_server_keys_resolve_and_unset_ones_are_dropped() -> None:
     assert snapshot.keys[2].limits == KeyLimits("team-a", 60, None)
 
 
+def test_a_keys_queue_settings_and_their_defaults() -> None:
+    snapshot = parse('{"server": {"max_queue": 50, "queue_timeout": 20, "api_keys": ['
+                     ' {"key": "a", "id": "chat", "priority": 5, "max_priority": 9,'
+                     '  "timeout": 3, "weight": 2}, {"key": "b", "id": "batch"},'
+                     ' {"key": "c", "id": "raised", "priority": 4}]}, "providers": {}}')
+
+    assert (snapshot.server.max_queue, snapshot.server.queue_timeout) == (50, 20.0)
+    assert [k.limits for k in snapshot.keys] == [
+        KeyLimits("chat", priority=5, max_priority=9, timeout=3.0, weight=2),
+        KeyLimits("batch"),
+        KeyLimits("raised", priority=4, max_priority=4)]  # no higher than it was given
+    assert (config.ServerConfig().max_queue, config.ServerConfig().queue_timeout) == (1000, 60)
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ('{"providers": ', "not valid JSON at line 1 column 15"),
     ('{"providers": {"p": {"base_url": "x"}}}',
@@ -80,6 +94,10 @@ def test_server_keys_resolve_and_unset_ones_are_dropped() -> None:
     ('{"providers": {"p": {"type": "openai", "retries": {"attempts": 0}}}}',
      "providers.p.retries.attempts: must be greater than 0"),
     ('{"server": {"port": "eighty"}, "providers": {}}', "server.port: Expected `int`"),
+    ('{"server": {"max_queue": -1}, "providers": {}}',
+     "server.max_queue: Expected `int` >= 0"),
+    ('{"server": {"api_keys": [{"key": "k", "priority": "high"}]}, "providers": {}}',
+     "server.api_keys[0].priority: Expected `int`"),
     ('{"providers": {}, "extra": 1}', "unknown field `extra`"),
     ('{"providers": {"p": {"type": "openai", "models": {"m": 5}}}}', "providers.p.models"),
     ('{"providers": {"p": {"type": "openai", "base_url": "localhost:8000/v1?key=sk-1"}}}',

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from providers.contract.errors import AllProvidersFailed, Attempt, PoolFull, PoolNotReady
+from providers.contract.pace import Pace
 from providers.contract.transport import Link
 from providers.kinds.pool.engines import LLAMACPP, VLLM, WorkerPlan
 from providers.kinds.pool.pool import Pool, Slot
-from providers.kinds.pool.queue import Drain, Line
+from providers.kinds.pool.queue import Line
 from providers.kinds.pool.settings import read_settings
 from providers.kinds.pool.worker import WorkerState
 
@@ -104,6 +105,31 @@ def test_a_slot_freed_while_others_wait_goes_to_the_first_in_line_not_a_newcomer
         pool.release(second)
         await settled()
         assert newcomer.done()
+
+    run(story)
+
+
+def test_a_freed_slot_goes_to_the_highest_priority_waiting_then_the_first_come() -> None:
+    async def story() -> None:
+        pool = ready_pool(Clock(), max_queue=8)
+        held = [await take_now(pool), await take_now(pool)]
+        served: list[str] = []
+
+        async def wait(name: str, priority: int) -> None:
+            slot = await pool.acquire(MODEL, (), within=60, priority=priority)
+            assert slot is not None
+            served.append(name)
+            held.append(slot)
+
+        waiting = [asyncio.create_task(wait(name, priority)) for name, priority in
+                   [("low", 0), ("high", 9), ("mid", 5), ("high-later", 9)]]
+        await settled()
+        for _ in range(4):  # one slot freed at a time
+            pool.release(held.pop(0))
+            await settled()
+        await asyncio.gather(*waiting)
+
+        assert served == ["high", "high-later", "mid", "low"]
 
     run(story)
 
@@ -215,18 +241,18 @@ def test_a_full_pool_that_never_finished_a_request_bases_retry_after_on_its_olde
 
 
 @pytest.mark.parametrize(("drain", "ahead", "slots", "oldest", "wait"), [
-    pytest.param(Drain(gap=2.0, hold=30.0), 3, 2, 0.0, 8.0, id="saturated pace wins"),
-    pytest.param(Drain(hold=6.0), 0, 2, 50.0, 3.0, id="hold time over slots"),
-    pytest.param(Drain(), 1, 1, 5.0, 10.0, id="nothing finished: the oldest's age"),
+    pytest.param(Pace(gap=2.0, hold=30.0), 3, 2, 0.0, 8.0, id="saturated pace wins"),
+    pytest.param(Pace(hold=6.0), 0, 2, 50.0, 3.0, id="hold time over slots"),
+    pytest.param(Pace(), 1, 1, 5.0, 10.0, id="nothing finished: the oldest's age"),
 ])
-def test_the_expected_wait_uses_the_best_measure_there_is(drain: Drain, ahead: int, slots: int,
+def test_the_expected_wait_uses_the_best_measure_there_is(drain: Pace, ahead: int, slots: int,
                                                            oldest: float, wait: float) -> None:
     assert drain.expected_wait(ahead, slots, oldest) == pytest.approx(wait)
 
 
 def test_a_release_while_idle_is_no_measure_of_the_lines_pace() -> None:
     clock = Clock()
-    drain = Drain(clock)
+    drain = Pace(clock)
     drain.released(1.0, saturated=True)
     clock.advance(100.0)  # an idle hour is not a slow line
     drain.released(1.0, saturated=False)

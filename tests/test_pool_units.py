@@ -17,7 +17,15 @@ import pytest
 from gateway.state import config
 from gateway.state.config import ConfigError
 from providers.contract.lasting import Lasting
-from providers.kinds.pool.engines import LLAMACPP, VLLM, Host, WorkerPlan, choose_engine, plan
+from providers.kinds.pool.engines import (
+    LLAMACPP,
+    VLLM,
+    Host,
+    WorkerPlan,
+    choose_engine,
+    plan,
+    schedules_by_priority,
+)
 from providers.kinds.pool.gpus import Gpu, groups, parse_query, select
 from providers.kinds.pool.picking import (
     BLOCK_CHARS,
@@ -329,7 +337,8 @@ def test_four_gpus_at_tensor_parallel_two_make_two_vllm_workers_with_exact_argv(
         "--served-model-name", "m", "--tensor-parallel-size", "2", "--max-model-len", "4096",
         "--gpu-memory-utilization", "0.9", "--enable-prefix-caching",
         "--reasoning-parser", "deepseek_r1", "--tool-call-parser", "hermes",
-        "--enable-auto-tool-choice", "--shutdown-timeout", "30", "--max-num-seqs", "64")
+        "--enable-auto-tool-choice", "--scheduling-policy", "priority", "--shutdown-timeout", "30",
+        "--max-num-seqs", "64")
     assert plans[1].argv == tuple("8102" if a == "8101" else a for a in plans[0].argv)
 
 
@@ -350,7 +359,22 @@ def test_each_vllm_option_becomes_its_flag_and_only_when_set(
     name = fields.get("served_model_name", "m")
     assert argv == ("vllm", "serve", "/models/x", "--host", "127.0.0.1", "--port", "8101",
                     "--served-model-name", name, "--tensor-parallel-size", "1", *flags,
-                    "--shutdown-timeout", "30")
+                    "--scheduling-policy", "priority", "--shutdown-timeout", "30")
+
+
+@pytest.mark.parametrize(("fields", "takes_priority"), [
+    pytest.param({}, True, id="the gateway's priorities order vLLM's queue"),
+    pytest.param({"args": ["--scheduling-policy", "fcfs"]}, False, id="a policy of its own"),
+    pytest.param({"args": ["--scheduling-policy=priority"]}, True, id="priority, its own way"),
+    pytest.param({"task": "embed"}, False, id="an embedding model: nothing to schedule"),
+])
+def test_vllm_schedules_by_priority_unless_the_model_says_otherwise(
+        fields: dict[str, Any], takes_priority: bool) -> None:
+    (worker,) = plan("local", one_model(**fields), VLLM, Host((0,), "vllm", False), X)
+
+    assert schedules_by_priority(worker.argv) is takes_priority
+    assert worker.argv.count("--scheduling-policy") + sum(
+        a.startswith("--scheduling-policy=") for a in worker.argv) == (0 if "task" in fields else 1)
 
 
 def test_vllm_workers_listen_where_the_pool_says_and_get_its_shutdown_grace() -> None:

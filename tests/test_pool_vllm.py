@@ -116,7 +116,7 @@ def test_one_vllm_per_gpu_group_with_the_exact_command_line(
         "serve", HUB_ID, "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", MODEL, "--tensor-parallel-size", "2", "--max-model-len", "4096",
         "--enable-prefix-caching", "--reasoning-parser", "deepseek_r1",
-        "--shutdown-timeout", "3", "--max-num-seqs", "64"]
+        "--scheduling-policy", "priority", "--shutdown-timeout", "3", "--max-num-seqs", "64"]
     local = httpx.get(f"{gateway.url}/ready").json()["providers"][0]
     assert local["state"]["engine"] == "vllm"
 
@@ -137,6 +137,27 @@ def test_answers_come_from_the_pool_and_vllm_extras_reach_the_worker(
     }) as stream:
         body = b"".join(stream.iter_bytes())
     assert b"port=" in body and body.rstrip().endswith(b"data: [DONE]")
+
+
+def test_the_gateways_priority_reaches_vllm_its_way_round_and_a_body_cannot_jump_it(
+        gpu_pool: tuple[GatewayProcess, Env, int]) -> None:
+    gateway, _, _ = gpu_pool
+
+    def seen_priority(answer: httpx.Response) -> Any:
+        assert answer.status_code == 200, answer.text
+        worker = int(served_by(answer))
+        return httpx.get(f"http://127.0.0.1:{worker}/fake/last_request").json().get("priority")
+
+    lowered = seen_priority(httpx.post(
+        f"{gateway.base_url}/chat/completions", timeout=20, headers={"x-llms-priority": "-3"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "a"}]}))
+    # No keys: nobody may raise a request above priority 0, not in the body either.
+    jumping = seen_priority(ask(gateway, "b", priority=-100))
+    plain = seen_priority(ask(gateway, "c"))
+
+    assert lowered == 3  # vLLM runs the lowest first
+    assert jumping == 0
+    assert plain is None  # nothing asked: the body goes as it came
 
 
 def set_load(port: int, **gauges: float) -> None:

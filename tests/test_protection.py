@@ -36,13 +36,14 @@ def read_response(sock: socket.socket) -> bytes:
     return head
 
 
-def test_past_the_concurrency_cap_clients_get_503_with_retry_after_not_a_pile_up(
+def test_past_the_concurrency_cap_with_no_queue_clients_get_503_with_retry_after(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    # With a queue (the default) they wait their turn: tests/test_queueing.py.
     slow = upstream_factory("slow")
     slow.set_mode(slow_first_token(1.0))
     gateway = start_gateway(config({"slow": provider(slow.base_url, {"m": "m"})},
-                                   server={"max_concurrency": 2}))
+                                   server={"max_concurrency": 2, "max_queue": 0}))
     url = f"{gateway.base_url}/chat/completions"
     body = {"model": "m", "messages": MESSAGES}
     held = [threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body})

@@ -209,7 +209,7 @@ def test_a_warming_pool_and_a_full_gateway_are_counted_apart_from_failures(
             "models": {"qwen": {"source": "Qwen/Qwen3-8B", "max_model_len": 4096}}}
     doc = config({"local": pool, "slow": provider(slow.base_url, {"slow": "slow"},
                                                    timeouts={"first_token": 30})},
-                 server={"max_concurrency": 1})
+                 server={"max_concurrency": 1, "max_queue": 0})
     env = {**install_fakes(tmp_path / "bin", gpus=1), "FAKE_VLLM_LOAD_SECONDS": "120"}
     gateway = GatewayProcess(tmp_path, doc, env=env).start()
     try:

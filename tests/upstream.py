@@ -96,6 +96,12 @@ def hang() -> Mode:
     return Mode("hang")
 
 
+def held(then: Mode | None = None) -> Mode:
+    """Send nothing until the test calls `release()`, then behave like `then` (default: ok).
+    Each request held is recorded on arrival, so `requests` is the order they started in."""
+    return Mode("held", then=then or ok())
+
+
 def slow_first_token(seconds: float, then: Mode | None = None) -> Mode:
     """Send nothing (not even headers) for `seconds`, then behave like `then` (default: ok)."""
     return Mode("slow", seconds=seconds, then=then or ok())
@@ -207,6 +213,7 @@ class FakeUpstream:
         self._stop_requested: asyncio.Event | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        self._released: asyncio.Event | None = None
 
     # -- control, from the test's thread ------------------------------------------------------
 
@@ -246,6 +253,12 @@ class FakeUpstream:
             self.requests.clear()
             self._cancelled = 0
             self._cancel_event.clear()
+
+    def release(self) -> None:
+        """Let every request `held()` now, or later, go on."""
+        loop, released = self._loop, self._released
+        assert loop is not None and released is not None, "the fake is not running"
+        loop.call_soon_threadsafe(released.set)
 
     def wait_for_cancel(self, timeout: float = 5.0) -> bool:
         """Block until a client has left mid-answer; False on timeout."""
@@ -295,6 +308,7 @@ class FakeUpstream:
     async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
+        self._released = asyncio.Event()
         # Cancel handlers when the client leaves, so the fake can count abandoned requests.
         runner = web.AppRunner(self._app(), handle_signals=False, access_log=None,
                                handler_cancellation=True, shutdown_timeout=2.0)
@@ -396,6 +410,10 @@ class FakeUpstream:
         finally:
             self._inflight.discard(task)
 
+    async def _until_released(self) -> None:
+        assert self._released is not None
+        await self._released.wait()
+
     async def _play(self, request: web.Request, mode: Mode, body: dict[str, Any],
                     shape: _Shape) -> web.StreamResponse:
         streaming = bool(body.get("stream"))
@@ -403,8 +421,8 @@ class FakeUpstream:
             mode = mode.then
         if isinstance(shape, _EmbeddingShape) and (problem := embedding_problem(body)):
             return _error(400, problem)
-        if mode.kind == "slow":
-            await asyncio.sleep(mode.seconds)
+        if mode.kind in ("slow", "held"):
+            await (asyncio.sleep(mode.seconds) if mode.kind == "slow" else self._until_released())
             return await self._play(request, mode.then or ok(), body, shape)
         if mode.kind == "hang":
             await _forever()

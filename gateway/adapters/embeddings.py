@@ -46,7 +46,8 @@ class Batched(Adapter):
         answers = []
         for part in parts:
             outgoing = Outgoing(ENDPOINT, msgspec.json.encode(part), request.model, False,
-                                request.request_id, key_id=request.key_id)
+                                request.request_id, key_id=request.key_id,
+                                priority=request.priority)
             reply = await self.inner.send(outgoing, upstream_model)
             answers.append(msgspec.json.decode(reply.body))
         answer = embeddings.joined(answers)

@@ -107,7 +107,8 @@ class Resuming(Adapter):
             body = continuation(request.json(), partial, dialect, stitched.tokens)
             asked = Outgoing(ENDPOINT, msgspec.json.encode(body), request.model, True,
                              request.request_id, request.client_wants_usage, request.key_id,
-                             betas=request.betas, resumes=request.resumes)
+                             betas=request.betas, resumes=request.resumes,
+                             priority=request.priority)
             try:
                 with _accounted(self.health, provider, planned):
                     opened = await peek(provider.stream(asked, planned.route.upstream_model))

@@ -23,6 +23,7 @@ from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.edge.drain import Drain
 from gateway.pipeline import relay
 from gateway.pipeline.delivery import Streamed, Whole
+from gateway.pipeline.queueing import Ticket
 from gateway.pipeline.record import request_id
 from gateway.state.runtime import Runtime
 from providers.contract.errors import (
@@ -45,12 +46,13 @@ RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _EN
 class RawRequest:
     """What the relay reads of a request, from the ASGI scope: headers, body, the channel."""
 
-    __slots__ = ("_max_body", "headers", "receive", "scope")
+    __slots__ = ("_max_body", "headers", "receive", "scope", "ticket")
 
-    def __init__(self, scope: Scope, receive: Receive, max_body: int) -> None:
+    def __init__(self, scope: Scope, receive: Receive, max_body: int, ticket: Ticket) -> None:
         self.scope = scope
         self.receive = receive
         self._max_body = max_body
+        self.ticket = ticket  # its claim on a slot under the concurrency cap
         # ASGI servers send header names lowercased; a repeated header keeps its last value.
         self.headers: Mapping[str, str] = {
             name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
@@ -93,7 +95,8 @@ class Front:
             return
         runtime: Runtime = self.app.state.runtime
         runtime.stage("request")
-        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes)
+        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes,
+                             runtime.queue.ticket())
         if (method := scope.get("method")) != "POST":
             error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
             headers = {"allow": "POST", "x-request-id": request_id(request.headers)}
@@ -108,7 +111,7 @@ class Front:
                 with runtime.tracing.serving(request.headers, endpoint):
                     await self._answer(request, endpoint, runtime, send)
         finally:
-            runtime.leave()
+            runtime.leave(request.ticket)
 
     @staticmethod
     async def _answer(request: RawRequest, endpoint: str, runtime: Runtime,

@@ -59,6 +59,8 @@ def status(runtime: Runtime) -> dict[str, Any]:
                    "last_reload_error": runtime.config_error},
         "tasks": runtime.supervisor.view(),
         "inflight": runtime.inflight,
+        # Slots under server.max_concurrency, who waits for one, and who left without.
+        "queue": runtime.queue.view(),
         "providers": providers_view(runtime),
         "series": series,
         "summary": {

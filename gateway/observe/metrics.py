@@ -79,9 +79,16 @@ HEDGES = Family("llms_hedges", "Hedged requests: started, and won by the hedge",
                 ("model", "result"))
 RESUMES = Family("llms_resumes", "Broken streams resumed by another try: ok (its continuation "
                  "went on), failed (none could continue)", ("model", "result"))
+QUEUE_WAIT = Family("llms_queue_wait_seconds", "Time a request waited for a slot under "
+                    "server.max_concurrency (0 when one was free), by key", ("key",),
+                    LATENCY_BUCKETS)
+QUEUE_DROPPED = Family("llms_queue_dropped", "Requests that left the queue without a slot, by "
+                       "key and reason: full, deadline (refused early), timeout, client_left",
+                       ("key", "reason"))
 FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
-            CACHE_STORED, HEDGES, RESUMES)
-INFLIGHT = ("llms_inflight_requests", "Requests holding an upstream")
+            CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED)
+INFLIGHT = ("llms_inflight_requests", "Requests in the gateway: served, or queued for a slot")
+QUEUE_DEPTH = ("llms_queue_depth", "Requests waiting for a slot under server.max_concurrency")
 
 Labels = tuple[Any, ...]  # label values; exported as str()
 
@@ -149,6 +156,7 @@ class SharedValues:
             for family in FAMILIES}
         self._children: dict[tuple[Family, Labels], Any] = {}
         self.inflight = Gauge(*INFLIGHT, registry=registry, multiprocess_mode="livesum")
+        self.queued = Gauge(*QUEUE_DEPTH, registry=registry, multiprocess_mode="livesum")
 
     def inc(self, family: Family, labels: Labels, amount: float = 1.0) -> None:
         self._child(family, labels).inc(amount)
@@ -167,21 +175,36 @@ class SharedValues:
 class Metrics:
     """Every metric the gateway exports."""
 
-    def __init__(self, health: ProviderHealth, inflight: Callable[[], int] = lambda: 0) -> None:
-        """`inflight` reads the requests holding an upstream: in one process the gauge calls it
-        when scraped; with several workers each moves its share (`add_inflight`)."""
+    def __init__(self, health: ProviderHealth, inflight: Callable[[], int] = lambda: 0,
+                 queued: Callable[[], int] = lambda: 0) -> None:
+        """`inflight` reads the requests in the gateway, `queued` those of them waiting for a slot:
+        in one process the gauges call them when scraped; with several workers each moves its
+        share (`add_inflight`, `add_queued`)."""
         self._health = health
         self._registry = CollectorRegistry()
         self._shared = SharedValues(self._registry) if multiprocess_dir() else None
         self.values: Values = self._shared or LocalValues()
         if isinstance(self.values, LocalValues):
-            self._registry.register(_LocalCollector(self.values, inflight))
+            self._registry.register(_LocalCollector(self.values, inflight, queued))
             self._registry.register(_CircuitCollector(health))
 
     def add_inflight(self, delta: int) -> None:
         """This worker's in-flight count moved by `delta`; only several workers need telling."""
         if self._shared is not None:
             self._shared.inflight.inc(delta)
+
+    def add_queued(self, delta: int) -> None:
+        """This worker's queue depth moved by `delta`; only several workers need telling."""
+        if self._shared is not None:
+            self._shared.queued.inc(delta)
+
+    def queue_wait(self, key: str, seconds: float) -> None:
+        """A request got its slot after waiting `seconds` (0: one was free)."""
+        self.values.observe(QUEUE_WAIT, (key,), seconds)
+
+    def queue_dropped(self, key: str, reason: str) -> None:
+        """A request left the queue without a slot, for `reason`."""
+        self.values.inc(QUEUE_DROPPED, (key, reason))
 
     def record(self, *, endpoint: str, model: str, provider: str | None, status: int,
                duration: float, ttft: float | None, upstream: float | None,
@@ -235,15 +258,18 @@ class Metrics:
 
 
 class _LocalCollector(Collector):
-    """One process's recorded numbers and its in-flight count, at scrape time."""
+    """One process's recorded numbers, its in-flight count and queue depth, at scrape time."""
 
-    def __init__(self, values: LocalValues, inflight: Callable[[], int]) -> None:
+    def __init__(self, values: LocalValues, inflight: Callable[[], int],
+                 queued: Callable[[], int]) -> None:
         self._values = values
         self._inflight = inflight
+        self._queued = queued
 
     def collect(self) -> Iterable[Metric]:
         yield from self._values.collect()
         yield GaugeMetricFamily(*INFLIGHT, value=self._inflight())
+        yield GaugeMetricFamily(*QUEUE_DEPTH, value=self._queued())
 
 
 class _CircuitCollector(Collector):

@@ -18,7 +18,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from providers.contract.errors import ModelLoading, Overloaded, PoolFull, PoolNotReady
+from providers.contract.errors import (
+    ModelLoading,
+    Overloaded,
+    PoolFull,
+    PoolNotReady,
+    QueueTimeout,
+)
 
 HORIZON = 600
 SAMPLES_PER_SECOND = 128
@@ -28,7 +34,7 @@ class Refusal(Enum):
     """Why a healthy gateway or provider turned a request away: counted apart from failures."""
 
     NOT_READY = "not_ready"  # still loading the model
-    SHED = "shed"  # busy: a full pool, the process at its concurrency cap
+    SHED = "shed"  # busy: a full pool, the process at its concurrency cap and queue
 
 
 # The try reasons (`ProviderError.reason`) that are a refusal, not a failure.
@@ -39,7 +45,7 @@ REFUSALS = {PoolNotReady.reason: Refusal.NOT_READY, ModelLoading.reason: Refusal
 def refusal(reasons: Iterable[str], code: str | None = None) -> Refusal | None:
     """The refusal a failed request was, from its error `code` and its tries' `reasons`: None
     when any try truly failed (or none was made and the gateway was not shedding)."""
-    if code == Overloaded.code:
+    if code in (Overloaded.code, QueueTimeout.code):  # busy, in the gateway's own queue
         return Refusal.SHED
     kinds = {REFUSALS.get(reason) for reason in reasons}
     if not kinds or None in kinds:

@@ -1,7 +1,10 @@
 """A request's admission: everything decided before an upstream is called.
 
-The key and its limits, the process's concurrency cap, the body's head (typed, a wrong type a
-400 naming its `param`), the alias's candidates in the order its strategy gives. The head's
+The key and its limits, the request's turn (`x-llms-priority`, `x-llms-timeout`), the body's
+head (typed, a wrong type a 400 naming its `param`), the alias's candidates in the order its
+strategy gives, and last its wait for a slot under the process's concurrency cap
+(`queueing`): a request that would be refused anyway is refused without waiting, and its body
+is read before it waits (the guard's body deadline runs from the request's head). The head's
 size and the body's deadline were checked by `gateway.edge.guard`, in front of every route.
 """
 
@@ -17,11 +20,13 @@ from gateway.adapters import embeddings
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.stack import bare
 from gateway.edge import auth
+from gateway.edge.disconnect import DisconnectGuard
 from gateway.pipeline import router, schemas, strategy
+from gateway.pipeline.queueing import Ticket, turn_of
 from gateway.pipeline.record import Record
 from gateway.state.config import Route
 from gateway.state.runtime import Runtime
-from providers.contract.errors import KeyRateLimited, Overloaded, ResponseNotFound
+from providers.contract.errors import KeyRateLimited, ResponseNotFound
 from providers.contract.messages import CountTokensRequest, MessagesRequest
 from providers.contract.provider import Provider
 
@@ -40,6 +45,7 @@ class Incoming(Protocol):
 
     scope: Any
     receive: Receive
+    ticket: Ticket  # its claim on a slot under the concurrency cap
 
     @property
     def headers(self) -> Mapping[str, str]: ...
@@ -57,10 +63,12 @@ class Admitted:
     alias: str  # what serves the name the client sent (`alias_of`, a pattern)
     routes: tuple[Route, ...]
     providers: Mapping[str, Provider]
+    priority: int = 0  # its priority in the queue, for a provider's own (a pool's line)
 
 
 async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted:
-    """Check the request and find its candidates; a `GatewayError` when it cannot go on."""
+    """Check the request, find its candidates and wait for its slot; a `GatewayError` when
+    it cannot go on."""
     live, endpoint = runtime.live, record.endpoint
     key = auth.check(request.headers, live.snapshot)
     if key is not None:
@@ -68,8 +76,9 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
         if (wait := runtime.limiter.admit(key.limits)) is not None:
             raise KeyRateLimited(f"Rate limit reached for key {key.limits.key_id}; "
                                  f"retry in {wait:.0f}s", retry_after=wait)
-    if runtime.inflight > live.snapshot.server.max_concurrency:  # this one holds a slot too
-        raise Overloaded("The gateway is at its concurrency limit; retry shortly")
+    turn = turn_of(request.headers, key.limits if key is not None else None,
+                   live.snapshot.server.queue_timeout)
+    runtime.queue.check_room(turn)
     head, raw = schemas.parse(await request.body(), HEADS[endpoint])
     record.model, record.stream = head.model, bool(getattr(head, "stream", False))
     alias = live.snapshot.resolve(head.model)
@@ -78,7 +87,11 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
     providers = live.adapted[endpoint]
     if endpoint == "responses":
         await _check_previous_response(runtime, head, routes, providers, record.key_id)
-    return Admitted(head, raw, alias, routes, providers)
+    if not runtime.queue.start_now(request.ticket, turn):
+        async with DisconnectGuard(request.receive):  # a client that leaves leaves the queue
+            await runtime.queue.wait(request.ticket, turn)
+        record.detail["queued_ms"] = round(request.ticket.waited * 1000, 2)  # its log line
+    return Admitted(head, raw, alias, routes, providers, turn.priority)
 
 
 def ordered(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:

@@ -78,7 +78,8 @@ class Flight:
         self.size = 0
         self.joinable = True
         self.ended = False
-        self.detached = False  # its client left: the flight holds an in-flight slot itself
+        # Its client left: the flight holds a slot of its own, given back by this at its end.
+        self.release: Callable[[], None] | None = None
         self.waiters = 0
         # The client that started it reads from the start: counted before any chunk comes.
         self.first = _Reader()
@@ -136,13 +137,13 @@ class Idempotency:
     """The keyed requests of this process: those running (`Flight`s) and the store of those
     that completed."""
 
-    def __init__(self, store: IdempotencyStore, enter: Callable[[], None] = lambda: None,
-                 leave: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, store: IdempotencyStore,
+                 hold: Callable[[], Callable[[], None]] = lambda: lambda: None) -> None:
         self.store = store
         self.running: dict[str, Flight] = {}
-        # The process's in-flight slots (`Runtime.enter`, `leave`): a flight whose client left
-        # still calls an upstream, so it keeps counting against `server.max_concurrency`.
-        self.enter, self.leave = enter, leave
+        # A slot under `server.max_concurrency` taken at once (`Runtime.hold`), and what gives
+        # it back: a flight whose client left still calls an upstream, so it keeps counting.
+        self.hold = hold
         self._tasks: set[asyncio.Task[None]] = set()
 
     def launch(self, key: str, flight: Flight, produce: Produce, ttl: float) -> None:
@@ -155,9 +156,8 @@ class Idempotency:
     def detach(self, flight: Flight) -> None:
         """The client that started `flight` left before its end: the slot it gave back is
         taken again, until the flight ends (`_fly`)."""
-        if not flight.ended and not flight.detached:
-            flight.detached = True
-            self.enter()
+        if not flight.ended and flight.release is None:
+            flight.release = self.hold()
 
     async def close(self) -> None:
         """Stop the flights still running (the process is stopping)."""
@@ -247,8 +247,8 @@ async def _fly(keys: Idempotency, key: str, flight: Flight, produce: Produce,
         flight.end()
         if keys.running.get(key) is flight:
             del keys.running[key]
-        if flight.detached:
-            keys.leave()
+        if flight.release is not None:
+            flight.release()
 
 
 def _first(keys: Idempotency, flight: Flight) -> Whole | Streamed:

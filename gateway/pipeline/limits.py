@@ -14,15 +14,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 WINDOW = 60
+PRIORITY_BOUND = 1_000_000  # the largest priority's magnitude, in a key entry or a header
 
 
 @dataclass(frozen=True, slots=True)
 class KeyLimits:
-    """What one gateway key may use per minute; None means unlimited."""
+    """What one gateway key may use per minute (None: unlimited), and how its requests wait
+    in the queue at the concurrency cap (`gateway.pipeline.queueing`)."""
 
     key_id: str
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    priority: int = 0  # without `x-llms-priority`
+    max_priority: int = 0  # the most `x-llms-priority` may ask for
+    timeout: float | None = None  # seconds in the queue without `x-llms-timeout`
+    weight: int = 1  # requests started per turn between keys
 
 
 class RateLimiter:

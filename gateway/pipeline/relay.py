@@ -73,7 +73,8 @@ async def _serve(request: Incoming, admitted: Admitted, record: Record, runtime:
         outgoing = Outgoing(endpoint, admitted.raw, head.model, record.stream,
                             record.request_id, client_wants_usage=wants_usage,
                             key_id=record.key_id, choices=getattr(head, "n", None) or 1,
-                            betas=request.headers.get("anthropic-beta"))
+                            betas=request.headers.get("anthropic-beta"),
+                            priority=admitted.priority)
         outgoing = fallbacks.as_alias(outgoing, alias)
         record.resumes = outgoing.resumes
         policy = live.snapshot.policy(alias)

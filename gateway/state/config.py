@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import yaml
 
-from gateway.pipeline.limits import KeyLimits
+from gateway.pipeline.limits import PRIORITY_BOUND, KeyLimits
 from gateway.state import aliases
 from gateway.state.aliases import AliasError, Chains, Names
 from gateway.state.facts import Facts, facts
@@ -72,13 +72,22 @@ class ConfigError(Exception):
 
 
 class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A gateway key with an id for logs and optional per-minute limits."""
+    """A gateway key with an id for logs, optional per-minute limits, and how its requests
+    wait in the queue at the concurrency cap (`gateway.pipeline.queueing`)."""
 
     key: str
     id: str | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     private: bool = False  # its prompts and completions are never recorded on traces
+    # Its requests' priority when they send no `x-llms-priority`, and the most they may ask
+    # for (None: `priority`, so a key cannot raise itself above what it was given).
+    priority: Annotated[int, msgspec.Meta(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)] = 0
+    max_priority: Annotated[int, msgspec.Meta(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)] | None = None
+    # Seconds its requests may wait in the queue without `x-llms-timeout` (None: the server's).
+    timeout: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # Requests it starts per turn among the keys waiting (fair share between keys).
+    weight: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1
 
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -97,6 +106,12 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
     max_concurrency: int = 10_000
+    # Requests that wait for a slot at `max_concurrency` (0: refuse at once): bounded, since
+    # each holds its connection and body.
+    max_queue: Annotated[int, msgspec.Meta(ge=0)] = 1_000
+    # The longest a request waits in that queue; `x-llms-timeout` and a key's `timeout` can
+    # only shorten it.
+    queue_timeout: Annotated[float, msgspec.Meta(ge=0)] = 60.0
     allow_unauthenticated: bool = False
     reload_interval: float = 1.0
     # Seconds a connection may take to deliver a whole request head (a slow client holds a file
@@ -443,7 +458,9 @@ def _keys(entries: tuple[str | KeyEntry, ...], environ: Mapping[str, str]
             continue
         key_id = item.id or "key-" + hashlib.sha256(secret.encode()).hexdigest()[:8]
         keys.append(GatewayKey(Secret(secret), KeyLimits(
-            key_id, item.requests_per_minute, item.tokens_per_minute), item.private))
+            key_id, item.requests_per_minute, item.tokens_per_minute, item.priority,
+            item.priority if item.max_priority is None else item.max_priority, item.timeout,
+            item.weight), item.private))
     return tuple(keys)
 
 

@@ -27,6 +27,7 @@ from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.pipeline.health import ProviderHealth
 from gateway.pipeline.idempotency import Idempotency
 from gateway.pipeline.limits import RateLimiter
+from gateway.pipeline.queueing import Queue, Ticket
 from gateway.pipeline.record import Listener
 from gateway.pipeline.strategy import Latencies, Spread
 from gateway.state.config import (
@@ -148,10 +149,14 @@ class Runtime:
         self.spread = Spread()  # the weighted strategy's turns, per alias
         self.latencies = Latencies()  # what the latency strategy has learned
         self.limiter = RateLimiter()
-        self.metrics = Metrics(self.health, inflight=lambda: self.inflight)
+        self.metrics = Metrics(self.health, inflight=lambda: self.inflight,
+                               queued=lambda: self.queue.depth)
+        # The slots under server.max_concurrency and the requests waiting for one.
+        self.queue = Queue(on_wait=self.metrics.queue_wait, on_drop=self.metrics.queue_dropped,
+                           on_depth=self.metrics.add_queued)
         self.traffic = RecentTraffic()
         self.provider_traffic = ProviderTraffic()
-        self.inflight = 0  # relay requests being served, for the concurrency cap
+        self.inflight = 0  # relay requests in the gateway: served, or waiting in the queue
         self.disabled_by_admin: set[str] = set()
         self.discovered: dict[str, tuple[str, ...]] = {}  # "models": "*" listings, by provider
         # The reason each disabled provider was last logged with: a reload that changes nothing
@@ -160,8 +165,7 @@ class Runtime:
         self.responses = responses
         self.cache = cache
         # `Idempotency-Key` requests: those running here, and the store of those completed.
-        self.idempotency = Idempotency(idempotency or IdempotencyStore(), self.enter,
-                                       self.leave)
+        self.idempotency = Idempotency(idempotency or IdempotencyStore(), self.hold)
         self.redis = redis  # the process's one Redis client; None with the memory backend
         self.configured: Snapshot | None = None  # the file's config, before admin overrides
         # The last reload that was refused or invalid ({"error", "at"}), until one succeeds.
@@ -208,14 +212,23 @@ class Runtime:
         self.stage("logged")
 
     def enter(self) -> None:
-        """A relay request takes its in-flight slot (`front.Front`, the one caller)."""
+        """A relay request arrives (`front.Front`, the one caller); its ticket for a slot
+        under the concurrency cap (`queue.ticket()`) is waited on at admission."""
         self.inflight += 1
         self.metrics.add_inflight(1)
 
-    def leave(self) -> None:
-        """Its answer is sent, or abandoned: the slot is free."""
+    def hold(self) -> Callable[[], None]:
+        """A slot taken at once, past the cap if need be, for work already running whose
+        request left (a keyed flight); the function that gives it back."""
+        self.enter()
+        ticket = self.queue.hold()
+        return lambda: self.leave(ticket)
+
+    def leave(self, ticket: Ticket) -> None:
+        """Its answer is sent, or abandoned: its slot, or its place in the queue, is free."""
         self.inflight -= 1
         self.metrics.add_inflight(-1)
+        self.queue.leave(ticket)
 
     async def apply(self, snapshot: Snapshot) -> None:
         """Make `snapshot` live; on any error the previous config keeps serving."""
@@ -235,6 +248,7 @@ class Runtime:
                 tries_traced(self.tracing, effective, live.redactor)),
                 models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
+        self.queue.configure(effective.server.max_concurrency, effective.server.max_queue)
         self.request_log.redaction.redactor = live.redactor
         routed = [route for routes in effective.routes.values() for route in routes]
         self.health.retain(routed)

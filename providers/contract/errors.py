@@ -17,7 +17,9 @@
      │    ├── IdempotencyKeyReused    422 idempotency_key_reused: the key sent with another body
      │    ├── IdempotencyKeyBusy      409 idempotency_key_in_use: too many retries wait on it
      │    └── UpstreamClientError     a provider's 4xx that is the client's fault, relayed
-     ├── Overloaded                   503 overloaded: the process is at its concurrency cap
+     ├── Overloaded                   503 overloaded: at the concurrency cap, and the queue full
+ │                                or the request's turn past its deadline
+ ├── QueueTimeout                 504 queue_timeout: its deadline passed while it waited
      ├── ShuttingDown                 503 server_shutting_down: a stream the drain ended
      ├── ProviderError                one attempt at one provider failed; `retryable` says
      │    │                           whether the same provider may be tried again
@@ -254,11 +256,23 @@ class UpstreamClientError(ClientError):
 
 
 class Overloaded(GatewayError):
-    """This gateway process is at its concurrency cap; try again shortly."""
+    """This gateway process is at its concurrency cap and cannot queue the request (its queue is
+    full, or the request's turn would come after its deadline); `retry_after` says when."""
 
     http_status = 503
-    retry_after = 1.0
     code = "overloaded"
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueTimeout(GatewayError):
+    """The request waited in the gateway's queue until its deadline passed (`x-llms-timeout`,
+    its key's `timeout`, or `server.queue_timeout`) without its turn coming."""
+
+    http_status = 504
+    code = "queue_timeout"
 
 
 class ShuttingDown(GatewayError):

@@ -49,6 +49,9 @@ class Outgoing:
     # The client's `anthropic-beta` header: the betas that make its Messages body valid.
     betas: str | None = None
     resumes: Resumes = field(default_factory=Resumes)
+    # Its priority in the gateway's queue (`x-llms-priority`, higher first): a provider with a
+    # line of its own (the bundled pool, vLLM's scheduler) orders it the same way.
+    priority: int = 0
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
@@ -64,13 +67,13 @@ class Outgoing:
         body.pop("stream_options", None)
         return Outgoing(self.endpoint, msgspec.json.encode(body), self.model, stream,
                         self.request_id, key_id=self.key_id, choices=self.choices,
-                        betas=self.betas, resumes=self.resumes)
+                        betas=self.betas, resumes=self.resumes, priority=self.priority)
 
     def with_body(self, endpoint: str, body: dict[str, Any]) -> Outgoing:
         """The same request as another endpoint's body (what a bridge sends on)."""
         return Outgoing(endpoint, msgspec.json.encode(body), self.model, self.stream,
                         self.request_id, client_wants_usage=True, key_id=self.key_id,
-                        choices=self.choices, resumes=self.resumes)
+                        choices=self.choices, resumes=self.resumes, priority=self.priority)
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:

@@ -8,6 +8,7 @@ builds are asserted in tests without starting anything.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 import shutil
 import sys
@@ -21,6 +22,7 @@ from providers.kinds.pool.sources import Weights
 VLLM = "vllm"
 _SECRET_FLAG = re.compile(r"(?i)^--?[\w-]*(key|token|secret|password)")
 LLAMACPP = "llamacpp"
+SCHEDULING_FLAG = "--scheduling-policy"  # vLLM's; "priority" orders its queue by `priority`
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +164,20 @@ def vllm_argv(vllm: str, weights: Weights, alias: str, model: ModelSettings,
         argv.append("--enable-auto-tool-choice")
     if model.task == "embed":
         argv += ["--runner", "pooling"]
+    if model.task != "embed" and not any(a.startswith(SCHEDULING_FLAG) for a in model.args):
+        # The gateway's priorities (`x-llms-priority`) order the worker's own queue too; with
+        # every priority equal, vLLM's priority policy is first come first served.
+        argv += [SCHEDULING_FLAG, "priority"]
     argv += ["--shutdown-timeout", f"{settings.shutdown_grace:g}"]
     return (*argv, *model.args)
+
+
+def schedules_by_priority(argv: Sequence[str]) -> bool:
+    """Whether a vLLM worker started with `argv` takes a request's `priority` (any other
+    policy refuses a nonzero one)."""
+    return any(arg == SCHEDULING_FLAG and value == "priority"
+               for arg, value in itertools.pairwise(argv)) \
+        or f"{SCHEDULING_FLAG}=priority" in argv
 
 
 def llamacpp_argv(weights: Weights, alias: str, model: ModelSettings, settings: PoolSettings,

@@ -27,13 +27,14 @@ import msgspec
 
 from providers.contract.errors import GatewayError, PoolFull, PoolNotReady
 from providers.contract.log import get_logger
+from providers.contract.pace import Pace
 from providers.contract.spec import Secret
 from providers.contract.transport import Link, Transport
 from providers.kinds.pool.engines import LLAMACPP, WorkerPlan
 from providers.kinds.pool.leader import LeaderLock
 from providers.kinds.pool.picking import Load, Policy, PrefixTable, choose
 from providers.kinds.pool.process import WorkerProcess
-from providers.kinds.pool.queue import Drain, Line
+from providers.kinds.pool.queue import Line
 from providers.kinds.pool.scrape import parse_metrics
 from providers.kinds.pool.settings import PoolSettings
 from providers.kinds.pool.worker import Worker, WorkerState
@@ -89,7 +90,7 @@ class Pool:
         self._stopping = False
         self.line: Line[Slot] = Line(clock)
         self._held: set[Slot] = set()
-        self._drains: dict[str, Drain] = {}
+        self._paces: dict[str, Pace] = {}
         self.log = get_logger().bind(pool=name)
 
     async def start(self) -> None:
@@ -133,7 +134,7 @@ class Pool:
         slots = (self.max_sent or 1) * len(self.ready_for(model))
         now = self.clock()
         oldest = max((now - s.since for s in self._held if s.worker.serves(model)), default=0.0)
-        return self._drain(model).expected_wait(self.line.waiting(model), slots, oldest)
+        return self._pace(model).expected_wait(self.line.waiting(model), slots, oldest)
 
     def take(self, model: str, hashes: Sequence[int], exclude: set[str]) -> Slot | None:
         """A slot on the worker for one try, taken now: prefix affinity unless overloaded,
@@ -146,10 +147,12 @@ class Pool:
             return None
         return self._claim(self.workers[choose(loads, hashes, self.table, self.policy)])
 
-    async def acquire(self, model: str, hashes: Sequence[int], within: float) -> Slot | None:
+    async def acquire(self, model: str, hashes: Sequence[int], within: float,
+                      priority: int = 0) -> Slot | None:
         """A slot for a request's first try: free now, or the first to free up in the next
-        `within` seconds while the line has room. None when no worker for `model` is ready;
-        PoolFull when the line is full or the wait ran out, with when to come back."""
+        `within` seconds while the line has room (ahead of waiters of a lower `priority`).
+        None when no worker for `model` is ready; PoolFull when the line is full or the wait
+        ran out, with when to come back."""
         if not self.line.waiting(model) and (slot := self.take(model, hashes, set())):
             return slot  # nobody waits ahead: first come, first served
         if not self._serving(model):
@@ -158,7 +161,7 @@ class Pool:
             raise PoolFull(f"pool {self.name}: every worker for {model} holds {self.max_queue} "
                            "requests (max_queue)", self.retry_after(model))
         try:
-            return await self.line.wait(model, within, self.release)
+            return await self.line.wait(model, within, self.release, priority)
         except TimeoutError:
             raise PoolFull(f"pool {self.name}: no worker for {model} was free within "
                            f"{within:g}s (queue_timeout)", self.retry_after(model)) from None
@@ -173,7 +176,7 @@ class Pool:
         for model in worker.models:
             saturated = self.line.waiting(model) > 0 or (bound is not None and all(
                 w.load.inflight >= bound for w in self.ready_for(model)))
-            self._drain(model).released(self.clock() - slot.since, saturated)
+            self._pace(model).released(self.clock() - slot.since, saturated)
         worker.load.inflight -= 1
         self._serve_line(worker)
 
@@ -206,11 +209,11 @@ class Pool:
             if not self._serving(model):
                 self.line.abandon(model, PoolNotReady(self.not_ready_reason(model)))
 
-    def _drain(self, model: str) -> Drain:
-        drain = self._drains.get(model)
-        if drain is None:
-            drain = self._drains[model] = Drain(self.clock)
-        return drain
+    def _pace(self, model: str) -> Pace:
+        pace = self._paces.get(model)
+        if pace is None:
+            pace = self._paces[model] = Pace(self.clock)
+        return pace
 
     def update(self, settings: PoolSettings, key: Secret | None = None) -> None:
         """Take a reload's settings that apply live (limits, timings, the workers' key); what

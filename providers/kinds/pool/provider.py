@@ -30,7 +30,7 @@ from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds.openai import OpenAIProvider
 from providers.kinds.pool.counting import EmptyStream, estimated_prompt_tokens, pooled, with_usage
-from providers.kinds.pool.engines import LLAMACPP, VLLM
+from providers.kinds.pool.engines import LLAMACPP, VLLM, schedules_by_priority
 from providers.kinds.pool.picking import prefix_hashes, prompt_text
 from providers.kinds.pool.pool import Pool, Slot
 from providers.kinds.pool.protect import for_engine, output_cap
@@ -126,7 +126,8 @@ class PoolProvider(Provider):
         pool, hashes = self._pool(), self._hashes(request, upstream_model)
         # The first try may wait in line for a worker; a retry on another worker after a
         # failure takes one that is free now, or none.
-        first = await pool.acquire(upstream_model, hashes, self._queue_timeout())
+        first = await pool.acquire(upstream_model, hashes, self._queue_timeout(),
+                                   request.priority)
         waited = [first] if first is not None else []
         tried: set[str] = set()
         limited: list[ModelLimit] = []
@@ -237,9 +238,23 @@ class PoolProvider(Provider):
         settings = self._models.get(model)
         cap = output_cap(engine, settings.max_output_tokens if settings else None)
         body = for_engine(request.json(), request.endpoint, engine, cap)
+        if self._takes_priority(model) and (request.priority or "priority" in request.json()):
+            # vLLM runs the lowest first; the gateway's priority (capped by the key's
+            # max_priority) replaces any the client wrote in the body.
+            body = {**(body if body is not None else request.json()),
+                    "priority": -request.priority}
         if body is None:
             return request
         return replace(request, raw=msgspec.json.encode(body), _json=None)
+
+    def _takes_priority(self, model: str) -> bool:
+        """Whether every worker serving `model` is a vLLM this pool started with its priority
+        policy (a remote worker's policy is unknown: any other refuses a nonzero priority)."""
+        if self.pool is None or self.pool.settings.workers:
+            return False
+        plans = [p for p in self.pool.plans.values() if p.model == model]
+        return bool(plans) and all(p.engine == VLLM and schedules_by_priority(p.argv)
+                                   for p in plans)
 
     def _pool(self) -> Pool:
         if self.pool is None:
