@@ -60,6 +60,8 @@ def status(runtime: Runtime) -> dict[str, Any]:
         "tasks": runtime.supervisor.view(),
         "inflight": runtime.inflight,
         "providers": providers_view(runtime),
+        # Per alias that hedges: its delay per leading provider, its budget used.
+        "hedging": runtime.hedging.view(),
         "series": series,
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),
