@@ -22,7 +22,10 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   400 requests to a gateway with breakers on and one with `circuit.enabled: false` (chaos.py);
 - resume: a stream cut halfway and resumed by another candidate, the seam's latency against the
   gap between chunks; streams/s of an alias with resume on (never needed) against one without,
-  alternating rounds (resume.py).
+  alternating rounds (resume.py);
+- hedging: a provider slow to its first token one time in ten, through no hedging, a fixed
+  `hedge_after` (short and long) and `"p90"` (with two budgets): p99 time to first token and
+  upstream requests per answer (hedging.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -67,6 +70,7 @@ from harness import (
     stop,
     wait_for_port,
 )
+from hedging import hedging
 from resume import resume
 
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -82,7 +86,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly", "chaos", "resume")
+         "startup", "whole_streamed", "assembly", "chaos", "resume", "hedging")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -284,6 +288,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "assembly": lambda: assembly(work, ASSEMBLY_EVENTS, 1 if quick else 3),
         "chaos": lambda: chaos(work, 100 if quick else 400),
         "resume": lambda: resume(work, 3 if quick else 8, 2 if quick else 4),
+        "hedging": lambda: hedging(work, 200 if quick else 500),
     }
     for name, step in steps.items():
         if name in parts:
@@ -449,6 +454,13 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                      f"switching every {ch['flip_s']:g} s)", "none: breakers on beside off, "
                      "reported", f"breakers on {ch['on_rate']:.0%}, `circuit.enabled: false` "
                      f"{ch['off_rate']:.0%}", None))
+    if hd := data.get("hedging"):
+        rows.append((f"TTFT p99, a provider slow one time in ten ({hd['fast_s']:g} s, else "
+                     f"{hd['slow_s']:g} s; {hd['requests']} streams)", "none: no hedging, fixed "
+                     "and p90 side by side, reported",
+                     "; ".join(f"{r['config']} {r['p99_ms']:.0f} ms at "
+                               f"{r['upstream_per_answer']:.2f} upstream requests per answer"
+                               for r in hd["rows"]), None))
     if su := data.get("startup"):
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))
