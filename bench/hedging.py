@@ -2,17 +2,19 @@
 
 One fake upstream (this file run as `hedging.py upstream`, on core 1) serves many providers,
 one per path (`/<name>/v1`): each streams its answer after a first-token delay of `FAST` s,
-or `SLOW` s one time in ten, drawn from a generator seeded by the provider's role (`a`, the
-leader, or `b`, the backup), so every gateway's leader meets the same sequence. It is the
-issue's 0.2 s / 3 s provider scaled down four times, to keep the run short.
+or `SLOW` s a share of the time (`SHARES`, by the provider's role), drawn from a generator
+seeded by the role, so every gateway's leader meets the same sequence. The leader is the
+issue's provider, 0.2 s or 3 s one time in ten, scaled down four times to keep the run short.
 
-Gateways on core 0 route `bench-model` to their own `a` then `b`, one per configuration
-(`CONFIGS`): no hedging, fixed `hedge_after` (one short, one long), and `"p90"` with a budget
-above its 10 % and with the default 0.05. The client (`hedging.py client`, core 1) sends each
-gateway `WARMUP` streams (a p90 learns from them) then `requests` streams, `CONCURRENCY` at a
-time, timing each stream's first chunk. Reported per configuration: p50/p90/p99 time to first
-token, the share of streams hedged, and upstream requests per answer (counted by the
-upstream). Reported, not judged.
+Gateways on core 0 route `bench-model` to their own leader, then a backup: one as slow as the
+leader (its own draws: both slow at once one time in a hundred), or a steady one. One gateway
+per backup and configuration (`CONFIGS`): no hedging, fixed `hedge_after` (one short, one
+long), and `"p90"` with a budget above its 10 % and with the default 0.05. The client
+(`hedging.py client`, core 1) sends each gateway `WARMUP` streams (a p90 learns from them),
+then `requests` streams, `CONCURRENCY` at a time, timing each stream's first chunk. Reported:
+p50/p95/p99 time to first token, the share of slow first tokens (over half of `SLOW`), the
+share of streams hedged, and upstream requests per answer (counted by the upstream, warm-up
+apart). Reported, not judged.
 
 Run alone: `.venv/bin/python bench/run.py --only hedging`.
 """
@@ -31,10 +33,13 @@ from typing import Any
 import aiohttp
 import uvloop
 from aiohttp import web
-from harness import BENCH, PY, free_port, gateway_command, spawn, wait_for_port
+from harness import BENCH, PY, free_port, gateway_command, spawn, stop, wait_for_port
 from scenarios import CHAT, Started, on_core1
 
-FAST, SLOW, SLOW_SHARE = 0.05, 0.75, 0.1
+FAST, SLOW = 0.05, 0.75
+# Per role, the share of slow first tokens: the leader, a backup as slow, a steady backup.
+SHARES = {"a": 0.1, "b": 0.1, "s": 0.0}
+BACKUPS = {"as slow": "b", "steady": "s"}
 CONCURRENCY = 8
 WARMUP = 40
 # name: the alias's routing ({}: no hedging).
@@ -58,8 +63,9 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     app = request.app
     app["counts"][name] = app["counts"].get(name, 0) + 1
-    draws = app["draws"].setdefault(name, random.Random(name.rsplit("-", 1)[-1]))
-    await asyncio.sleep(SLOW if draws.random() < SLOW_SHARE else FAST)
+    role = name.rsplit("-", 1)[-1]
+    draws = app["draws"].setdefault(name, random.Random(role))
+    await asyncio.sleep(SLOW if draws.random() < SHARES[role] else FAST)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     await response.write(CHUNK * 4 + LAST)
@@ -114,8 +120,9 @@ def _quantile(values: list[float], q: float) -> float:
 async def _client(url: str, requests: int) -> dict[str, Any]:
     got = await _load(url, requests)
     ttft = [first for first, _ in got]
-    return {"p50_ms": _quantile(ttft, 0.5) * 1000, "p90_ms": _quantile(ttft, 0.9) * 1000,
+    return {"p50_ms": _quantile(ttft, 0.5) * 1000, "p95_ms": _quantile(ttft, 0.95) * 1000,
             "p99_ms": _quantile(ttft, 0.99) * 1000,
+            "slow": sum(first > SLOW / 2 for first in ttft) / len(ttft),
             "hedged": sum(hedged for _, hedged in got) / len(got), "answers": len(got)}
 
 
@@ -126,7 +133,8 @@ def _counts_of(port: int) -> dict[str, int]:
 
 
 def hedging(work: Path, requests: int) -> dict[str, Any]:
-    """Every configuration against the same 1-in-10 slow provider, one after the other."""
+    """Every configuration against the same 1-in-10 slow leader, one after the other, with
+    each backup."""
     rows = []
     with Started(work) as started:
         upstream = free_port()
@@ -134,11 +142,14 @@ def hedging(work: Path, requests: int) -> dict[str, Any]:
                         1, work / "hedging-upstream.log")
         started.processes.append(process)
         wait_for_port(upstream, process)
-        for number, (name, routing) in enumerate(CONFIGS.items()):
+        plans = [(backup, name, routing) for backup in BACKUPS
+                 for name, routing in CONFIGS.items()]
+        for number, (backup, name, routing) in enumerate(plans):
+            roles = ("a", BACKUPS[backup])
             providers = {role: {"type": "openai", "api_key": "bench-key",
                                 "base_url": f"http://127.0.0.1:{upstream}/g{number}-{role}/v1",
                                 "models": {"bench-model": "bench-upstream-model"}}
-                         for role in ("a", "b")}
+                         for role in roles}
             config, port = work / f"hedging-{number}.json", free_port()
             config.write_text(json.dumps({"server": {"host": "127.0.0.1"},
                                           "providers": providers,
@@ -152,25 +163,29 @@ def hedging(work: Path, requests: int) -> dict[str, Any]:
             result = on_core1("hedging.py", "client", "--url", url, "--requests", requests)
             after = _counts_of(upstream)
             sent = sum(after.get(f"g{number}-{r}", 0) - before.get(f"g{number}-{r}", 0)
-                       for r in ("a", "b"))
-            rows.append({"config": name, "routing": routing, **result,
+                       for r in roles)
+            rows.append({"backup": backup, "config": name, "routing": routing, **result,
                          "upstream_per_answer": sent / result["answers"]})
-            print(f"  {name:<18} {json.dumps(rows[-1])}", flush=True)
-    out = {"requests": requests, "fast_s": FAST, "slow_s": SLOW, "slow_share": SLOW_SHARE,
+            print(f"  {backup:<8} {name:<18} {json.dumps(rows[-1])}", flush=True)
+            stop(gateway)
+    out = {"requests": requests, "fast_s": FAST, "slow_s": SLOW, "slow_share": SHARES["a"],
            "concurrency": CONCURRENCY, "warmup": WARMUP, "rows": rows}
     print(hedging_table(out), flush=True)
     return out
 
 
 def hedging_table(part: dict[str, Any]) -> str:
-    """Per configuration: time to first token, hedged share, upstream requests per answer."""
+    """Per backup and configuration: time to first token, slow and hedged shares, upstream
+    requests per answer."""
     rows = [f"{part['requests']} streams per configuration after {part['warmup']} to warm up, "
-            f"{part['concurrency']} at a time; first token after {part['fast_s']:g} s, or "
-            f"{part['slow_s']:g} s one time in {round(1 / part['slow_share'])}", "",
-            "| hedging | TTFT p50 ms | p90 ms | p99 ms | hedged | upstream requests per answer |",
-            "|---|---|---|---|---|---|"]
-    rows += [f"| {row['config']} | {row['p50_ms']:.0f} | {row['p90_ms']:.0f} | "
-             f"{row['p99_ms']:.0f} | {row['hedged']:.1%} | {row['upstream_per_answer']:.3f} |"
+            f"{part['concurrency']} at a time; the leader's first token after "
+            f"{part['fast_s']:g} s, or {part['slow_s']:g} s one time in "
+            f"{round(1 / part['slow_share'])}", "",
+            "| backup | hedging | TTFT p50 ms | p95 ms | p99 ms | slow | hedged "
+            "| upstream requests per answer |", "|---|---|---|---|---|---|---|---|"]
+    rows += [f"| {row['backup']} | {row['config']} | {row['p50_ms']:.0f} | "
+             f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} | {row['slow']:.1%} | "
+             f"{row['hedged']:.1%} | {row['upstream_per_answer']:.2f} |"
              for row in part["rows"]]
     return "\n".join(rows)
 

@@ -455,12 +455,15 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                      "reported", f"breakers on {ch['on_rate']:.0%}, `circuit.enabled: false` "
                      f"{ch['off_rate']:.0%}", None))
     if hd := data.get("hedging"):
-        rows.append((f"TTFT p99, a provider slow one time in ten ({hd['fast_s']:g} s, else "
-                     f"{hd['slow_s']:g} s; {hd['requests']} streams)", "none: no hedging, fixed "
-                     "and p90 side by side, reported",
-                     "; ".join(f"{r['config']} {r['p99_ms']:.0f} ms at "
-                               f"{r['upstream_per_answer']:.2f} upstream requests per answer"
-                               for r in hd["rows"]), None))
+        for backup in dict.fromkeys(r["backup"] for r in hd["rows"]):
+            mine = [r for r in hd["rows"] if r["backup"] == backup]
+            rows.append((f"TTFT p99, a leader slow one time in ten ({hd['fast_s']:g} s, else "
+                         f"{hd['slow_s']:g} s), backup {backup}: "
+                         + " / ".join(r["config"] for r in mine),
+                         "none: side by side, reported",
+                         " / ".join(f"{r['p99_ms']:.0f} ms" for r in mine) + "; upstream "
+                         "requests per answer " + " / ".join(f"{r['upstream_per_answer']:.2f}"
+                                                             for r in mine), None))
     if su := data.get("startup"):
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))
