@@ -178,6 +178,33 @@ def test_a_candidate_that_starts_cooling_down_during_the_wait_is_not_hedged_into
     assert hedging.budget.totals() == (1, 0), "no hedge started, none spent"
 
 
+def test_a_leader_that_lost_the_race_is_kept_as_slow_as_it_had_been() -> None:
+    slow = Leader("slow", lambda: None)  # answers after 0.2 s
+    quick = Quick("quick")
+    hedging = AliasHedging(0.01, 1.0)
+    request = Outgoing("chat/completions", b"{}", "m", False, "r")
+
+    served = asyncio.run(router.attempt(
+        "m", (Route("slow", "m"), Route("quick", "m")), {"slow": slow, "quick": quick},
+        request, router.Routing(None, None, hedging)))  # type: ignore[dict-item]
+
+    assert served.provider == "quick" and served.hedged and served.hedge_won
+    # Dropped, the slow tries would vanish from the window and pull the quantile down.
+    rows = {row["provider"]: row for row in hedging.view()["delays"]}
+    assert rows["slow"]["samples"] == 1 and rows["quick"]["samples"] == 1
+
+
+class Quick(Leader):
+    """A provider that answers at once."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, lambda: None)
+
+    async def answer(self, request: Outgoing, model: str) -> Reply:
+        self.calls += 1
+        return Reply(self.name.encode())
+
+
 # -- the quantile window and the budget, with an injected clock ----------------------------
 
 
