@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from gateway.pipeline.hedging import (
     AliasHedging,
     Budget,
     Hedging,
+    Samples,
     interpolated,
     quantile,
 )
@@ -246,6 +248,23 @@ def test_the_window_holds_the_latest_samples_only() -> None:
     assert hedging.delay("p") == 0.1
     assert hedging.view()["delays"] == [{"provider": "p", "delay_s": 0.1, "samples": SAMPLES,
                                          "learned": True}]
+
+
+def test_the_window_s_quantile_is_that_of_its_samples_as_they_come_and_go() -> None:
+    now = [0.0]
+    samples = Samples(clock=lambda: now[0])
+    draws = random.Random(7)
+    kept: list[tuple[float, float]] = []
+    for number in range(2000):
+        # Quick traffic first (the window's size binds), then slow (its age binds).
+        now[0] += draws.random() * (1 if number < 1000 else 20)
+        seconds = round(draws.random() * 3, 2)  # repeats, as real timings have
+        samples.add(seconds)
+        kept = [(at, s) for at, s in [*kept, (now[0], seconds)][-SAMPLES:]
+                if at >= now[0] - MAX_AGE]
+        expected = interpolated(sorted(s for _, s in kept), 0.9) \
+            if len(kept) >= MIN_SAMPLES else None
+        assert samples.quantile(0.9) == expected
 
 
 def test_a_fixed_delay_stays_fixed() -> None:

@@ -23,6 +23,7 @@ Plain code over an injected clock; `Hedging` keeps one `AliasHedging` per alias 
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import time
@@ -66,24 +67,25 @@ def interpolated(ordered: list[float], q: float) -> float:
 
 class Samples:
     """One (alias, provider)'s recent times to first token: the last `SAMPLES`, none older than
-    `MAX_AGE` seconds."""
+    `MAX_AGE` seconds, kept in arrival order and sorted (each sample goes in and out of the
+    sorted list by bisection: a quantile is then a lookup, not a sort per request)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._kept: deque[tuple[float, float]] = deque(maxlen=SAMPLES)  # (when, seconds)
-        self._sorted: list[float] | None = None  # sorted once per new sample, when read
+        self._kept: deque[tuple[float, float]] = deque()  # (when, seconds), oldest first
+        self._sorted: list[float] = []
 
     def add(self, seconds: float) -> None:
+        if len(self._kept) >= SAMPLES:
+            self._drop()
         self._kept.append((self._clock(), seconds))
-        self._sorted = None
+        bisect.insort(self._sorted, seconds)
 
     def quantile(self, q: float) -> float | None:
         """The `q` quantile of the window; None with fewer than `MIN_SAMPLES` in it."""
         self._expire()
         if len(self._kept) < MIN_SAMPLES:
             return None
-        if self._sorted is None:
-            self._sorted = sorted(seconds for _, seconds in self._kept)
         return interpolated(self._sorted, q)
 
     def __len__(self) -> int:
@@ -93,8 +95,11 @@ class Samples:
     def _expire(self) -> None:
         oldest = self._clock() - MAX_AGE
         while self._kept and self._kept[0][0] < oldest:
-            self._kept.popleft()
-            self._sorted = None
+            self._drop()
+
+    def _drop(self) -> None:
+        _, seconds = self._kept.popleft()
+        del self._sorted[bisect.bisect_left(self._sorted, seconds)]
 
 
 class Budget:
