@@ -36,6 +36,7 @@ from providers.contract.errors import ProviderRateLimited
 from providers.contract.provider import Outgoing, Reply
 from providers.contract.spec import CircuitPolicy, Retries
 from tests.gateway_process import GatewayProcess, config, provider
+from tests.test_status_page import CHROMIUM, chromium
 from tests.upstream import FakeUpstream, Mode, ok, slow_first_token, status
 
 HI = [{"role": "user", "content": "hi"}]
@@ -140,6 +141,23 @@ def test_a_candidate_with_an_open_circuit_or_cooling_down_is_never_hedged_into(
     assert answer.headers["x-llms-provider"] == "first"
     assert "x-llms-hedged" not in answer.headers
     assert len(excluded.requests) == 1
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_status_page_shows_each_alias_s_delay_and_budget(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
+    up = upstream_factory("up")
+    gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})},
+                                   models={"m": {"routing": {"hedge_after": "p90"}}}))
+    ask(gateway)
+
+    page = chromium(f"{gateway.url}/", tmp_path, "--dump-dom")
+
+    assert 'data-loaded="true"' in page.stdout, page.stderr[-2000:]
+    # Still learning (one sample): the fallback; nothing hedged of the 5 % allowed.
+    assert f"m after {FALLBACK:g} s, budget 0% of 5%" in page.stdout
+    assert ":CONSOLE(" not in page.stderr, "the page logged to the console (an error?)"
 
 
 # -- the router: a candidate excluded while its leader runs ---------------------------------
