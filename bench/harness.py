@@ -58,11 +58,13 @@ def http_get_status(port: int, path: str, timeout: float = 1.0) -> int:
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
 
 
-def spawn(command: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
-    """Start a process pinned to one core, in its own process group, with a high fd limit."""
+def spawn(command: list[str], core: int, log: Path, cwd: Path = ROOT,
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a process pinned to one core, in its own process group, with a high fd limit
+    (in `cwd`, with `env` instead of this process's environment when given)."""
     pinned = ["taskset", "-c", str(core), *command] if shutil.which("taskset") else command
     with log.open("ab") as out:
-        return subprocess.Popen(pinned, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen(pinned, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=raise_nofile)
 
 

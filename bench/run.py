@@ -23,6 +23,8 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
 - resume: a stream cut halfway and resumed by another candidate, the seam's latency against the
   gap between chunks; streams/s of an alias with resume on (never needed) against one without,
   alternating rounds (resume.py);
+- tracing: req/s at 50 clients without any tracing code, with tracing off, and with tracing on
+  exporting to a local OTLP receiver, paired rounds (traced.py);
 - hedging: a provider slow to its first token one time in ten, through no hedging, a fixed
   `hedge_after` (short and long) and `"p90"` (with two budgets): p99 time to first token and
   upstream requests per answer (hedging.py).
@@ -55,6 +57,7 @@ from typing import Any
 
 import scenarios
 import stages
+import traced
 from assembly import assembly
 from chaos import chaos
 from harness import (
@@ -86,7 +89,7 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly", "chaos", "resume", "hedging")
+         "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "hedging")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -226,6 +229,12 @@ ASSEMBLY_EVENTS = 100_000  # the assembly part's answer: one token and its logpr
 WHOLE_CHUNKS = 16  # the upstream's stream for a whole answer: one event per token of 16
 
 
+def _post_script(work: Path) -> Path:
+    script = work / "post.lua"
+    script.write_text(LUA % json.dumps(BODY))
+    return script
+
+
 def whole_streamed(work: Path, duration: float, wrk: str | None, rounds: int) -> dict[str, Any]:
     """The cost of early failover: whole requests relayed whole, against the same requests
     asked upstream as a stream of `WHOLE_CHUNKS` events and assembled, at 10 clients, in
@@ -288,6 +297,10 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "assembly": lambda: assembly(work, ASSEMBLY_EVENTS, 1 if quick else 3),
         "chaos": lambda: chaos(work, 100 if quick else 400),
         "resume": lambda: resume(work, 3 if quick else 8, 2 if quick else 4),
+        "tracing": lambda: traced.tracing_cost(
+            work, duration, 2 if quick else 5,
+            lambda url, clients, seconds: measure("tracing", url, [clients], seconds, wrk,
+                                                  _post_script(work))[0].rps),
         "hedging": lambda: hedging(work, 200 if quick else 500),
     }
     for name, step in steps.items():
@@ -454,6 +467,11 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                      f"switching every {ch['flip_s']:g} s)", "none: breakers on beside off, "
                      "reported", f"breakers on {ch['on_rate']:.0%}, `circuit.enabled: false` "
                      f"{ch['off_rate']:.0%}", None))
+    if tr := data.get("tracing"):
+        rows += traced.rows(tr)
+    else:
+        rows.append(("non-streaming req/s against no tracing code: tracing off / on",
+                     "≥ 0.98x / ≥ 0.85x", "not measured", None))
     if hd := data.get("hedging"):
         for backup in dict.fromkeys(r["backup"] for r in hd["rows"]):
             mine = [r for r in hd["rows"] if r["backup"] == backup]
@@ -596,8 +614,8 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     duration = args.duration or (2.0 if args.quick else 5.0)
     parts = args.only or list(PARTS)
-    wrk = ensure_wrk() if "throughput" in parts else None
-    if "throughput" in parts:
+    wrk = ensure_wrk() if {"throughput", "tracing"} & set(parts) else None
+    if {"throughput", "tracing"} & set(parts):
         print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
     data = run_parts(parts, args.quick, levels, duration, wrk)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

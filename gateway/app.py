@@ -15,7 +15,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from litestar import Litestar, Request, Response, get
@@ -47,7 +47,11 @@ from providers.contract.errors import (
     error_body,
 )
 from providers.contract.log import get_logger
+from providers.contract.transport import Transport
 from providers.transport import AiohttpTransport
+
+if TYPE_CHECKING:
+    from gateway.observe.tracing import Tracing
 
 JSON = "application/json"
 STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
@@ -218,13 +222,15 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     kept connections, when the app stops."""
     snapshot: Snapshot = app.state.initial
     state, cache_policy = snapshot.state, snapshot.default_policy.cache  # sized once, at start
-    async with AiohttpTransport() as transport, redis_client(state) as redis:
+    tracing = _tracing(snapshot)
+    async with _upstream(tracing) as transport, redis_client(state) as redis:
         cache = ResponseCache(cache_policy.max_bytes, cache_policy.max_entry_bytes,
-                              redis, state.prefix)
+                              redis, state.prefix) if tracing is None else tracing.cache(
+            cache_policy.max_bytes, cache_policy.max_entry_bytes, redis, state.prefix)
         responses = ResponseStore(snapshot.responses.store_max_bytes,
                                   snapshot.responses.store_max_entry_bytes, redis, state.prefix)
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
-                            cache=cache, responses=responses, redis=redis)
+                          cache=cache, responses=responses, redis=redis, tracing=tracing)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         runtime.drain.listen(snapshot.server.drain_timeout)
@@ -252,6 +258,25 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 await runtime.close()
             except Exception:
                 get_logger().exception("shutdown_cleanup_failed")
+            if tracing is not None:  # the spans still queued are exported
+                await tracing.close()
+
+
+def _tracing(snapshot: Snapshot) -> Tracing | None:
+    """The process's tracing when llms.json or the environment asks for it (only then is
+    OpenTelemetry imported: a gateway that does not trace carries none of it)."""
+    if not snapshot.telemetry.wanted(os.environ):
+        return None
+    from gateway.observe.tracing import configure
+
+    return configure(snapshot.telemetry, os.environ)
+
+
+@contextlib.asynccontextmanager
+async def _upstream(tracing: Tracing | None) -> AsyncIterator[Transport]:
+    """The process's one upstream transport; with tracing, each traced call in a span."""
+    async with AiohttpTransport() as transport:
+        yield transport if tracing is None else tracing.transport(transport)
 
 
 def create_app(snapshot: Snapshot | None = None) -> ASGIApp:

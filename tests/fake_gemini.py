@@ -26,6 +26,7 @@ from tests.upstream import (
     _n,
     _Shape,
     _words,
+    continued,
     embedding_problem,
     vector,
 )
@@ -153,6 +154,16 @@ class _Call(_Shape):
         return events or [self._response(body, [], mode, True, 0)]
 
 
+def as_chat_continued(body: dict[str, Any], pieces: list[str]) -> list[str]:
+    """The answer `pieces` as a model asked in words to go on with a partial one of it says it
+    (`tests.upstream.continued`): Gemini has no prefill, a trailing model turn is no more
+    than history."""
+    messages = [{"role": "assistant" if c.get("role") == "model" else "user",
+                 "content": "".join(str(p.get("text", "")) for p in c.get("parts") or ())}
+                for c in body.get("contents") or () if isinstance(c, dict)]
+    return continued({"messages": messages}, pieces)
+
+
 def blocked(model: str) -> dict[str, Any]:
     """An answer refusing the prompt: feedback and usage, no candidates."""
     answer = types.GenerateContentResponse(
@@ -207,7 +218,7 @@ class FakeGemini(FakeUpstream):
         if mode.kind not in answers:  # hang, slow, bad bodies, a cut JSON answer
             return await super()._play(request, mode, body, shape)
         content = f"Hello from {self.name}" if mode.content is None else mode.content
-        pieces = list(mode.chunks) if mode.chunks else _words(content)
+        pieces = as_chat_continued(body, list(mode.chunks) if mode.chunks else _words(content))
         if not shape.streaming:
             return web.json_response(shape.whole(body, pieces, mode))
         if request.query.get("alt") != "sse":  # without alt=sse Gemini streams a JSON array

@@ -9,7 +9,10 @@ from tests.upstream import FakeUpstream, _error, embedding_problem, vector
 
 
 class FakeOllama(FakeUpstream):
-    """Ollama's own routes beside its OpenAI-compatible ones."""
+    """Ollama's own routes beside its OpenAI-compatible ones. A chat ending with an assistant
+    message is continued from it, as Ollama does (its templates leave the last one open)."""
+
+    prefills = True
 
     def _routes(self, app: web.Application) -> None:
         super()._routes(app)

@@ -10,6 +10,12 @@ FAKE_VLLM_EXIT_AT_START    exit with this code right after parsing the command l
 FAKE_VLLM_RECORD           append one JSON line per event (start, ready, sigterm, exit, fail)
 FAKE_VLLM_TOKEN_DELAY      seconds between streamed chunks (default 0.01)
 FAKE_VLLM_IGNORE_SIGTERM   if set, log SIGTERM and carry on (only SIGKILL or SIGINT stop it)
+FAKE_VLLM_ANSWER           the text of every answer (default: a sentence naming the worker)
+
+A chat answer honours `continue_final_message` as vLLM does: the final, assistant, message is
+left open and the answer goes on from it (no new turn); with `add_generation_prompt` also true
+the request is refused. POST /fake/fault {"cut_after": N} cuts the next streamed answer after
+its first N chunks (the connection dropped, as when the engine dies mid-answer).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,7 @@ from tests.upstream import (
     _sse,
     _stream,
     _words,
+    continued,
     ok,
 )
 
@@ -208,6 +216,7 @@ class Worker:
         self.running = self.waiting = self.completed = 0
         self.latencies: list[float] = []
         self.overrides: dict[str, float] = {}
+        self.cuts: list[int] = []  # armed faults: the next streamed answers cut after N chunks
         self.last_request: Any = None
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stopping = asyncio.Event()
@@ -310,6 +319,7 @@ class Worker:
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/fake/metrics", self.set_metrics)
+        app.router.add_post("/fake/fault", self.set_fault)
         app.router.add_get("/fake/stats", self.stats)
         app.router.add_get("/fake/last_request", self.last)
         app.router.add_route("*", "/{tail:.*}", self.not_found)
@@ -391,6 +401,9 @@ class Worker:
             return new_error(404, f"The model `{model}` does not exist.", "NotFoundError")
         if required not in body:
             return new_error(400, f"Field required: {required}", "BadRequestError")
+        if body.get("continue_final_message") and body.get("add_generation_prompt"):
+            return new_error(400, "Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.", "BadRequestError")
         return self.too_long(body, required)
 
     def too_long(self, body: dict[str, Any], required: str) -> web.Response | None:
@@ -451,10 +464,15 @@ class Worker:
         if isinstance(delay, int | float) and delay > 0:
             await asyncio.sleep(delay)  # holds a batch slot, like a long prefill
         body = {**body, "model": body.get("model") or self.served[0]}
-        text = (f"fake-vllm port={self.port} devices={self.devices} model={body['model']}"
-                " says hello from a fake worker")
+        text = os.environ.get("FAKE_VLLM_ANSWER") or (
+            f"fake-vllm port={self.port} devices={self.devices} model={body['model']}"
+            " says hello from a fake worker")
         pieces = _words(text)
+        if isinstance(shape, _ChatShape):  # a final message continued, when told
+            pieces = continued(body, pieces)
         mode = ok(text, delay_between_chunks=self.token_delay)
+        if body.get("stream") and self.cuts:
+            mode = replace(mode, kind="cut", after_chunks=self.cuts.pop(0))
         if body.get("stream"):
             events = [_sse(event) for event in shape.events(body, pieces, mode)]
             return await _stream(request, [*events, DONE], mode)
@@ -499,6 +517,18 @@ class Worker:
                   f"{name}_count{{{labels}}} {float(len(self.latencies))!r}",
                   f"{name}_sum{{{labels}}} {sum(self.latencies)!r}"]
         return lines
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        """Arm a cut of the next streamed answer after `cut_after` chunks."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        cut = body.get("cut_after") if isinstance(body, dict) else None
+        if not isinstance(cut, int) or cut < 0:
+            return new_error(400, "expected {\"cut_after\": N}", "BadRequestError")
+        self.cuts.append(cut)
+        return web.json_response({"armed": self.cuts})
 
     async def set_metrics(self, request: web.Request) -> web.Response:
         """Replace the gauge overrides with this subset of running/waiting/kv_cache; {} clears."""

@@ -184,6 +184,25 @@ def test_error_shapes_old_and_new(spawn: Callable[..., Worker]) -> None:
     assert worker.post({}).json()["model"] == "m"  # no model: the first served name
 
 
+def test_a_final_assistant_message_is_continued_when_told_and_a_cut_drops_the_stream(
+        spawn: Callable[..., Worker]) -> None:
+    worker = spawn("--served-model-name", "m", env={"FAKE_VLLM_ANSWER": "one two three four"})
+    partial = {"messages": [*CHAT["messages"], {"role": "assistant", "content": "one two"}]}
+
+    continued = worker.post({**partial, "continue_final_message": True,
+                             "add_generation_prompt": False})
+    assert continued.json()["choices"][0]["message"]["content"] == " three four"
+    assert worker.post(partial).json()["choices"][0]["message"]["content"] == \
+        "one two three four", "without it, a new turn: the answer from its start"
+    both = worker.post({**partial, "continue_final_message": True, "add_generation_prompt": True})
+    assert both.status_code == 400 and "Cannot set both" in both.json()["error"]["message"]
+
+    httpx.post(worker.url("/fake/fault"), json={"cut_after": 2}).raise_for_status()
+    with pytest.raises(httpx.RemoteProtocolError):
+        worker.post({"stream": True})
+    assert worker.post({"stream": True}).text.rstrip().endswith("data: [DONE]"), "one cut only"
+
+
 @pytest.mark.parametrize(("argv", "devices", "env", "code", "says"), [
     (["serve", "m", "--bogus-flag"], "0", {}, 2, "unrecognized arguments: --bogus-flag"),
     (["serve", "m", "--tensor-parallel-size", "2"], "0", {}, 1,

@@ -127,6 +127,7 @@ def test_a_stream_cut_halfway_is_finished_by_the_next_candidate(fresh: Stack) ->
     logged = fresh.logged(rid)
     assert logged["resumed"] == 1 and logged["resumes_failed"] == 0
     assert logged["outcome"] == "completed" and logged["provider"] == "first"
+    assert logged["resumed_by"] == "vllm", "and the provider that finished the answer"
     metrics = httpx.get(f"{fresh.gateway.url}/metrics").text
     assert 'llms_resumes_total{model="resumed",result="ok"}' in metrics
 
@@ -359,3 +360,23 @@ def test_a_client_leaving_during_the_continuation_cancels_it(fresh: Stack) -> No
                 break
 
     assert fresh.vllm.wait_for_cancel(timeout=5)
+
+
+@pytest.mark.parametrize(("alias", "breaks", "continues"), [
+    ("prefilled", "first", "claude"), ("claude-first", "claude", "vllm")])
+def test_a_whole_answer_is_resumed_to_and_from_anthropic(fresh: Stack, alias: str, breaks: str,
+                                                         continues: str) -> None:
+    # Anthropic's cut is its `overloaded_error` event after the answer's opening events.
+    after = HALF + 1 if breaks == "claude" else HALF
+    getattr(fresh, breaks).set_mode(replace(stream_cut(after_chunks=after), content=ANSWER))
+    getattr(fresh, continues).set_mode(ok(content=ANSWER))
+
+    resp = httpx.post(f"{fresh.gateway.base_url}/chat/completions",
+                      json={"model": alias, "messages": MESSAGES})
+
+    assert resp.status_code == 200 and resp.headers["x-llms-resumed"] == "1"
+    answer = resp.json()
+    assert answer["choices"][0]["message"]["content"] == ANSWER
+    # Summed: the fake Anthropic reports 5 output tokens whatever it wrote.
+    assert answer["usage"]["completion_tokens"] == (HALF + 5 if continues == "claude" else WORDS)
+    assert getattr(fresh, breaks).requests[0].json["stream"] is True, "asked as a stream"

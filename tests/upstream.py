@@ -20,7 +20,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from aiohttp import web
 
@@ -192,6 +192,9 @@ class FakeUpstream:
     port: int = 0  # 0: any free port; give the old one to restart in place
     tls: ssl.SSLContext | None = None  # serve HTTPS (as https://localhost) with this context
     requests: list[Recorded] = field(default_factory=list, init=False)
+    # A final assistant message is continued as it is (Ollama's, llama.cpp's server's
+    # prefill); else only when `continue_final_message` says so (vLLM's).
+    prefills: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -416,7 +419,7 @@ class FakeUpstream:
         content = f"Hello from {self.name}" if mode.content is None else mode.content
         pieces = list(mode.chunks) if mode.chunks else _words(content)
         if isinstance(shape, _ChatShape):
-            pieces = continued(body, pieces)
+            pieces = continued(body, pieces, self.prefills)
         if streaming:
             events = [_sse(event) for event in shape.events(body, pieces, mode)]
             return await _stream(request, events + ([DONE] if shape.ends_with_done else []), mode)
@@ -521,17 +524,17 @@ def _words(text: str) -> list[str]:
 REPEATED_WORDS = 3
 
 
-def continued(body: dict[str, Any], pieces: list[str]) -> list[str]:
+def continued(body: dict[str, Any], pieces: list[str], prefills: bool = False) -> list[str]:
     """What a model whose answer is `pieces` says when asked to go on with a partial answer of
     it: after a final assistant message it is told to continue (vLLM's
-    `continue_final_message`), the rest; asked in words after one ("cut off ... continue"),
-    the rest from a few words back, as models repeat themselves at such a seam. Anything else
-    is a new answer."""
+    `continue_final_message`), or any final assistant message when it `prefills`, the rest;
+    asked in words after one ("cut off ... continue"), the rest from a few words back, as
+    models repeat themselves at such a seam. Anything else is a new answer."""
     messages = body.get("messages")
     if not isinstance(messages, list) or len(messages) < 2:
         return pieces
     last, before = messages[-1], messages[-2]
-    if last.get("role") == "assistant" and body.get("continue_final_message"):
+    if last.get("role") == "assistant" and (prefills or body.get("continue_final_message")):
         partial, repeat = last.get("content"), 0
     elif last.get("role") == "user" and before.get("role") == "assistant" \
             and "cut off" in str(last.get("content")):

@@ -7,27 +7,34 @@ after its first event (a reset, an idle timeout, a malformed or an error event, 
 ends unfinished) and no tool call has started, the alias's candidates are asked, in file order
 from the one after the provider that broke and that provider last (so an alias with one
 provider retries it), to continue the partial answer (`seam.continuation`); the first whose
-stream opens is spliced in (`seam.Stitched`). A resume that finds no candidate, or one more
-break than `max_resumes` allows, ends the stream with the break's error, as without resume.
+stream opens is spliced in (`seam.Stitched`). Breakers and cooldowns order them as they do the
+router's tries (`ProviderHealth.plan`): a candidate whose circuit is open or that is cooling
+down is asked only after the others, and each continuation's outcome counts in its circuit.
+A resume that finds no candidate, or one more break than `max_resumes` allows, ends the
+stream with the break's error, as without resume.
 A break before the first event is not this module's: the router fails over as always.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 
 import msgspec
 
 from gateway.adapters.seam import Broke, Stitched, continuation
+from gateway.pipeline.health import Planned, ProviderHealth
 from gateway.state.config import Route
 from providers.contract.errors import (
     BadUpstreamResponse,
+    CircuitOpen,
     ProviderError,
     ProviderUnavailable,
     UpstreamClientError,
 )
 from providers.contract.log import get_logger
 from providers.contract.provider import Adapter, Outgoing, Provider, Resumes
+from providers.contract.spec import CircuitPolicy
 from providers.contract.stream import UNREADABLE_ANSWER, close_quietly, peek, unreadable
 from providers.wire import sse
 
@@ -36,17 +43,19 @@ ENDPOINT = "chat/completions"
 
 class Resuming(Adapter):
     """A chat provider whose broken streams, for aliases with `resume`, are continued by the
-    alias's candidates (`providers`: every live provider, as kinds, by name)."""
+    alias's candidates (`providers`: every live provider, as kinds, by name; `health`: their
+    breakers and cooldowns, the router's)."""
 
     kind = "resuming"
 
     def __init__(self, inner: Provider, resumes: Mapping[str, int],
-                 routes: Mapping[str, tuple[Route, ...]], providers: Mapping[str, Provider]
-                 ) -> None:
+                 routes: Mapping[str, tuple[Route, ...]], providers: Mapping[str, Provider],
+                 health: ProviderHealth | None = None) -> None:
         super().__init__(inner)
         self.resumes = resumes  # alias -> max_resumes, for the aliases that resume
         self.routes = routes
         self.providers = providers
+        self.health = health
 
     def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         most = self.resumes.get(request.model)
@@ -93,14 +102,15 @@ class Resuming(Adapter):
         error if none does."""
         partial = stitched.text
         log = get_logger()
-        for provider, upstream_model in self._order(request.model):
+        for provider, planned in self._order(request.model):
             dialect = provider.continues()
             body = continuation(request.json(), partial, dialect, stitched.tokens)
             asked = Outgoing(ENDPOINT, msgspec.json.encode(body), request.model, True,
                              request.request_id, request.client_wants_usage, request.key_id,
                              betas=request.betas, resumes=request.resumes)
             try:
-                opened = await peek(provider.stream(asked, upstream_model))
+                with _accounted(self.health, provider, planned):
+                    opened = await peek(provider.stream(asked, planned.route.upstream_model))
             except ProviderError as exc:
                 log.info("resume_try_failed", request_id=request.request_id,
                          provider=provider.name, reason=exc.reason)
@@ -117,26 +127,67 @@ class Resuming(Adapter):
                      provider=provider.name, dialect=dialect, reason=reason[:200],
                      sent_chars=len(partial))
             stitched.resumed(partial[len(partial.rstrip()):] if dialect == "prefill" else "")
+            request.resumes.by = provider.name
             return _joined(opened.head, opened.rest)
         request.resumes.failed += 1
         raise ProviderUnavailable(f"{reason} (and no candidate could resume the stream)")
 
-    def _order(self, alias: str) -> list[tuple[Provider, str]]:
-        """The alias's candidates after this provider, then those before it, then itself."""
+    def _order(self, alias: str) -> list[tuple[Provider, Planned]]:
+        """The alias's candidates after this provider, then those before it, then itself;
+        those whose circuit is open or that cool down after them (`ProviderHealth.plan`)."""
         routes = self.routes.get(alias, ())
         mine = [i for i, route in enumerate(routes) if route.provider == self.name]
         at = mine[0] if mine else len(routes)
         ordered = [*routes[at + 1:], *routes[:at], *routes[at:at + 1]]
-        return [(provider, route.upstream_model) for route in ordered
-                if (provider := self.providers.get(route.provider)) is not None
+        planned = self.health.plan(ordered, self._policy) if self.health is not None \
+            else [Planned(route) for route in ordered]
+        return [(provider, plan) for plan in planned
+                if (provider := self.providers.get(plan.route.provider)) is not None
                 and provider.supports(ENDPOINT)]
+
+    def _policy(self, name: str) -> CircuitPolicy:
+        provider = self.providers.get(name)
+        return provider.spec.circuit if provider is not None else CircuitPolicy()
+
+
+@contextmanager
+def _accounted(health: ProviderHealth | None, provider: Provider, planned: Planned
+               ) -> Iterator[None]:
+    """A continuation try with its candidate's circuit claimed and its outcome recorded, as
+    the router records a try: a provider's failure in its circuit, an answer (or a sensible
+    refusal) as a success. A circuit that refuses the claim (its half-open probe is out) is
+    a failed try here: there is no later turn to put it in."""
+    if health is None:
+        yield
+        return
+    policy = provider.spec.circuit
+    claimed = health.acquire(planned, policy)
+    if not claimed and not planned.forced:
+        route = planned.route
+        raise CircuitOpen(f"circuit open for {route.provider}/{route.upstream_model}")
+    verdict = False
+    try:
+        yield
+    except ProviderError as exc:
+        verdict = exc.trips_circuit
+        if verdict:
+            health.failed(planned.route, policy, exc)
+        raise
+    except UpstreamClientError:
+        verdict = True
+        health.succeeded(planned, policy)
+        raise
+    finally:
+        if claimed and not verdict:
+            health.released(planned.route, policy)
+    health.succeeded(planned, policy)
 
 
 def _may_resume(stitched: Stitched, reason: str, spliced: bool, most: int,
                 resumes: Resumes) -> None:
     """Raise the break's error when the stream may not be resumed (as without resume: the
     client gets it in-band); a continuation that broke is counted, ok if it may be resumed."""
-    if stitched.tool_started or stitched.resumes >= most:
+    if stitched.tool_started or stitched.overflowed or stitched.resumes >= most:
         if spliced:
             resumes.failed += 1
         raise ProviderUnavailable(reason)

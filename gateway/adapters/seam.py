@@ -33,6 +33,9 @@ ALIGN_CHARS = 64
 # answer ended with); whitespace the prefill dropped is always trimmed.
 MIN_OVERLAP = 8
 _IDENTITY = ("id", "created", "model", "system_fingerprint")
+# The most text kept to prefill a continuation with (more than any model writes in one answer):
+# past it the answer is relayed as without resume, and a break ends it in-band.
+MAX_PARTIAL_CHARS = 2_000_000
 
 
 class Broke(Exception):
@@ -76,7 +79,7 @@ def continuation(body: dict[str, Any], partial: str, dialect: str, tokens_sent: 
                  ) -> dict[str, Any]:
     """The chat body asking for the rest of `partial` in `dialect`:
 
-    - `prefill` (Anthropic, llama.cpp's server): the partial answer as the last, assistant,
+    - `prefill` (Anthropic, Ollama): the partial answer as the last, assistant,
       message, which the model goes on from (trailing whitespace dropped: Anthropic refuses it);
     - `continue_final_message` (vLLM, SGLang): the same, with the chat template told to leave
       that message open (`add_generation_prompt: false`);
@@ -136,6 +139,8 @@ class Stitched:
     usage: Usage | None = None  # the last usage an upstream reported, as the client got it
     first_usage: Usage | None = None  # what the current stream's predecessors reported
     tool_started: bool = False
+    chars: int = 0  # of content kept in `texts`
+    overflowed: bool = False  # more than MAX_PARTIAL_CHARS: not resumable, no longer kept
     finished: bool = False
     done: bool = False
     resumes: int = 0
@@ -220,12 +225,22 @@ class Stitched:
             delta = choice.delta
             if delta is not None:
                 if delta.content:
-                    self.texts.append(delta.content)
+                    self._keep(delta.content)
                     self.tokens += 1
                 if len(delta.tool_calls) or len(delta.function_call):
                     self.tool_started = True
             if choice.finish_reason is not None:
                 self.finished = True
+
+    def _keep(self, content: str) -> None:
+        """Content sent: kept for a continuation's prefill, up to MAX_PARTIAL_CHARS."""
+        if self.overflowed:
+            return
+        self.chars += len(content)
+        if self.chars > MAX_PARTIAL_CHARS:
+            self.overflowed, self.texts = True, []
+            return
+        self.texts.append(content)
 
     def _rewritten(self, raw: bytes) -> bytes:
         event = sse.parse(raw)

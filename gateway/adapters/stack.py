@@ -18,14 +18,25 @@ from gateway.adapters.embeddings import Batched
 from gateway.adapters.messages import MessagesBridge
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.resume import Resuming
+from gateway.pipeline.health import ProviderHealth
 from gateway.state.config import Snapshot
 from gateway.stores.responses import ResponseStore
-from providers.contract.provider import Provider
+from providers.contract.provider import Adapter, Provider
 
 ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
              "messages/count_tokens")
 
 Adapted = Mapping[str, Mapping[str, Provider]]
+
+
+class Outermost(Adapter):
+    """An adapter `adapted` puts around all the others (a try's span, `adapters.traced`):
+    what a provider is, as an endpoint reaches it, is what it wraps (`bare`)."""
+
+
+def bare(provider: Provider) -> Provider:
+    """The provider as its endpoint's adapters made it, under any `Outermost`."""
+    return provider.inner if isinstance(provider, Outermost) else provider
 
 
 def _as_is(provider: Provider) -> Provider:
@@ -50,8 +61,11 @@ def adapt(endpoint: str, provider: Provider, store: ResponseStore,
 
 
 def adapted(providers: Mapping[str, Provider], store: ResponseStore,
-            snapshot: Snapshot | None = None) -> Adapted:
-    """Per endpoint, every provider adapted to it."""
+            snapshot: Snapshot | None = None, health: ProviderHealth | None = None,
+            outermost: Callable[[Provider], Provider] | None = None) -> Adapted:
+    """Per endpoint, every provider adapted to it (`health`: the breakers and cooldowns that
+    order a resume's candidates, as the router's tries); each then wrapped in `outermost` if
+    given (a try's span: `gateway.adapters.traced`)."""
     resumes = {alias: policy.max_resumes for alias, policy in snapshot.policies.items()
                if policy.resume} if snapshot is not None else {}
 
@@ -59,8 +73,11 @@ def adapted(providers: Mapping[str, Provider], store: ResponseStore,
         if not resumes:  # no alias resumes: not even the layer
             return provider
         assert snapshot is not None
-        return Resuming(provider, resumes, snapshot.routes, providers)
+        return Resuming(provider, resumes, snapshot.routes, providers, health)
 
-    return {endpoint: {name: adapt(endpoint, p, store, resuming)
-                       for name, p in providers.items()}
+    def layered(provider: Provider, endpoint: str) -> Provider:
+        made = adapt(endpoint, provider, store, resuming)
+        return outermost(made) if outermost is not None else made
+
+    return {endpoint: {name: layered(p, endpoint) for name, p in providers.items()}
             for endpoint in ENDPOINTS}

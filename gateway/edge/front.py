@@ -102,7 +102,11 @@ class Front:
             return
         runtime.enter()
         try:
-            await self._answer(request, endpoint, runtime, send)
+            if runtime.tracing is None:
+                await self._answer(request, endpoint, runtime, send)
+            else:  # the request's server span, current while it is answered
+                with runtime.tracing.serving(request.headers, endpoint):
+                    await self._answer(request, endpoint, runtime, send)
         finally:
             runtime.leave()
 

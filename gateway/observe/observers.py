@@ -1,8 +1,9 @@
 """The listeners every request's record is told of when it ends (`gateway.pipeline.record`).
 
 Each turns a finished `Record` into what one sink keeps: Prometheus metrics, the recent
-traffic the status page draws, the request log line, a key's token spend. They are registered
-once, at startup (`gateway.state.runtime.Runtime`), in the order here.
+traffic the status page draws, the request log line, a key's token spend, and with tracing on
+the request's server span (`gateway.observe.tracing.server_spans`). They are registered once, at
+startup (`gateway.state.runtime.Runtime`), in the order here.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def logged_by(log: RequestLog) -> Listener:
             **({"error": record.error_code} if record.error_code else {}),
             **({"cache": "hit"} if record.cache_hit else {}),
             **({"resumed": record.resumes.ok + record.resumes.failed,
-                "resumes_failed": record.resumes.failed}
+                "resumes_failed": record.resumes.failed, "resumed_by": record.resumes.by}
                if record.resumes is not None and (record.resumes.ok or record.resumes.failed)
                else {}),
             **record.detail,

@@ -15,6 +15,7 @@ from litestar.types import Receive
 
 from gateway.adapters import embeddings
 from gateway.adapters.responses.bridge import ResponsesBridge
+from gateway.adapters.stack import bare
 from gateway.edge import auth
 from gateway.pipeline import router, schemas, strategy
 from gateway.pipeline.record import Record
@@ -100,6 +101,6 @@ async def _check_previous_response(runtime: Runtime, head: Any, routes: tuple[Ro
     if previous is None or await runtime.responses.get(previous, key_id) is not None:
         return
     native = [p for r in routes if (p := providers.get(r.provider)) is not None
-              and not isinstance(p, ResponsesBridge)]
+              and not isinstance(bare(p), ResponsesBridge)]
     if not native:
         raise ResponseNotFound(previous)

@@ -74,6 +74,7 @@ class KeyEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    private: bool = False  # its prompts and completions are never recorded on traces
 
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -187,6 +188,31 @@ class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     store_max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_STORE_MAX_ENTRY_BYTES
 
 
+class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """OpenTelemetry traces (`gateway.observe.tracing`): off unless `otlp_endpoint` is set here
+    or `OTEL_EXPORTER_OTLP_ENDPOINT` in the environment (read at start; restart to change)."""
+
+    # The collector's OTLP/HTTP base URL (`/v1/traces` is added), as OTEL_EXPORTER_OTLP_ENDPOINT.
+    otlp_endpoint: str | None = None
+    service_name: str | None = None  # else OTEL_SERVICE_NAME, else "llms-gateway"
+    # The share of new traces kept (a client's sampled trace is always continued); None:
+    # OTEL_TRACES_SAMPLER decides, else every trace is kept.
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    # Record prompts and completions on attempt spans, each cut to `max_content_bytes`; never
+    # for a key marked `private`.
+    capture_content: bool = False
+    max_content_bytes: Annotated[int, msgspec.Meta(gt=0)] = 8 * 1024
+
+    def wanted(self, environ: Mapping[str, str]) -> bool:
+        """Whether traces are on: an endpoint here or in the environment, and the SDK not
+        turned off there (`OTEL_SDK_DISABLED`, `OTEL_TRACES_EXPORTER=none`)."""
+        if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" \
+                or environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+            return False
+        return bool(self.otlp_endpoint or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                    or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     providers: dict[str, dict[str, Any]]
     # Per alias: `routing` and `cache` over the defaults'.
@@ -195,6 +221,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     defaults: _Defaults = _Defaults()
     state: StateConfig = StateConfig()
     responses: ResponsesConfig = ResponsesConfig()
+    telemetry: Telemetry = Telemetry()
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +230,7 @@ class GatewayKey:
 
     secret: Secret
     limits: KeyLimits
+    private: bool = False  # never has its content recorded (`telemetry.capture_content`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +266,7 @@ class Snapshot:
     def resolve(self, model: str) -> str:
         """The alias that serves the name a client sent (`alias_of`, patterns)."""
         return self.names.resolve(model, self.routes)
+    telemetry: Telemetry = field(default_factory=Telemetry)
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""
@@ -311,6 +340,10 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         for name, raw in file.providers.items()
     )
     state = msgspec.structs.replace(file.state, url=_expand(file.state.url, environ) or "")
+    telemetry = file.telemetry
+    if telemetry.otlp_endpoint is not None:
+        telemetry = msgspec.structs.replace(
+            telemetry, otlp_endpoint=_expand(telemetry.otlp_endpoint, environ))
     default_policy = AliasPolicy(
         _routing(RoutingPolicy(), file.defaults.routing, where, "defaults.routing"),
         _merge(CachePolicy(), file.defaults.cache, where, "defaults.cache"))
@@ -323,7 +356,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     return Snapshot(source=path, server=server, providers=providers, routes=_routes(providers),
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
                     default_policy=default_policy, policies=policies, names=names,
-                    chains=chains)
+                    chains=chains, telemetry=telemetry)
 
 
 def _names(models: Mapping[str, _AliasEntry], providers: tuple[ProviderSpec, ...], file: str
@@ -396,7 +429,7 @@ def _keys(entries: tuple[str | KeyEntry, ...], environ: Mapping[str, str]
             continue
         key_id = item.id or "key-" + hashlib.sha256(secret.encode()).hexdigest()[:8]
         keys.append(GatewayKey(Secret(secret), KeyLimits(
-            key_id, item.requests_per_minute, item.tokens_per_minute)))
+            key_id, item.requests_per_minute, item.tokens_per_minute), item.private))
     return tuple(keys)
 
 
@@ -572,10 +605,12 @@ def _expand(value: str, environ: Mapping[str, str]) -> str | None:
 
 def secrets(snapshot: Snapshot) -> list[str]:
     """Every credential the config holds, resolved: the gateway's keys, providers' keys and
-    header values, credentials in their URLs and proxies, and in the Redis URL. What
-    `Redactor` removes from everything that leaves the process."""
+    header values, credentials in their URLs and proxies, in the Redis URL and in the
+    collector's. What `Redactor` removes from everything that leaves the process."""
     found = [key.secret.reveal() for key in snapshot.keys + snapshot.admin_keys]
     found += url_secrets(snapshot.state.url)
+    if snapshot.telemetry.otlp_endpoint:
+        found += url_secrets(snapshot.telemetry.otlp_endpoint)
     for spec in snapshot.providers:
         if spec.api_key is not None:
             found.append(spec.api_key.reveal())

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from redis.asyncio import Redis
@@ -49,6 +49,9 @@ from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
+if TYPE_CHECKING:  # tracing is imported by a gateway that traces, only
+    from gateway.observe.tracing import Tracing
+
 # The stages `Runtime.trace` hears, in the order a whole answer passes them.
 STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
 
@@ -77,9 +80,11 @@ def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None
 
 
 def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Provider]],
-          store: ResponseStore) -> Live:
-    """Instantiate every enabled provider and its adapters; an unknown type or bad field is a
-    ConfigError."""
+          store: ResponseStore, health: ProviderHealth | None = None,
+          tracing: Tracing | None = None) -> Live:
+    """Instantiate every enabled provider and its adapters (`health`: the breakers a resume's
+    candidates are ordered by; with `tracing`, each try in a span); an unknown type or bad
+    field is a ConfigError."""
     check_kinds(snapshot, kinds)
     providers: dict[str, Provider] = {}
     for spec in snapshot.enabled:
@@ -89,8 +94,23 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
     prices = {served: known.price for served, known in model_facts(snapshot).items()
               if known.price is not None}
-    return Live(snapshot, providers, adapted(providers, store, snapshot), models_list(snapshot),
-                      prices, Redactor.of(config_secrets(snapshot)))
+    redactor = Redactor.of(config_secrets(snapshot))
+    return Live(snapshot, providers,
+                adapted(providers, store, snapshot, health,
+                        tries_traced(tracing, snapshot, redactor)),
+                models_list(snapshot), prices, redactor)
+
+
+def tries_traced(tracing: Tracing | None, snapshot: Snapshot, redactor: Redactor
+                 ) -> Callable[[Provider], Provider] | None:
+    """What wraps each adapted provider so its tries are spans; None when tracing is off."""
+    if tracing is None:
+        return None
+    from gateway.adapters.traced import Traced
+
+    private = frozenset(key.limits.key_id for key in snapshot.keys + snapshot.admin_keys
+                        if key.private)
+    return lambda provider: Traced(provider, tracing, redactor, private)
 
 
 def models_list(snapshot: Snapshot, created: int | None = None) -> bytes:
@@ -116,7 +136,8 @@ class Runtime:
 
     def __init__(self, transport: Transport, kinds: Mapping[str, type[Provider]],
                  request_log: RequestLog | None = None, *, cache: ResponseCache,
-                 responses: ResponseStore, redis: Redis | None = None) -> None:
+                 responses: ResponseStore, redis: Redis | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -148,10 +169,17 @@ class Runtime:
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
         # profiler such as bench/stages.py; None in production, where it costs one check each.
         self.trace: Callable[[str], None] | None = None
+        # Traces (`gateway.observe.tracing`): None when off, and then nothing of it runs.
+        self.tracing = tracing
+        traced: tuple[Listener, ...] = ()
+        if tracing is not None:
+            from gateway.observe.tracing import server_spans
+
+            traced = (server_spans(),)
         # Told of every request's record when it ends, in this order.
         self.listeners: tuple[Listener, ...] = (
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
-            logged_by(self.request_log), spent_by(self.limiter), self._staged)
+            logged_by(self.request_log), spent_by(self.limiter), *traced, self._staged)
         self._live: Live | None = None
 
     @property
@@ -191,15 +219,18 @@ class Runtime:
         effective = with_discovered(snapshot, self.discovered)
         for name in self.disabled_by_admin:
             effective = with_provider_disabled(effective, name, ADMIN_DISABLED)
-        live = build(effective, self.transport, self.kinds, self.responses)
+        live = build(effective, self.transport, self.kinds, self.responses, self.health,
+                     self.tracing)
         self.configured = snapshot
         disabled = await _start_all(live, self.lasting)
         if disabled:
             for name, reason in disabled.items():
                 effective = with_provider_disabled(effective, name, reason)
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
-            live = Live(effective, serving, adapted(serving, self.responses, effective),
-                              models_list(effective), live.prices, live.redactor)
+            live = Live(effective, serving, adapted(
+                serving, self.responses, effective, self.health,
+                tries_traced(self.tracing, effective, live.redactor)),
+                models_list(effective), live.prices, live.redactor)
         previous, self._live = self._live, live
         self.request_log.redaction.redactor = live.redactor
         routed = [route for routes in effective.routes.values() for route in routes]

@@ -31,6 +31,7 @@ class Resumes:
 
     ok: int = 0  # continuations that were spliced in and went on
     failed: int = 0  # resumes that found no candidate to continue, or broke with none left
+    by: str | None = None  # the provider whose continuation was spliced in last
 
 
 @dataclass(slots=True)

@@ -30,6 +30,12 @@ class OllamaProvider(OpenAIProvider):
             spec = replace(spec, base_url=DEFAULT_BASE_URL)
         super().__init__(spec, transport)
 
+    def continues(self) -> str:
+        """A chat ending with an assistant message is continued from it: Ollama's templates
+        leave the last message open (its maintainers' answer to "continue last message",
+        ollama/ollama#6778); it takes no `continue_final_message`."""
+        return "prefill"
+
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         if request.endpoint != "embeddings":
             return await super().send(request, upstream_model)

@@ -95,11 +95,11 @@ class PoolProvider(Provider):
         return self.pool.view() if self.pool is not None else None
 
     def continues(self) -> str:
-        """vLLM continues a final assistant message when told; llama.cpp's server continues
-        one by itself (it treats it as a prefill)."""
+        """vLLM continues a final assistant message when told. llama-cpp-python's server
+        closes one and opens a new turn (its chat formats always add the generation prompt)
+        and takes no `continue_final_message`: it is asked in words."""
         engine = (self.pool.engine if self.pool is not None else None) or VLLM
-        return "prefill" if engine == LLAMACPP else "continue_final_message"
-
+        return "instruction" if engine == LLAMACPP else "continue_final_message"
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         answer = await self._tried(request, upstream_model)

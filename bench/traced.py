@@ -1,0 +1,150 @@
+"""What tracing costs: req/s at 50 clients of the gateway without any tracing code (the commit
+before it came), with tracing off, and with tracing on exporting to a local OTLP receiver
+(a tenth of traces sampled, the target; and every request, reported).
+
+The gateways run in turn on core 0, round by round, each round starting with the next one
+(drift on a shared machine touches every side alike); the upstream, the receiver and the load
+generator share core 1.
+The code without tracing is the parent of the commit that added `gateway/observe/tracing.py`,
+unpacked from git into the run's work folder. Tracing on uses the SDK's batch processor with
+its defaults (`OTEL_BSP_*`): a queue that drops spans when full rather than slowing requests.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import tarfile
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from harness import BENCH, PY, ROOT, free_port, gateway_config, spawn, stop, wait_for_port
+
+CLIENTS = 50
+# The share of requests traced with tracing on, as a busy production gateway samples
+# (OTEL_TRACES_SAMPLER=parentbased_traceidratio); every request is traced too, reported only.
+SAMPLED = 0.1
+TRACING_MODULE = "gateway/observe/tracing.py"
+
+
+def without_tracing(work: Path) -> tuple[str, Path]:
+    """The commit before tracing came, unpacked (gateway and providers) into `work`."""
+    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--",
+                            TRACING_MODULE], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    ref = f"{added[-1]}^" if added else "HEAD"
+    archive = subprocess.run(["git", "archive", "--format=tar", ref, "gateway", "providers"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
+    folder = work / "without-tracing"
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    return commit, folder
+
+
+def tracing_cost(work: Path, duration: float, rounds: int,
+                 measure: Callable[[str, int, float], float]) -> dict[str, Any]:
+    """`rounds` of the three gateways in turn; `measure(url, clients, seconds)` gives req/s."""
+    upstream_port, sink_port = free_port(), free_port()
+    config = work / "llms-traced.json"
+    gateway_config(upstream_port, config)
+    commit, base = without_tracing(work)
+    processes = []
+    rows: list[dict[str, float]] = []
+    try:
+        for command, port, log in (
+                ([PY, str(BENCH / "fake_upstream.py"), "--port", str(upstream_port)],
+                 upstream_port, "upstream-traced.log"),
+                ([PY, str(Path(__file__)), str(sink_port)], sink_port, "otlp-sink.log")):
+            processes.append(spawn(command, 1, work / log))
+            wait_for_port(port, processes[-1])
+        urls = {}
+        exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
+                     "OTEL_SERVICE_NAME": "llms-gateway-bench"}
+        sides: dict[str, tuple[Path, dict[str, str]]] = {
+            "without": (base, {}), "off": (ROOT, {}),
+            "on": (ROOT, {**exporting, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                          "OTEL_TRACES_SAMPLER_ARG": str(SAMPLED)}),
+            "every": (ROOT, exporting)}
+        for name, (code, env) in sides.items():
+            port = free_port()
+            command = [PY, "-m", "gateway", "serve", "--config", str(config), "--port",
+                       str(port)]
+            clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+            processes.append(spawn(command, 0, work / f"gateway-tracing-{name}.log", cwd=code,
+                                   env={**clean, "PYTHONPATH": str(code), **env}))
+            wait_for_port(port, processes[-1])
+            urls[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        for turn in range(rounds):
+            # Each round in another order: a side first in every round would get the drift.
+            order = list(urls)[turn % len(urls):] + list(urls)[:turn % len(urls)]
+            row = {name: measure(urls[name], CLIENTS, duration) for name in order}
+            rows.append({**row, "off_ratio": row["off"] / row["without"],
+                         "on_ratio": row["on"] / row["without"],
+                         "every_ratio": row["every"] / row["without"]})
+            print(f"  tracing: without {row['without']:,.0f}  off {row['off']:,.0f}  "
+                  f"on ({SAMPLED:.0%} sampled) {row['on']:,.0f}  on (every request) "
+                  f"{row['every']:,.0f} req/s", flush=True)
+    finally:
+        for process in processes:
+            stop(process)
+    exported = sum(1 for line in (work / "otlp-sink.log").read_text().splitlines()
+                   if line.startswith("export"))
+    return {"rounds": rows, "clients": CLIENTS, "without_commit": commit, "exports": exported,
+            "off_ratio_median": statistics.median(r["off_ratio"] for r in rows),
+            "on_ratio_median": statistics.median(r["on_ratio"] for r in rows),
+            "every_ratio_median": statistics.median(r["every_ratio"] for r in rows),
+            "sampled": SAMPLED}
+
+
+def sink(port: int) -> None:
+    """A local OTLP/HTTP receiver: takes every export, answers 200, keeps nothing."""
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            size = int(self.headers.get("content-length", "0"))
+            self.rfile.read(size)
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            print(f"export {size}", flush=True)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def rows(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """The two targets, as `run.figures` lists them."""
+    what = f"non-streaming req/s, {data['clients']} clients, against no tracing code " \
+           f"({data['without_commit']})"
+    found = []
+    sampled = f"{data.get('sampled', 1):.0%}"
+    for key, needed, side in (
+            ("off_ratio", 0.98, "tracing off"),
+            ("on_ratio", 0.85, f"tracing on ({sampled} of traces sampled), batch export to a "
+                               "local receiver"),
+            ("every_ratio", None, "tracing on, every request traced")):
+        if not all(key in r for r in data["rounds"]):
+            continue
+        ratios = sorted(r[key] for r in data["rounds"])
+        median = float(statistics.median(ratios))
+        found.append((f"{what}: {side}", f"≥ {needed:.2f}x" if needed else "reported",
+                      f"{median:.2f}x: median of {len(ratios)} rounds "
+                      f"({', '.join(f'{r:.2f}' for r in ratios)})",
+                      median >= needed if needed else None))
+    return found
+
+
+if __name__ == "__main__":
+    import sys
+
+    sink(int(sys.argv[1]))

@@ -1,0 +1,240 @@
+"""OpenTelemetry traces: a server span per relayed request, named and filled from its record.
+
+Off unless `telemetry.otlp_endpoint` (llms.json) or `OTEL_EXPORTER_OTLP_ENDPOINT` is set; then
+`configure` builds the process's tracer (the SDK, a batch processor, the OTLP/HTTP protobuf
+exporter). Off, nothing here runs, nor is it even imported (the app, the runtime and the
+admission load it only when on): `Runtime.tracing` is None, so there is no listener, no
+adapter, no transport layer and no span. The tree one request makes (docs/observability.md):
+
+    chat gpt-4o-mini              SERVER   opened by the edge (`serving`), continuing a client's
+    │                                      `traceparent`; named and filled here, at the record's end
+    ├── llms.cache.lookup                  `TracedCache`
+    ├── chat gpt-4o-mini-2024     CLIENT   one per try (`gateway.adapters.traced`)
+    │   └── POST                  CLIENT   the upstream call, carrying `traceparent`
+    │                                      (`gateway.observe.traced_transport`)
+    └── llms.hedge                         a second candidate started beside a slow first
+        └── chat other-model      CLIENT   its try
+
+The request's `RequestTrace` rides in OpenTelemetry's own context (`opentelemetry.context`), so
+the tries the router starts in tasks of their own (hedges) find it, and their spans are siblings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from redis.asyncio import Redis
+
+from gateway.observe.observers import CLIENT_CLOSED, status_of
+from gateway.observe.traced_transport import TracedTransport
+from gateway.pipeline.record import Listener, Outcome, Record
+from gateway.state.config import Telemetry
+from gateway.stores.cache import Cached, ResponseCache
+from providers.contract.transport import Transport
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+SERVICE = "llms-gateway"
+TRACES_PATH = "/v1/traces"
+# What each endpoint is called by the GenAI semantic conventions (`gen_ai.operation.name`).
+OPERATIONS: Mapping[str, str] = {
+    "chat/completions": "chat", "completions": "text_completion", "responses": "chat",
+    "embeddings": "embeddings", "messages": "chat", "messages/count_tokens": "count_tokens"}
+_STATE = context.create_key("llms-request-trace")
+
+
+@dataclass(slots=True)
+class Try:
+    """One try at a provider, as its attempt span left it (the winner's is the answer's)."""
+
+    provider: str
+    kind: str
+    upstream_model: str
+    outcome: str = "pending"
+    finish_reasons: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """What one traced request's spans share: the server span, its tries, how many are in
+    flight (a try started while another is: a hedge)."""
+
+    span: Span
+    tries: list[Try] = field(default_factory=list)
+    inflight: int = 0
+
+
+def current() -> RequestTrace | None:
+    """The traced request this code runs for, if any."""
+    found = context.get_value(_STATE)
+    return found if isinstance(found, RequestTrace) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Tracing:
+    """The process's tracer and what it records; built once, at start (`configure`)."""
+
+    provider: TracerProvider
+    tracer: trace.Tracer
+    capture_content: bool = False
+    max_content_bytes: int = 8 * 1024
+
+    @contextlib.contextmanager
+    def serving(self, headers: Mapping[str, str], endpoint: str) -> Iterator[None]:
+        """The request's server span, current while the edge serves it (its answer, a stream
+        included): a client's `traceparent` is continued, anything else starts a trace."""
+        parent = propagate.extract(headers)
+        operation = OPERATIONS.get(endpoint, endpoint)
+        span = self.tracer.start_span(operation, parent, SpanKind.SERVER,
+                                      {"gen_ai.operation.name": operation,
+                                       "http.route": f"/v1/{endpoint}"})
+        state = RequestTrace(span)
+        token = context.attach(context.set_value(_STATE, state,
+                                                 trace.set_span_in_context(span, parent)))
+        try:
+            yield
+        except BaseException as exc:  # cancelled (a shutdown), or a bug past the relay's net
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            context.detach(token)
+            span.end()
+
+    def cache(self, max_bytes: int, max_entry_bytes: int, redis: Redis | None,
+              prefix: str) -> ResponseCache:
+        """The response cache, each lookup in a span."""
+        return TracedCache(self.tracer, max_bytes, max_entry_bytes, redis, prefix)
+
+    def transport(self, inner: Transport) -> Transport:
+        """The process's transport, each upstream call in a span carrying `traceparent`."""
+        return TracedTransport(inner, self.tracer)
+
+    async def close(self) -> None:
+        """Export what is still queued and stop (the exporter's own timeout bounds it)."""
+        await asyncio.to_thread(self.provider.shutdown)
+
+
+def configure(telemetry: Telemetry, environ: Mapping[str, str]) -> Tracing | None:
+    """The process's tracing, or None when neither llms.json nor the environment names an
+    OTLP endpoint (or `OTEL_SDK_DISABLED` / `OTEL_TRACES_EXPORTER=none` turn it off)."""
+    if not telemetry.wanted(environ):
+        return None
+    # The SDK and its exporter are loaded by a gateway that traces, only.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
+
+    endpoint = None  # the exporter reads the environment's itself, with its rules
+    if telemetry.otlp_endpoint:
+        endpoint = telemetry.otlp_endpoint.rstrip("/")
+        if not endpoint.endswith(TRACES_PATH):
+            endpoint += TRACES_PATH
+    name = telemetry.service_name or environ.get("OTEL_SERVICE_NAME") or SERVICE
+    sampler: Sampler | None = None  # None: OTEL_TRACES_SAMPLER, else parent-based always-on
+    if telemetry.sample_ratio is not None:
+        sampler = ParentBased(TraceIdRatioBased(telemetry.sample_ratio))
+    provider = TracerProvider(sampler=sampler, resource=Resource.create({SERVICE_NAME: name}))
+    # The schedule delay, queue and batch sizes: OTEL_BSP_* from the environment.
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    return Tracing(provider, provider.get_tracer(SERVICE), telemetry.capture_content,
+                   telemetry.max_content_bytes)
+
+
+def server_spans() -> Listener:
+    """The server span, named and filled from the record when the request ends (it ends once
+    the edge has sent the answer). The listener runs where the record ends: in the request's
+    own task, under the context `Tracing.serving` made."""
+    def ended(record: Record) -> None:
+        state = current()
+        if state is None or not state.span.is_recording():
+            return
+        span, alias = state.span, record.model
+        operation = OPERATIONS.get(record.endpoint, record.endpoint)
+        if alias is not None:
+            span.update_name(f"{operation} {alias}")
+        status = status_of(record)
+        attributes = _attributes(record, status)
+        if alias is not None:
+            attributes["gen_ai.request.model"] = alias
+        served = _served(state, record)
+        if served is not None:
+            attributes["gen_ai.response.model"] = served.upstream_model
+            attributes["gen_ai.provider.name"] = served.kind
+            if served.finish_reasons:
+                attributes["gen_ai.response.finish_reasons"] = list(served.finish_reasons)
+        span.set_attributes(attributes)  # one call: the SDK takes its lock once
+        if record.outcome is Outcome.ERROR or (status >= 500 and status != CLIENT_CLOSED):
+            span.set_status(Status(StatusCode.ERROR, record.error_code or "error"))
+    return ended
+
+
+def _attributes(record: Record, status: int) -> dict[str, str | bool | int | float | list[str]]:
+    found: dict[str, str | bool | int | float | list[str]] = {
+        "http.response.status_code": status,
+        "llms.request_id": record.request_id,
+        "llms.stream": record.stream,
+        "llms.attempts": record.attempts,
+        "llms.cache_hit": record.cache_hit,
+        "llms.hedged": record.hedged,
+        "llms.hedge_won": record.hedge_won,
+        "llms.outcome": record.outcome.value if record.outcome else "unknown",
+    }
+    if record.key_id is not None:
+        found["llms.key_id"] = record.key_id
+    if (alias := record.alias or record.model) is not None:  # the alias that served it
+        found["llms.alias"] = alias
+    if record.resumes is not None and (record.resumes.ok or record.resumes.failed):
+        found["llms.resumed"] = record.resumes.ok
+        found["llms.resumes_failed"] = record.resumes.failed
+    if record.provider is not None:
+        found["llms.provider"] = record.provider
+    if record.failed:
+        found["llms.failed"] = [f"{a.provider}:{a.reason}" for a in record.failed]
+    if record.cost is not None:
+        found["llms.cost"] = record.cost
+    if record.ttft is not None:
+        found["llms.ttft"] = record.ttft
+    if record.error_code is not None:
+        found["error.type"] = record.error_code
+    if record.usage is not None:
+        found["gen_ai.usage.input_tokens"] = record.usage.prompt_tokens
+        found["gen_ai.usage.output_tokens"] = record.usage.completion_tokens
+    return found
+
+
+def _served(state: RequestTrace, record: Record) -> Try | None:
+    """The try whose answer the client got."""
+    if record.provider is None or record.cache_hit:
+        return None
+    answered = [t for t in state.tries if t.provider == record.provider
+                and t.outcome not in ("failed", "rejected", "cancelled", "pending")]
+    return answered[-1] if answered else None
+
+
+class TracedCache(ResponseCache):
+    """The response cache with a span per lookup (`llms.cache.lookup`) under the request's."""
+
+    def __init__(self, tracer: trace.Tracer, max_bytes: int, max_entry_bytes: int,
+                 redis: Redis | None = None, prefix: str = "") -> None:
+        super().__init__(max_bytes, max_entry_bytes, redis, prefix)
+        self.tracer = tracer
+
+    async def get(self, key: str) -> Cached | None:
+        state = current()
+        if state is None or not state.span.is_recording():
+            return await super().get(key)
+        with self.tracer.start_as_current_span("llms.cache.lookup") as span:
+            found = await super().get(key)
+            span.set_attribute("llms.cache_hit", found is not None)
+            if found is not None:
+                span.set_attribute("llms.provider", found.provider)
+            return found
