@@ -32,7 +32,7 @@ from gateway.pipeline.hedging import (
     quantile,
 )
 from gateway.state.config import ConfigError, Route, parse
-from providers.contract.errors import ProviderRateLimited
+from providers.contract.errors import ProviderRateLimited, ProviderUnavailable
 from providers.contract.provider import Outgoing, Reply
 from providers.contract.spec import CircuitPolicy, Retries
 from tests.gateway_process import GatewayProcess, config, provider
@@ -212,6 +212,33 @@ def test_a_leader_that_lost_the_race_is_kept_as_slow_as_it_had_been() -> None:
     # Dropped, the slow tries would vanish from the window and pull the quantile down.
     rows = {row["provider"]: row for row in hedging.view()["delays"]}
     assert rows["slow"]["samples"] == 1 and rows["quick"]["samples"] == 1
+
+
+def test_a_leader_left_unhedged_by_the_budget_still_fails_over_to_the_next() -> None:
+    failing = Failing("failing")
+    quick = Quick("quick")
+    hedging = AliasHedging(0.01, 0.0)  # no budget at all
+    request = Outgoing("chat/completions", b"{}", "m", False, "r")
+
+    served = asyncio.run(router.attempt(
+        "m", (Route("failing", "m"), Route("quick", "m")), {"failing": failing, "quick": quick},
+        request, router.Routing(None, None, hedging)))  # type: ignore[dict-item]
+
+    assert served.provider == "quick" and not served.hedged
+    assert [a.provider for a in served.failed] == ["failing"]
+    assert hedging.budget.refused == 1, "asked once, when the delay had passed"
+
+
+class Failing(Leader):
+    """A provider that fails slower than the hedge delay (a 503 after a while)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, lambda: None)
+
+    async def answer(self, request: Outgoing, model: str) -> Reply:
+        self.calls += 1
+        await asyncio.sleep(0.2)  # the race's 0.01 s timer comes first
+        raise ProviderUnavailable("503 after a while")
 
 
 class Quick(Leader):
