@@ -27,7 +27,10 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   exporting to a local OTLP receiver, paired rounds (traced.py);
 - queueing: 200 requests of a batch key then 20 of an interactive key at max_concurrency 10,
   the interactive key's p95 wait against the batch key's median, each key its own (fair) and
-  all under one key (first come first served), alternating rounds (queueing.py).
+  all under one key (first come first served), alternating rounds (queueing.py);
+- hedging: a provider slow to its first token one time in ten, through no hedging, a fixed
+  `hedge_after` (short and long) and `"p90"` (with two budgets): p99 time to first token and
+  upstream requests per answer (hedging.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -73,6 +76,7 @@ from harness import (
     stop,
     wait_for_port,
 )
+from hedging import hedging
 from queueing import queueing
 from resume import resume
 
@@ -89,7 +93,8 @@ done = function(summary, latency, requests)
 end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
-         "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing")
+         "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
+         "hedging")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -302,6 +307,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
             lambda url, clients, seconds: measure("tracing", url, [clients], seconds, wrk,
                                                   _post_script(work))[0].rps),
         "queueing": lambda: queueing(work, 2 if quick else 4),
+        "hedging": lambda: hedging(work, 200 if quick else 500),
     }
     for name, step in steps.items():
         if name in parts:
@@ -472,6 +478,16 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     else:
         rows.append(("non-streaming req/s against no tracing code: tracing off / on",
                      "≥ 0.98x / ≥ 0.85x", "not measured", None))
+    if hd := data.get("hedging"):
+        for backup in dict.fromkeys(r["backup"] for r in hd["rows"]):
+            mine = [r for r in hd["rows"] if r["backup"] == backup]
+            rows.append((f"TTFT p99, a leader slow one time in ten ({hd['fast_s']:g} s, else "
+                         f"{hd['slow_s']:g} s), backup {backup}: "
+                         + " / ".join(r["config"] for r in mine),
+                         "none: side by side, reported",
+                         " / ".join(f"{r['p99_ms']:.0f} ms" for r in mine) + "; upstream "
+                         "requests per answer " + " / ".join(f"{r['upstream_per_answer']:.2f}"
+                                                             for r in mine), None))
     if su := data.get("startup"):
         rows.append(("idle gateway process (no pool)", "RSS < 120 MiB",
                      f"{su['idle_rss_mib']:.0f} MiB", su["idle_rss_mib"] < 120))

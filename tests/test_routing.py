@@ -154,7 +154,7 @@ def test_a_slow_first_token_is_hedged_and_the_loser_s_request_closed(
     slow.set_mode(slow_first_token(2.0))
     gateway = start_gateway(config({
         "slow": provider(slow.base_url, {"m": "m"}), "quick": provider(quick.base_url, {"m": "m"}),
-    }, models={"m": {"routing": {"hedge_after": 0.3}}}))
+    }, models={"m": {"routing": {"hedge_after": 0.3, "hedge_budget": 1}}}))
 
     for stream in (True, False):
         with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=30, json={
@@ -202,7 +202,8 @@ def test_a_hedge_whose_leader_fails_first_still_answers(
         "broken": provider(broken.base_url, {"m": "m"}),
         "backup": provider(backup.base_url, {"m": "m"}),
         "third": provider(third.base_url, {"m": "m"}),
-    }, defaults={"routing": {"hedge_after": 0.2}, "circuit": {"enabled": False}}))
+    }, defaults={"routing": {"hedge_after": 0.2, "hedge_budget": 1},
+                 "circuit": {"enabled": False}}))
 
     answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
                         json={"model": "m", "messages": HI, "stream": True})

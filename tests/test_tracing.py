@@ -54,7 +54,8 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
         }, server={"api_keys": [{"key": KEY, "id": "team-a"},
                                 {"key": PRIVATE_KEY, "id": "team-p", "private": True}]},
             defaults={"circuit": {"enabled": False}},
-            models={"h": {"routing": {"hedge_after": 0.2}}, "c": {"cache": {"ttl": 60}}},
+            models={"h": {"routing": {"hedge_after": 0.2, "hedge_budget": 1}},
+                    "c": {"cache": {"ttl": 60}}},
             telemetry={"otlp_endpoint": receiver.endpoint, "service_name": "gw-under-test",
                        "capture_content": True, "max_content_bytes": 64})
         gateway = GatewayProcess(tmp_path_factory.mktemp("traced"), doc, env=FAST_EXPORT)

@@ -62,6 +62,8 @@ def status(runtime: Runtime) -> dict[str, Any]:
         # Slots under server.max_concurrency, who waits for one, and who left without.
         "queue": runtime.queue.view(),
         "providers": providers_view(runtime),
+        # Per alias that hedges: its delay per leading provider, its budget used.
+        "hedging": runtime.hedging.view(),
         "series": series,
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),

@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from gateway.pipeline.health import ProviderHealth
+from gateway.pipeline.hedging import Hedging
 from providers.contract.errors import Attempt
 from providers.contract.usage import Usage
 
@@ -176,17 +177,22 @@ class Metrics:
     """Every metric the gateway exports."""
 
     def __init__(self, health: ProviderHealth, inflight: Callable[[], int] = lambda: 0,
-                 queued: Callable[[], int] = lambda: 0) -> None:
+                 queued: Callable[[], int] = lambda: 0, hedging: Hedging | None = None
+                 ) -> None:
         """`inflight` reads the requests in the gateway, `queued` those of them waiting for a slot:
         in one process the gauges call them when scraped; with several workers each moves its
-        share (`add_inflight`, `add_queued`)."""
+        share (`add_inflight`, `add_queued`). `hedging`'s delays and budgets are read when
+        scraped."""
         self._health = health
+        self._hedging = hedging
         self._registry = CollectorRegistry()
         self._shared = SharedValues(self._registry) if multiprocess_dir() else None
         self.values: Values = self._shared or LocalValues()
         if isinstance(self.values, LocalValues):
             self._registry.register(_LocalCollector(self.values, inflight, queued))
             self._registry.register(_CircuitCollector(health))
+            if hedging is not None:
+                self._registry.register(_HedgingCollector(hedging))
 
     def add_inflight(self, delta: int) -> None:
         """This worker's in-flight count moved by `delta`; only several workers need telling."""
@@ -254,6 +260,8 @@ class Metrics:
         combined = CollectorRegistry()
         multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
         combined.register(_CircuitCollector(self._health))
+        if self._hedging is not None:  # the scraped worker's own, as its circuits are
+            combined.register(_HedgingCollector(self._hedging))
         return generate_latest(combined)
 
 
@@ -287,6 +295,31 @@ class _CircuitCollector(Collector):
             family.add_metric([str(row["provider"]), str(row["model"] or "")],
                               CIRCUIT_VALUES.get(str(row["state"]), 0))
         yield family
+
+
+class _HedgingCollector(Collector):
+    """Per alias that hedges: the delay each leading provider gets, the budget's use."""
+
+    def __init__(self, hedging: Hedging) -> None:
+        self._hedging = hedging
+
+    def collect(self) -> Iterable[Metric]:
+        delay = GaugeMetricFamily(
+            "llms_hedge_delay_seconds", "Seconds a request waits on its leading candidate "
+            "before a hedge may start (learned for a quantile hedge_after)",
+            labels=["model", "provider"])
+        used = GaugeMetricFamily(
+            "llms_hedge_budget_used_ratio", "Share of the alias's recent requests hedged "
+            "(hedge_budget is its most)", labels=["model"])
+        refused = CounterMetricFamily(
+            "llms_hedges_over_budget", "Hedges not started: the alias's budget was spent",
+            labels=["model"])
+        for alias, view in self._hedging.view().items():
+            used.add_metric([alias], view["budget_used"])
+            refused.add_metric([alias], view["over_budget"])
+            for row in view["delays"]:
+                delay.add_metric([alias, row["provider"]], row["delay_s"])
+        yield from (delay, used, refused)
 
 
 def _go_float(value: float) -> str:

@@ -116,8 +116,9 @@ async def _serve(request: Incoming, admitted: Admitted, record: Record, runtime:
 
 def _routing(runtime: Runtime, alias: str) -> router.Routing:
     """How `alias`'s candidates are tried: health, latencies, its own hedging."""
-    hedge_after = runtime.live.snapshot.policy(alias).routing.hedge_after
-    return router.Routing(runtime.health, runtime.latencies, hedge_after)
+    policy = runtime.live.snapshot.policy(alias).routing
+    hedging = runtime.hedging.of(alias, policy.hedge_after, policy.hedge_budget)
+    return router.Routing(runtime.health, runtime.latencies, hedging)
 
 
 async def _whole(reply: Reply, record: Record, price: Price | None,

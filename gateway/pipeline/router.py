@@ -9,8 +9,11 @@ model's limit is not the client's error: after a "too long", only candidates wit
 known window are tried; after a content policy's refusal, none serving the same model.
 
 A try returns once its first token is there (`providers.contract.provider.Answer`), so a hedge
-races on the tries' return values alone. A whole answer still gathering is then read to its end
-within the same candidate's turn: a break before the end is a failover too.
+races on the tries' return values alone. How long to wait before hedging, and whether the
+alias's budget allows one more hedge, is `gateway.pipeline.hedging`'s to say; a candidate
+excluded by its circuit or a cooldown is never hedged into, only failed over to. A whole
+answer still gathering is then read to its end within the same candidate's turn: a break
+before the end is a failover too.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from gateway.pipeline.health import Planned, ProviderHealth
+from gateway.pipeline.hedging import AliasHedging
 from gateway.pipeline.strategy import Latencies
 from gateway.state.config import Route, Snapshot
 from providers.contract.errors import (
@@ -66,11 +70,11 @@ def retry_delay(retries: Retries, tries_done: int, retry_after: float | None,
 @dataclass(frozen=True, slots=True)
 class Routing:
     """What trying candidates uses beside them: circuit and cooldown state, the latencies the
-    latency strategy learns from, and `routing.hedge_after` (None: no hedging)."""
+    latency strategy learns from, and the alias's hedging (None: no hedging)."""
 
     health: ProviderHealth | None = None
     latencies: Latencies | None = None
-    hedge_after: float | None = None
+    hedging: AliasHedging | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,39 +156,53 @@ class _Trying:
     async def turn(self, at: int) -> _Won:
         """The candidate at `at`, raced against the next one when hedging; its answer whole
         when the client asked for it whole."""
-        after = self.routing.hedge_after
+        hedging = self.routing.hedging
         self.at += 1
-        if after is None or at + 1 >= len(self.candidates) or self._excluded_after(at):
+        # An excluded candidate (circuit open, cooling down) is never hedged into: a hedge
+        # doubles the load on it; it waits until the others have failed.
+        if hedging is None or at + 1 >= len(self.candidates) \
+                or self.candidates[at + 1].plan.forced:
             return await self._tries(self.candidates[at], gather=True)
-        return await self._gathered(await self._race(self.candidates[at],
-                                                     self.candidates[at + 1], after))
+        first = self.candidates[at]
+        return await self._gathered(await self._race(
+            first, self.candidates[at + 1], hedging, hedging.delay(first.plan.route.provider)))
 
-    def _excluded_after(self, at: int) -> bool:
-        """A hedge never starts an excluded candidate beside one that may be tried: those wait
-        until the others have failed (with every candidate excluded, they hedge each other)."""
-        return self.candidates[at + 1].plan.forced and not self.candidates[at].plan.forced
-
-    async def _race(self, first: _Candidate, second: _Candidate, after: float) -> _Won:
-        """`first`, and `second` too if `first` has not answered after `after` seconds: the
-        first answer wins and the other try is cancelled (its upstream request closed)."""
+    async def _race(self, first: _Candidate, second: _Candidate, hedging: AliasHedging,
+                    after: float) -> _Won:
+        """`first`, and `second` too if `first` has not answered after `after` seconds and
+        a hedge may start: the first answer wins and the other try is cancelled (its upstream
+        request closed)."""
+        started = time.perf_counter()
         leader = asyncio.create_task(self._tries(first, gather=False))
         tasks = {leader}
         winner: asyncio.Task[_Won] | None = None
         try:
             done, _ = await asyncio.wait(tasks, timeout=after)
-            if done:
+            if done or not self._may_hedge(second, hedging):
                 winner = leader
-                return leader.result()
+                return await leader
             self.at += 1  # the second candidate has its turn now, beside the first
             self.hedged = True
             tasks.add(asyncio.create_task(self._tries(second, gather=False)))
             winner = await _first_success(tasks)
             self.hedge_won = winner is not leader
+            if not leader.done():  # slow, not failed: how slow, at least, for the quantile
+                hedging.observe(first.plan.route.provider, time.perf_counter() - started)
             return winner.result()
         finally:  # cancelled itself (the client left), or a winner chosen: nothing else runs on
             for task in tasks:
                 if task is not winner:
                     await _cancel(task)
+
+    def _may_hedge(self, second: _Candidate, hedging: AliasHedging) -> bool:
+        """Whether the hedge may start now: not into a candidate whose circuit opened or whose
+        provider began cooling down since the plan (another request's failure), and only
+        within the alias's budget (spent here, so asked last)."""
+        health = self.routing.health
+        if health is not None and health.blocked_until(
+                second.plan.route, second.provider.spec.circuit, health.clock()):
+            return False
+        return hedging.spend()
 
     async def _gathered(self, won: _Won) -> _Won:
         if self.request.stream or not isinstance(won.answer, Gathering):
@@ -217,6 +235,8 @@ class _Trying:
         took = time.perf_counter() - started
         if self.routing.latencies is not None:  # to the first token (a whole reply's end)
             self.routing.latencies.observe(provider.name, route.upstream_model, took)
+        if self.routing.hedging is not None:
+            self.routing.hedging.observe(provider.name, took)
         return _Won(answer, candidate, took)
 
     async def _accounted(self, candidate: _Candidate, run: Callable[[], Awaitable[_Won]]
@@ -266,10 +286,12 @@ async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str,
 
     With `routing.health`, candidates whose circuit is open or who are cooling down go last,
     tried only once the others failed (`ProviderHealth.plan`), and every outcome is recorded
-    there. With `routing.hedge_after`, a candidate slow
-    to its first token gets the next one started beside it: never more than two tries in flight.
+    there. With `routing.hedging`, a candidate slow to its first token gets the next one
+    started beside it, within the alias's budget: never more than two tries in flight.
     """
     health = routing.health
+    if routing.hedging is not None:
+        routing.hedging.requested()
     planned = health.plan(routes, lambda name: _policy(providers, name)) if health else [
         Planned(route) for route in routes]
     trying = _Trying(request, [_Candidate(p, plan) for plan in planned

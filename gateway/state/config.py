@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import yaml
 
+from gateway.pipeline import hedging
 from gateway.pipeline.limits import PRIORITY_BOUND, KeyLimits
 from gateway.state import aliases
 from gateway.state.aliases import AliasError, Chains, Names
@@ -135,8 +136,13 @@ class RoutingPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # order; latency: the lowest recent time to first token first, exploring a share of tries.
     strategy: Literal["order", "weighted", "latency"] = "order"
     explore: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
-    # Seconds without a first token before the next candidate is started too (None: never).
-    hedge_after: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # Seconds without a first token before the next candidate is started too (None: never),
+    # or a quantile of the leading candidate's recent times to first token ("p90", learned:
+    # `gateway.pipeline.hedging`).
+    hedge_after: Annotated[float, msgspec.Meta(gt=0)] | str | None = None
+    # The largest share of the alias's recent requests that may be hedged: when everything is
+    # slow at once, hedging must not double the load on providers already struggling.
+    hedge_budget: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
 
 
 class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -373,10 +379,10 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         telemetry = msgspec.structs.replace(
             telemetry, otlp_endpoint=_expand(telemetry.otlp_endpoint, environ))
     default_policy = AliasPolicy(
-        _merge(RoutingPolicy(), file.defaults.routing, where, "defaults.routing"),
+        _routing(RoutingPolicy(), file.defaults.routing, where, "defaults.routing"),
         _merge(CachePolicy(), file.defaults.cache, where, "defaults.cache"))
     policies = {alias: AliasPolicy(
-        _merge(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
+        _routing(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
         _merge(default_policy.cache, entry.cache, where, f"models.{alias}.cache"),
         entry.resume, entry.max_resumes)
         for alias, entry in file.models.items() if entry.alias_of is None}
@@ -486,6 +492,18 @@ def _merge(base: S, overrides: Mapping[str, Any], file: str, field: str) -> S:
         value = getattr(merged, name, None)
         if value is not None and value <= 0:
             raise ConfigError(f"{file}: {field}.{name}: must be greater than 0, got {value}")
+    return merged
+
+
+def _routing(base: RoutingPolicy, overrides: Mapping[str, Any], file: str, field: str
+             ) -> RoutingPolicy:
+    """`routing` over `base`, its `hedge_after` a number or a quantile `hedging` can read."""
+    merged = _merge(base, overrides, file, field)
+    if isinstance(merged.hedge_after, str):
+        try:
+            hedging.quantile(merged.hedge_after)
+        except ValueError as exc:
+            raise ConfigError(f"{file}: {field}.hedge_after: {exc}") from None
     return merged
 
 

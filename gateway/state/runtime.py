@@ -2,7 +2,7 @@
 
 `Live` is immutable: a config snapshot, the providers built from it and their adapters, prices,
 the redactor. `Runtime` is built whole at startup and lives as long as the process: the
-registries (health, limits, latencies, metrics, traffic), the stores, the supervisor, the
+registries (health, limits, latencies, hedging, metrics, traffic), the stores, the supervisor, the
 listeners. `Runtime.apply()` builds a complete new `Live` and swaps it in with one assignment,
 so a request sees either the old config or the new one, never half of each.
 """
@@ -25,6 +25,7 @@ from gateway.observe.metrics import Metrics
 from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.pipeline.health import ProviderHealth
+from gateway.pipeline.hedging import Hedging
 from gateway.pipeline.idempotency import Idempotency
 from gateway.pipeline.limits import RateLimiter
 from gateway.pipeline.queueing import Queue, Ticket
@@ -148,9 +149,10 @@ class Runtime:
         self.health = ProviderHealth()
         self.spread = Spread()  # the weighted strategy's turns, per alias
         self.latencies = Latencies()  # what the latency strategy has learned
+        self.hedging = Hedging()  # per alias: hedge delays learned, budgets spent
         self.limiter = RateLimiter()
         self.metrics = Metrics(self.health, inflight=lambda: self.inflight,
-                               queued=lambda: self.queue.depth)
+                               queued=lambda: self.queue.depth, hedging=self.hedging)
         # The slots under server.max_concurrency and the requests waiting for one.
         self.queue = Queue(on_wait=self.metrics.queue_wait, on_drop=self.metrics.queue_dropped,
                            on_depth=self.metrics.add_queued)
@@ -253,6 +255,8 @@ class Runtime:
         routed = [route for routes in effective.routes.values() for route in routes]
         self.health.retain(routed)
         self.latencies.retain(routed)
+        self.hedging.retain((alias, route.provider) for alias, routes in effective.routes.items()
+                            for route in routes)
         self.spread.retain(effective.routes)
         self.provider_traffic.retain({p.name for p in effective.providers})
         self._log_disabled(effective)
