@@ -5,8 +5,8 @@ before it came), with tracing off, and with tracing on exporting to a local OTLP
 The gateways run in turn on core 0, round by round, each round starting with the next one
 (drift on a shared machine touches every side alike); the upstream, the receiver and the load
 generator share core 1.
-The code without tracing is the parent of the commit that added `gateway/observe/tracing.py`,
-unpacked from git into the run's work folder. Tracing on uses the SDK's batch processor with
+The code without tracing is the main line's commit before `gateway/observe/tracing.py` came
+(before the merge that brought it), unpacked from git into the run's work folder. Tracing on uses the SDK's batch processor with
 its defaults (`OTEL_BSP_*`): a queue that drops spans when full rather than slowing requests.
 """
 
@@ -37,9 +37,12 @@ TRACING_MODULE = "gateway/observe/tracing.py"
 
 
 def without_tracing(work: Path) -> tuple[str, Path]:
-    """The commit before tracing came, unpacked (gateway and providers) into `work`."""
-    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--",
-                            TRACING_MODULE], cwd=ROOT, capture_output=True, text=True,
+    """The commit before tracing came, unpacked (gateway and providers) into `work`: on the
+    main line (`--first-parent`), the one before tracing was merged, with every other feature
+    merged until then; not the tracing branch's own base, older by whatever main merged
+    meanwhile, which would count that work as tracing's."""
+    added = subprocess.run(["git", "log", "--first-parent", "--diff-filter=A", "--format=%H",
+                            "--", TRACING_MODULE], cwd=ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
     ref = f"{added[-1]}^" if added else "HEAD"
     archive = subprocess.run(["git", "archive", "--format=tar", ref, "gateway", "providers"],
