@@ -6,8 +6,9 @@ The gateways run in turn on core 0, round by round, each round starting with the
 (drift on a shared machine touches every side alike); the upstream, the receiver and the load
 generator share core 1.
 The code without tracing is the main line's commit before `gateway/observe/tracing.py` came
-(before the merge that brought it), unpacked from git into the run's work folder. Tracing on uses the SDK's batch processor with
-its defaults (`OTEL_BSP_*`): a queue that drops spans when full rather than slowing requests.
+(before the merge that brought it), unpacked from git into the run's work folder. Tracing on
+uses the SDK's batch processor with its defaults (`OTEL_BSP_*`): a queue that drops spans when
+full rather than slowing requests.
 """
 
 from __future__ import annotations
