@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -68,6 +69,9 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--clients", type=int, default=50, help="wrk's connections")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--tracing", type=float, default=None, metavar="RATIO",
+                        help="tracing on, this share of traces sampled, exported to a local "
+                             "OTLP receiver (bench/traced.py's)")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy", path=str(Path(PY).parent)) or shutil.which("py-spy")
     wrk = ensure_wrk()
@@ -81,8 +85,17 @@ def main() -> None:
     try:
         wait_for_port(upstream_port, processes[0])
         gateway_config(upstream_port, work / "llms.json")
+        env = None
+        if args.tracing is not None:
+            sink_port = free_port()
+            processes.append(spawn([PY, str(BENCH / "traced.py"), str(sink_port)], 1,
+                                   work / "otlp-sink.log"))
+            wait_for_port(sink_port, processes[-1])
+            env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
+                   "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                   "OTEL_TRACES_SAMPLER_ARG": str(args.tracing)}
         gateway = spawn(gateway_command(work / "llms.json", gateway_port), 0,
-                        work / "gateway.log")
+                        work / "gateway.log", env=env)
         processes.append(gateway)
         wait_for_port(gateway_port, gateway)
         url = f"http://127.0.0.1:{gateway_port}/v1/chat/completions"

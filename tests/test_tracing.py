@@ -230,6 +230,22 @@ def test_a_client_traceparent_is_continued_up_to_the_upstream(fresh: Traced) -> 
     assert fresh.first.requests[-1].headers["traceparent"].split("-")[1] == trace_id
 
 
+def test_a_client_trace_not_sampled_is_passed_upstream_unsampled_and_records_nothing(
+        fresh: Traced) -> None:
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+    answer = fresh.post("unsampled-1", headers={"traceparent": f"00-{trace_id}-{parent}-00"})
+    assert answer.status_code == 200
+    # The gateway's own span of it is the upstream's parent: the client's trace, not sampled.
+    _, sent_trace, sent_parent, flags = fresh.first.requests[-1].headers["traceparent"].split("-")
+    assert sent_trace == trace_id and sent_parent != parent
+    assert int(flags, 16) & 1 == 0, "not sampled"
+    # Spans are exported in the order they end: one request later, none of that trace came.
+    assert fresh.post("unsampled-2").status_code == 200
+    fresh.spans("unsampled-2", 3)
+    assert not [s for s in fresh.receiver.spans if s.trace_id == trace_id]
+
+
 def test_the_standard_environment_alone_turns_tracing_on(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:

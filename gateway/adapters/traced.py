@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from gateway.adapters.stack import Outermost
 from gateway.observe.tracing import OPERATIONS, RequestTrace, Tracing, Try, current
@@ -45,20 +46,22 @@ class Traced(Outermost):
 
     async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
         state = current()
-        if state is None or not state.span.is_recording():  # not traced, or not sampled
+        if state is None:  # not traced, or not sampled: no span, nothing built
             return await self.inner.answer(request, upstream_model)
         tracer = self.tracing.tracer
         hedge = tracer.start_span("llms.hedge") if state.inflight else None
         parent = trace.set_span_in_context(hedge) if hedge is not None else None
         operation = OPERATIONS.get(request.endpoint, request.endpoint)
-        span = tracer.start_span(f"{operation} {upstream_model}", parent, SpanKind.CLIENT, {
+        attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": operation, "gen_ai.request.model": upstream_model,
             "gen_ai.provider.name": self.spec.kind, "llms.provider": self.name,
-            "llms.alias": request.model, "llms.stream": request.stream})
+            "llms.alias": request.model, "llms.stream": request.stream}
+        if self._captures(request):
+            attributes["gen_ai.input.messages"] = self.recorded(request.raw)
+        span = tracer.start_span(f"{operation} {upstream_model}", parent, SpanKind.CLIENT,
+                                 attributes)
         attempt = _Attempt(self, state, span, hedge,
                            Try(self.name, self.spec.kind, upstream_model))
-        if self._captures(request):
-            span.set_attribute("gen_ai.input.messages", self.recorded(request.raw))
         started = time.perf_counter()
         state.inflight += 1
         try:
@@ -70,7 +73,7 @@ class Traced(Outermost):
             raise
         finally:
             state.inflight -= 1
-        span.set_attribute("llms.ttft", time.perf_counter() - started)
+        attempt.ending["llms.ttft"] = time.perf_counter() - started
         return attempt.answered(answer, self._captures(request))
 
     def _captures(self, request: Outgoing) -> bool:
@@ -86,9 +89,11 @@ class Traced(Outermost):
 
 
 class _Attempt:
-    """One try's spans, until the try is over."""
+    """One try's spans, until the try is over. What is learnt on the way is kept in `ending`
+    and set on the span once, as it ends: the SDK takes its lock and checks the values in
+    one call."""
 
-    __slots__ = ("adapter", "content", "hedge", "span", "state", "try_")
+    __slots__ = ("adapter", "content", "ending", "hedge", "span", "state", "try_")
 
     def __init__(self, adapter: Traced, state: RequestTrace, span: Span, hedge: Span | None,
                  try_: Try) -> None:
@@ -98,22 +103,23 @@ class _Attempt:
         self.hedge = hedge
         self.try_ = try_
         self.content = b""
+        self.ending: dict[str, AttributeValue] = {}
         state.tries.append(try_)
 
     def failed(self, exc: BaseException) -> None:
-        span = self.span
+        ending = self.ending
         if isinstance(exc, ProviderError):
-            span.set_attributes({"llms.failover_reason": exc.reason, "error.type": exc.reason})
+            ending["llms.failover_reason"] = ending["error.type"] = exc.reason
             if exc.upstream_status is not None:
-                span.set_attribute("http.response.status_code", exc.upstream_status)
+                ending["http.response.status_code"] = exc.upstream_status
             self._error(exc, "failed")
         elif isinstance(exc, UpstreamClientError):  # the client's error: no failover
-            span.set_attribute("http.response.status_code", exc.status)
+            ending["http.response.status_code"] = exc.status
             self._error(exc, "rejected")
         elif isinstance(exc, GatewayError):
             self._error(exc, "failed")
         elif isinstance(exc, Exception):
-            span.set_attribute("error.type", type(exc).__name__)
+            ending["error.type"] = type(exc).__name__
             self._end("failed", Status(StatusCode.ERROR, type(exc).__name__))
         else:  # cancelled: a hedge that lost, or a client that left
             self._end("cancelled")
@@ -136,12 +142,10 @@ class _Attempt:
     def whole(self, reply: Reply, captures: bool) -> None:
         self._reasons(reply.body)
         if reply.usage is not None:
-            self.span.set_attributes({"gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
-                                      "gen_ai.usage.output_tokens":
-                                      reply.usage.completion_tokens})
+            self.ending["gen_ai.usage.input_tokens"] = reply.usage.prompt_tokens
+            self.ending["gen_ai.usage.output_tokens"] = reply.usage.completion_tokens
         if captures:
-            self.span.set_attribute("gen_ai.output.messages",
-                                    self.adapter.recorded(reply.body))
+            self.ending["gen_ai.output.messages"] = self.adapter.recorded(reply.body)
         self._end("completed")
 
     async def _stream(self, opened: Opened, captures: bool) -> AsyncIterator[bytes]:
@@ -173,14 +177,12 @@ class _Attempt:
 
     def _captured(self) -> None:
         if self.content:
-            self.span.set_attribute("gen_ai.output.messages",
-                                    self.adapter.recorded(self.content))
+            self.ending["gen_ai.output.messages"] = self.adapter.recorded(self.content)
 
     def _ended_stream(self, watch: SSEWatch, early: str | None = None) -> None:
         if watch.usage is not None:
-            self.span.set_attributes({"gen_ai.usage.input_tokens": watch.usage.prompt_tokens,
-                                      "gen_ai.usage.output_tokens":
-                                      watch.usage.completion_tokens})
+            self.ending["gen_ai.usage.input_tokens"] = watch.usage.prompt_tokens
+            self.ending["gen_ai.usage.output_tokens"] = watch.usage.completion_tokens
         if watch.done or watch.finished:
             self._end("completed")
         elif early is not None:
@@ -200,7 +202,7 @@ class _Attempt:
                 found = (*found, name)
         if found != self.try_.finish_reasons:
             self.try_.finish_reasons = found
-            self.span.set_attribute("gen_ai.response.finish_reasons", found)
+            self.ending["gen_ai.response.finish_reasons"] = found
 
     def _end(self, outcome: str, status: Status | None = None) -> None:
         if not self.span.is_recording():  # ended already (or not sampled)
@@ -208,7 +210,8 @@ class _Attempt:
                 self.try_.outcome = outcome
             return
         self.try_.outcome = outcome
-        self.span.set_attribute("llms.outcome", outcome)
+        self.ending["llms.outcome"] = outcome
+        self.span.set_attributes(self.ending)
         if status is not None:
             self.span.set_status(status)
         self.span.end()

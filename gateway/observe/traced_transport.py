@@ -9,6 +9,7 @@ model discovery) pass through untouched. No URL query, credential or body is rec
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Mapping
 from urllib.parse import urlsplit
 
@@ -63,8 +64,10 @@ class TracedTransport(Transport):
         await self.inner.close()
 
 
-def _url_attributes(method: str, url: str) -> dict[str, str | int]:
-    """The call's method and where it went: scheme, host, port, path (no query, no user)."""
+@functools.lru_cache(maxsize=1024)
+def _url_attributes(method: str, url: str) -> Mapping[str, str | int]:
+    """The call's method and where it went: scheme, host, port, path (no query, no user).
+    Kept per URL (a provider calls a few, over and over); the SDK copies what it is given."""
     parts = urlsplit(url)
     found: dict[str, str | int] = {
         "http.request.method": method,

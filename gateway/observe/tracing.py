@@ -63,8 +63,8 @@ class Try:
 
 @dataclass(slots=True)
 class RequestTrace:
-    """What one traced request's spans share: the server span, its tries, how many are in
-    flight (a try started while another is: a hedge)."""
+    """What one sampled request's spans share: the server span, its tries, how many are in
+    flight (a try started while another is: a hedge). A request not sampled has none."""
 
     span: Span
     tries: list[Try] = field(default_factory=list)
@@ -72,7 +72,7 @@ class RequestTrace:
 
 
 def current() -> RequestTrace | None:
-    """The traced request this code runs for, if any."""
+    """The sampled request this code runs for, if any."""
     found = context.get_value(_STATE)
     return found if isinstance(found, RequestTrace) else None
 
@@ -85,16 +85,30 @@ class Tracing:
     tracer: trace.Tracer
     capture_content: bool = False
     max_content_bytes: int = 8 * 1024
+    # The headers a client's trace context comes in (`OTEL_PROPAGATORS`'), read once.
+    fields: frozenset[str] = field(
+        default_factory=lambda: frozenset(propagate.get_global_textmap().fields))
 
     @contextlib.contextmanager
     def serving(self, headers: Mapping[str, str], endpoint: str) -> Iterator[None]:
         """The request's server span, current while the edge serves it (its answer, a stream
-        included): a client's `traceparent` is continued, anything else starts a trace."""
-        parent = propagate.extract(headers)
+        included): a client's `traceparent` is continued, anything else starts a trace.
+
+        Sampling is decided here, once: a trace not sampled makes no other span, so only the
+        span's ids are made current (the upstream still gets a `traceparent`, sampled flag
+        off) and no `RequestTrace`, which is what every other layer looks for."""
+        parent = None if self.fields.isdisjoint(headers) else propagate.extract(headers)
         operation = OPERATIONS.get(endpoint, endpoint)
         span = self.tracer.start_span(operation, parent, SpanKind.SERVER,
                                       {"gen_ai.operation.name": operation,
                                        "http.route": f"/v1/{endpoint}"})
+        if not span.is_recording():
+            token = context.attach(trace.set_span_in_context(span, parent))
+            try:
+                yield
+            finally:
+                context.detach(token)
+            return
         state = RequestTrace(span)
         token = context.attach(context.set_value(_STATE, state,
                                                  trace.set_span_in_context(span, parent)))
@@ -155,7 +169,7 @@ def server_spans() -> Listener:
     own task, under the context `Tracing.serving` made."""
     def ended(record: Record) -> None:
         state = current()
-        if state is None or not state.span.is_recording():
+        if state is None or not state.span.is_recording():  # not traced, or not sampled
             return
         span, alias = state.span, record.model
         operation = OPERATIONS.get(record.endpoint, record.endpoint)
@@ -185,9 +199,10 @@ def _attributes(record: Record, status: int) -> dict[str, str | bool | int | flo
         "llms.attempts": record.attempts,
         "llms.cache_hit": record.cache_hit,
         "llms.hedged": record.hedged,
-        "llms.hedge_won": record.hedge_won,
         "llms.outcome": record.outcome.value if record.outcome else "unknown",
     }
+    if record.hedged:  # each attribute costs its check and its encoding: none that says nothing
+        found["llms.hedge_won"] = record.hedge_won
     if record.key_id is not None:
         found["llms.key_id"] = record.key_id
     if (alias := record.alias or record.model) is not None:  # the alias that served it
@@ -229,8 +244,7 @@ class TracedCache(ResponseCache):
         self.tracer = tracer
 
     async def get(self, key: str) -> Cached | None:
-        state = current()
-        if state is None or not state.span.is_recording():
+        if current() is None:  # not traced, or not sampled
             return await super().get(key)
         with self.tracer.start_as_current_span("llms.cache.lookup") as span:
             found = await super().get(key)
