@@ -56,8 +56,14 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
                   ) -> tuple[str, Served]:
     """The alias that served and its answer; the most fitting error when nothing answered."""
     # Estimated only when some candidate's numbers are known: the estimate reads every message.
-    need = sizing.size(request.endpoint, request.json()) if _sized(routes, chain, alias) \
-        else None
+    sized = _sized(routes, chain, alias)
+    if not sized:  # no window to check, no chain to follow: the router's tries, as they are
+        try:
+            return alias, await router.attempt(alias, routes, chain.providers,
+                                               as_alias(request, alias), chain.routing(alias))
+        except AllProvidersFailed as exc:
+            raise _failure(alias, list(exc.attempts), exc.refused, None, None) from None
+    need = sizing.size(request.endpoint, request.json())
     failed: list[Attempt] = []
     refused: UpstreamClientError | None = None
     held: tuple[str, Served] | None = None  # an answer its content filter emptied
@@ -72,7 +78,8 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
         try:
             if kept:
                 served = await _attempt(name, kept, request, chain, held)
-                served = dataclasses.replace(served, failed=(*failed, *served.failed))
+                if failed:
+                    served = dataclasses.replace(served, failed=(*failed, *served.failed))
                 # Read only for an alias with a chain for refusals: it costs a decode.
                 refusals = chain.snapshot.chains.after(alias, POLICY) if rest is None else ()
                 if not (refusals and _emptied(served.answer)):
