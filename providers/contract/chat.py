@@ -136,6 +136,14 @@ class ChatRequest(msgspec.Struct):
 Shape = TypeVar("Shape", bound=msgspec.Struct)
 
 
+def content_text(content: Any) -> str:
+    """A message's `content` as plain text: a string as it is, the text parts of a list
+    joined (other parts dropped), nothing for none."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
 def checked(body: Mapping[str, Any], shape: type[Shape]) -> Shape:
     """`body` converted to `shape`; InvalidRequest names the field that is wrong."""
     try:

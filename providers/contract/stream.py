@@ -205,6 +205,20 @@ async def peek(chunks: AsyncIterator[bytes], choices: int = 1) -> Opened:
     return Opened(head, chunks, watch)
 
 
+def event_object(data: bytes) -> dict[str, Any] | None:
+    """A native stream event's JSON object, None for an empty event; BadUpstreamResponse for
+    anything else (a failover before the first token, an in-band error after)."""
+    if not data or data.isspace():
+        return None
+    try:
+        payload = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        raise BadUpstreamResponse(f"stream event is not JSON: {data[:80]!r}") from None
+    if not isinstance(payload, dict):
+        raise BadUpstreamResponse("stream event is not a JSON object")
+    return payload
+
+
 def check_head(watch: Watch) -> None:
     """Raise the failover error for what the watch saw wrong before a stream is committed."""
     if watch.garbage:

@@ -14,11 +14,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from providers.contract.chat import ChatRequest, checked
+from providers.contract.chat import ChatRequest, checked, content_text
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 from providers.contract.messages import STOP_REASONS, THINKING_BUDGETS, image_block, usage_of
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.stream import event_object
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.wire import sse
@@ -68,10 +69,10 @@ def _conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
     for message in chat:
         role = message.get("role")
         if role in ("system", "developer"):
-            system.append(_text_of(message.get("content")))
+            system.append(content_text(message.get("content")))
         elif role == "tool":
             block = {"type": "tool_result", "tool_use_id": message.get("tool_call_id", ""),
-                     "content": _text_of(message.get("content"))}
+                     "content": content_text(message.get("content"))}
             _append(messages, "user", [block])
         elif role == "assistant":
             blocks = _blocks(message.get("content"))
@@ -92,12 +93,6 @@ def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, An
         messages[-1]["content"].extend(blocks)
     else:
         messages.append({"role": role, "content": blocks})
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return "" if content is None else str(content)
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
@@ -222,14 +217,8 @@ class StreamTranslator:
         return b"".join(self._event(event.data) for event in self._reader.flush())
 
     def _event(self, data: bytes) -> bytes:
-        if not data or data.isspace():
+        if (payload := event_object(data)) is None:
             return b""
-        try:
-            payload = msgspec.json.decode(data)
-        except msgspec.DecodeError:
-            raise BadUpstreamResponse(f"stream event is not JSON: {data[:80]!r}") from None
-        if not isinstance(payload, dict):
-            raise BadUpstreamResponse("stream event is not a JSON object")
         kind = payload.get("type")
         if kind == "message_start":
             message = payload.get("message") or {}

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlsplit
 import msgspec
 
 from providers.contract import embeddings
-from providers.contract.chat import ChatRequest, checked
+from providers.contract.chat import ChatRequest, checked, content_text
 from providers.contract.errors import BadUpstreamResponse, ProviderRejected, UpstreamClientError
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
@@ -79,7 +79,7 @@ def conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
             continue
         role = message.get("role")
         if role in ("system", "developer"):
-            if text := _text_of(message.get("content")):
+            if text := content_text(message.get("content")):
                 system.append(text)
         elif role in ("tool", "function"):
             _append(contents, "user", [_function_response(message, names)])
@@ -98,12 +98,6 @@ def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any
         contents[-1]["parts"].extend(parts)
     else:
         contents.append({"role": role, "parts": parts})
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return "" if content is None else str(content)
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:
@@ -157,7 +151,7 @@ def _assistant_parts(message: Mapping[str, Any], names: dict[str, str]) -> list[
 
 def _function_response(message: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
     name = names.get(str(message.get("tool_call_id", ""))) or message.get("name") or ""
-    text = _text_of(message.get("content"))
+    text = content_text(message.get("content"))
     parsed = _json_object(text)
     # Gemini wants an object: a JSON object result goes as it is, anything else is wrapped.
     response = parsed if parsed or text.strip() == "{}" else {"content": text}

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.contract.stream import event_object
 from providers.wire import sse
 from providers.wire.http import scrub
 
@@ -144,14 +145,8 @@ class StreamTranslator:
         return out + sse.encode(msgspec.json.encode(usage)) + sse.encode(sse.DONE)
 
     def _event(self, data: bytes) -> bytes:
-        if not data or data.isspace():
+        if (payload := event_object(data)) is None:
             return b""
-        try:
-            payload = msgspec.json.decode(data)
-        except msgspec.DecodeError:
-            raise BadUpstreamResponse("stream event is not JSON") from None
-        if not isinstance(payload, dict):
-            raise BadUpstreamResponse("stream event is not a JSON object")
         if isinstance(error := payload.get("error"), dict):
             said = f"{error.get('status', 'error')}: {error.get('message')}"
             raise ProviderUnavailable(scrub(said))  # it may echo the request's headers

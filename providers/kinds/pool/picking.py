@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from providers.contract.chat import content_text
+
 BLOCK_CHARS = 256  # about 64 tokens: a few of vLLM's 16-token KV blocks
 MAX_BLOCKS = 256  # prompts longer than this many blocks are matched on their first ones
 TABLE_SIZE = 200_000  # remembered prefix hashes (about 20 MB), least recently used dropped
@@ -112,7 +114,7 @@ def prompt_text(body: Mapping[str, object]) -> str:
         parts = []
         for message in messages:
             if isinstance(message, dict):
-                parts.append(f"<{message.get('role')}>{_content_text(message.get('content'))}")
+                parts.append(f"<{message.get('role')}>{content_text(message.get('content'))}")
         return "\n".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, list):
@@ -120,9 +122,3 @@ def prompt_text(body: Mapping[str, object]) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
-def _content_text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
