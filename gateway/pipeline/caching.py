@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.observe.metrics import Metrics
-from gateway.pipeline.delivery import STREAM_HEADERS, Streamed, Whole
+from gateway.pipeline.delivery import Streamed, Whole, kept_stream
 from gateway.pipeline.record import Outcome, Record
 from gateway.stores import cache
 from gateway.stores.cache import Cached, ResponseCache
@@ -61,18 +61,8 @@ async def lookup(caching: Caching, record: Record, wants_usage: bool) -> Whole |
     if not record.stream:
         record.usage = from_payload(kept)
         return Whole(kept, record.headers(), record)
-    record.first_token()
-    return Streamed(_replay(kept, record), {**record.headers(), **STREAM_HEADERS}, record)
-
-
-async def _replay(chunks: bytes, record: Record) -> AsyncGenerator[bytes, None]:
-    outcome = Outcome.CLIENT_LEFT
-    try:
-        yield chunks
-        outcome = Outcome.COMPLETED
-    finally:
-        usage = from_payload(chunks.rsplit(b"data: ", 2)[-2]) if b'"usage"' in chunks else None
-        record.end(outcome, usage)
+    usage = from_payload(kept.rsplit(b"data: ", 2)[-2]) if b'"usage"' in kept else None
+    return kept_stream(kept, record, usage)
 
 
 async def keep_whole(caching: Caching, record: Record, body: bytes) -> None:

@@ -13,6 +13,7 @@ from gateway.pipeline.record import Outcome, Record
 from providers.contract.errors import AllProvidersFailed, GatewayError, error_body
 from providers.contract.log import get_logger
 from providers.contract.redact import Redactor
+from providers.contract.usage import Usage
 
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -40,6 +41,25 @@ class Streamed:
     record: Record
     status: int = 200
     media_type: str = "text/event-stream"
+
+
+def kept_stream(body: bytes, record: Record, usage: Usage | None = None,
+                media_type: str = "text/event-stream") -> Streamed:
+    """A stream kept whole (a cache hit, an idempotent replay), sent in one write; its record
+    ends, with `usage`, once it is sent or its client left."""
+    record.first_token()
+    return Streamed(_once(body, record, usage), {**record.headers(), **STREAM_HEADERS}, record,
+                    media_type=media_type)
+
+
+async def _once(body: bytes, record: Record, usage: Usage | None
+                ) -> AsyncGenerator[bytes, None]:
+    outcome = Outcome.CLIENT_LEFT
+    try:
+        yield body
+        outcome = Outcome.COMPLETED
+    finally:
+        record.end(outcome, usage)
 
 
 def error_delivery(error: GatewayError, record: Record, redactor: Redactor) -> Whole:

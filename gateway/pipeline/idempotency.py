@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from litestar.types import Receive
 
 from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.pipeline.delivery import STREAM_HEADERS, Streamed, Whole
+from gateway.pipeline.delivery import Streamed, Whole, kept_stream
 from gateway.pipeline.record import Outcome, Record
 from gateway.state.config import IdempotencyConfig
 from gateway.stores.idempotency import IdempotencyStore, Remembered, digest_of, key_of
@@ -343,16 +343,5 @@ def _replayed(remembered: Remembered, record: Record) -> Whole | Streamed:
     if not remembered.stream:
         return Whole(remembered.body, record.headers(), record,
                      media_type=remembered.media_type)
-    record.first_token()
-    return Streamed(_once(remembered.body, record), {**record.headers(), **STREAM_HEADERS},
-                    record, media_type=remembered.media_type)
-
-
-async def _once(body: bytes, record: Record) -> AsyncGenerator[bytes, None]:
-    outcome = Outcome.CLIENT_LEFT
-    try:
-        yield body
-        outcome = Outcome.COMPLETED
-    finally:
-        record.end(outcome)
+    return kept_stream(remembered.body, record, media_type=remembered.media_type)
 
