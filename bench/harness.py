@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -158,3 +160,9 @@ def core_busy_seconds(core: int) -> float:
             idle = ticks[3] + ticks[4]  # idle + iowait
             return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
     return 0.0
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of unsorted values (every part reports its quantiles alike)."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(fraction * len(ordered)) - 1, 0)]

@@ -33,7 +33,16 @@ from typing import Any
 import aiohttp
 import uvloop
 from aiohttp import web
-from harness import BENCH, PY, free_port, gateway_command, spawn, stop, wait_for_port
+from harness import (
+    BENCH,
+    PY,
+    free_port,
+    gateway_command,
+    percentile,
+    spawn,
+    stop,
+    wait_for_port,
+)
 from scenarios import CHAT, Started, on_core1
 
 FAST, SLOW = 0.05, 0.75
@@ -112,16 +121,11 @@ async def _load(url: str, requests: int) -> list[tuple[float, bool]]:
     return got
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def _client(url: str, requests: int) -> dict[str, Any]:
     got = await _load(url, requests)
     ttft = [first for first, _ in got]
-    return {"p50_ms": _quantile(ttft, 0.5) * 1000, "p95_ms": _quantile(ttft, 0.95) * 1000,
-            "p99_ms": _quantile(ttft, 0.99) * 1000,
+    return {"p50_ms": percentile(ttft, 0.5) * 1000, "p95_ms": percentile(ttft, 0.95) * 1000,
+            "p99_ms": percentile(ttft, 0.99) * 1000,
             "slow": sum(first > SLOW / 2 for first in ttft) / len(ttft),
             "hedged": sum(hedged for _, hedged in got) / len(got), "answers": len(got)}
 

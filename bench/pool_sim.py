@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness import percentile
+
 from providers.kinds.pool.picking import (
     BLOCK_CHARS,
     Load,
@@ -498,12 +500,6 @@ def scrape(run: Run, index: int, now: float) -> None:
 
 
 # --- Results ----------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of unsorted values."""
-    ordered = sorted(values)
-    return ordered[max(math.ceil(fraction * len(ordered)) - 1, 0)]
 
 
 def summarize(label: str, rate: float, requests: Sequence[Request], outcomes: Sequence[Outcome],

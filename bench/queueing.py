@@ -29,7 +29,16 @@ from typing import Any
 import aiohttp
 import uvloop
 from aiohttp import web
-from harness import BENCH, PY, free_port, gateway_command, provider, spawn, wait_for_port
+from harness import (
+    BENCH,
+    PY,
+    free_port,
+    gateway_command,
+    percentile,
+    provider,
+    spawn,
+    wait_for_port,
+)
 from scenarios import CHAT, Started, on_core1
 
 SLOTS = 10
@@ -81,7 +90,7 @@ async def _burst(url: str, shared: bool) -> dict[str, Any]:
     waits_b = sorted(max(0.0, t - SERVICE) for t, _ in done_batch)
     waits_i = sorted(max(0.0, t - SERVICE) for t, _ in done_interactive)
     statuses = [s for _, s in done_batch + done_interactive]
-    return {"interactive_p95_s": waits_i[int(len(waits_i) * 0.95) - 1],
+    return {"interactive_p95_s": percentile(waits_i, 0.95),
             "interactive_median_s": statistics.median(waits_i),
             "batch_median_s": statistics.median(waits_b), "batch_max_s": waits_b[-1],
             "answered": statuses.count(200), "requests": len(statuses)}

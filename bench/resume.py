@@ -30,7 +30,16 @@ from typing import Any
 import aiohttp
 import uvloop
 from aiohttp import web
-from harness import BENCH, PY, free_port, gateway_command, provider, spawn, wait_for_port
+from harness import (
+    BENCH,
+    PY,
+    free_port,
+    gateway_command,
+    percentile,
+    provider,
+    spawn,
+    wait_for_port,
+)
 from scenarios import CHAT, Started, on_core1
 
 CHUNKS = 200
@@ -89,7 +98,7 @@ async def _seam(url: str, streams: int) -> dict[str, Any]:
             gaps.append(statistics.median(between[:CUT - 1] + between[CUT:]))
     seams = [seam - CUT_PAUSE for seam in seams]
     return {"seam_ms": statistics.median(seams) * 1000,
-            "seam_p90_ms": sorted(seams)[int(len(seams) * 0.9)] * 1000,
+            "seam_p90_ms": percentile(seams, 0.9) * 1000,
             "gap_ms": statistics.median(gaps) * 1000}
 
 
