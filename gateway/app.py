@@ -24,7 +24,10 @@ from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp
 
 import providers
-from gateway.edge import admin, auth, openapi, status_page, stored_responses
+from gateway.accounts.database import IN_MEMORY, Database
+from gateway.accounts.ledger import RedisLedger
+from gateway.accounts.service import Accounts
+from gateway.edge import admin, admin_accounts, auth, openapi, status_page, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
@@ -135,7 +138,7 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
         body["reason"] = "pool models are still loading"
         body["loading"] = loading
         is_ready = False
-    if auth.authenticated(request.headers, snapshot):
+    if auth.authenticated(request.headers, snapshot, runtime.accounts):
         live = runtime.live.providers
         body["providers"] = [
             {"name": p.name, "type": p.kind, "enabled": p.enabled, "reason": p.disabled_reason,
@@ -160,7 +163,7 @@ def _json(runtime: Runtime, body: Any, status: int = 200) -> Response[bytes]:
 def _reader(request: Request[Any, Any, Any], path: str) -> Runtime:
     """The runtime, for a request allowed to read `path` (a key, or a public path)."""
     runtime = _runtime(request)
-    auth.check_reader(request.headers, runtime.live.snapshot, path)
+    auth.check_reader(request.headers, runtime.live.snapshot, path, runtime.accounts)
     return runtime
 
 
@@ -233,9 +236,15 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         remembered = snapshot.idempotency
         idempotency = IdempotencyStore(remembered.max_bytes, remembered.max_entry_bytes, redis,
                                        state.prefix)
+        ledger = RedisLedger(redis, state.prefix) if redis is not None else None
+        accounts = Accounts(Database(snapshot.database.url or IN_MEMORY), snapshot.database,
+                            lambda provider, alias: runtime.price_of(provider, alias),
+                            lambda alias, provider: runtime.route_of(alias, provider),
+                            ledger)
+        await accounts.start()
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
-                          idempotency=idempotency)
+                          idempotency=idempotency, accounts=accounts)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         runtime.drain.listen(snapshot.server.drain_timeout)
@@ -245,6 +254,9 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             supervisor.start("config_reload", lambda: reload.watch(
                 source, snapshot.server.reload_interval, runtime, sighup))
         supervisor.start("model_discovery", lambda: discovery.watch(runtime))
+        supervisor.start("accounts", accounts.run)
+        if ledger is not None:
+            supervisor.start("budget_settlements", ledger.run)
         if redis is not None:
             shared = RedisSync(state, redis, runtime.health, runtime.limiter,
                                runtime.longest_cooldown, runtime.latencies)
@@ -261,6 +273,9 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             await supervisor.stop()
             try:  # the Redis client is closed after it, whatever it did
                 await runtime.close()
+                if ledger is not None:
+                    await ledger.flush()
+                await accounts.close()
             except Exception:
                 get_logger().exception("shutdown_cleanup_failed")
             if tracing is not None:  # the spans still queued are exported
@@ -295,7 +310,7 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     guarded = Guard.around(Front(Litestar(
         route_handlers=[list_models, retrieve_model,
                         health, ready, metrics, status_html, status_json, openapi_document,
-                        admin.list_providers, admin.toggle_provider,
+                        admin.list_providers, admin.toggle_provider, *admin_accounts.ROUTES,
                         stored_responses.retrieve_response, stored_responses.delete_response,
                         stored_responses.list_input_items],
         lifespan=[lifespan],

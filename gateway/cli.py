@@ -135,6 +135,9 @@ def _serve(args: argparse.Namespace) -> int:
               f'["$LLMS_GATEWAY_KEY"] with that variable set), bind 127.0.0.1, or pass '
               f"--allow-unauthenticated.", file=sys.stderr)
         return 2
+    if (refused := _migrate(snapshot)) is not None:
+        print(f"llms-gateway: {refused}", file=sys.stderr)
+        return 2
     open_files = openfiles.raise_limit()
     # Half: the default max_concurrency is a safety valve, not a sizing, and a hard limit of
     # 20,000 (carrying ~9,900) is not worth a warning at every start; 4,096 (~1,900) is.
@@ -147,6 +150,23 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
     serving.run(snapshot.server, host, port, args.workers, open_files)
     return 0
+
+
+def _migrate(snapshot: Snapshot) -> str | None:
+    """Move the accounts database's schema forward once, before the workers start; why not,
+    when it cannot be (a newer schema; a database that is down is the workers' to retry)."""
+    from gateway.accounts.database import Database, SchemaTooNew
+
+    if snapshot.database.url is None:
+        return None
+    try:
+        Database(snapshot.database.url).migrate_now()
+    except SchemaTooNew as exc:
+        return str(exc)
+    except Exception as exc:  # down or unreachable: served on static keys until it is back
+        print(f"llms-gateway: the accounts database cannot be migrated now "
+              f"({type(exc).__name__}); the workers will retry", file=sys.stderr)
+    return None
 
 
 def _ls(args: argparse.Namespace) -> int:

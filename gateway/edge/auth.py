@@ -1,9 +1,10 @@
 """Who a request is: anonymous, a client, or an admin; keys compared in constant time.
 
-Keys come as `Authorization: Bearer <key>` or `x-api-key`. Client keys (`server.api_keys`) use
-the relay and read routes; admin keys (`server.admin_keys`) do that too and are the only keys the
-admin routes accept. With no admin key configured, admin routes answer this machine alone, and a
-request a proxy forwarded (it says so in a header) does not count as this machine.
+Keys come as `Authorization: Bearer <key>` or `x-api-key`. Client keys (`server.api_keys`, and the
+virtual keys an admin created: `gateway.accounts`) use the relay and read routes; admin keys
+(`server.admin_keys`) do that too and are the only keys the admin routes accept. With no admin key
+configured, admin routes answer this machine alone, and a request a proxy forwarded (it says so in
+a header) does not count as this machine.
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from gateway.state.config import GatewayKey, Snapshot
 from providers.contract.errors import AuthenticationFailed, PermissionDenied
+
+if TYPE_CHECKING:
+    from gateway.accounts.account import Account
+    from gateway.accounts.service import Accounts
 
 # Headers a reverse proxy adds: a request carrying one came from elsewhere, whatever its peer.
 FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
@@ -37,53 +43,72 @@ def _match(presented: str, keys: tuple[GatewayKey, ...]) -> GatewayKey | None:
     return matched
 
 
-def check(headers: Mapping[str, str], snapshot: Snapshot) -> GatewayKey | None:
-    """The client or admin key presented; AuthenticationFailed unless client keys are off
-    (`server.api_keys` empty) or it matches one."""
-    if not snapshot.keys:
+def check(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts | None = None
+          ) -> GatewayKey | Account | None:
+    """The client, admin or virtual key presented; AuthenticationFailed unless client keys are
+    off (no `server.api_keys` and no virtual key) or it matches one."""
+    if not snapshot.keys and not (accounts is not None and accounts.keys_required):
         return None
-    return _known(headers, snapshot.keys + snapshot.admin_keys)
+    return _known(headers, snapshot.keys + snapshot.admin_keys, accounts)
 
 
-def _known(headers: Mapping[str, str], keys: tuple[GatewayKey, ...]) -> GatewayKey:
+def _known(headers: Mapping[str, str], keys: tuple[GatewayKey, ...],
+           accounts: Accounts | None) -> GatewayKey | Account:
     key = presented_key(headers)
     if key is None:
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'")
     matched = _match(key, keys)
-    if matched is None:
-        raise AuthenticationFailed("Invalid API key")
-    return matched
+    if matched is not None:
+        return matched
+    if accounts is not None and (account := accounts.find(key)) is not None:
+        return account
+    raise AuthenticationFailed("Invalid API key")
 
 
-def check_reader(headers: Mapping[str, str], snapshot: Snapshot, path: str) -> None:
+def _keyed(snapshot: Snapshot, accounts: Accounts | None) -> bool:
+    return snapshot.any_keys or (accounts is not None and accounts.keys_required)
+
+
+def check_reader(headers: Mapping[str, str], snapshot: Snapshot, path: str,
+                 accounts: Accounts | None = None) -> None:
     """A read route (models, metrics, status): any key when keys are configured, unless the
     path is listed in `server.public_paths`."""
-    if snapshot.any_keys and path not in snapshot.server.public_paths:
-        _known(headers, snapshot.keys + snapshot.admin_keys)
+    if _keyed(snapshot, accounts) and path not in snapshot.server.public_paths:
+        _known(headers, snapshot.keys + snapshot.admin_keys, accounts)
 
 
-def authenticated(headers: Mapping[str, str], snapshot: Snapshot) -> bool:
+def authenticated(headers: Mapping[str, str], snapshot: Snapshot,
+                  accounts: Accounts | None = None) -> bool:
     """Whether the request may see details: no keys are configured, or it sent a valid one."""
-    if not snapshot.any_keys:
+    if not _keyed(snapshot, accounts):
         return True
-    key = presented_key(headers)
-    return key is not None and _match(key, snapshot.keys + snapshot.admin_keys) is not None
+    try:
+        _known(headers, snapshot.keys + snapshot.admin_keys, accounts)
+    except AuthenticationFailed:
+        return False
+    return True
 
 
-def check_admin(headers: Mapping[str, str], snapshot: Snapshot, peer: str) -> None:
-    """An admin route: an admin key (401 without one, 403 for a client key), or with no admin
-    key configured a request from this machine that no proxy forwarded."""
+LOCAL_ADMIN = "local"  # the actor of admin actions when no admin key is configured
+
+
+def check_admin(headers: Mapping[str, str], snapshot: Snapshot, peer: str,
+                accounts: Accounts | None = None) -> str:
+    """An admin route: an admin key (401 without one, 403 for a client or virtual key), or
+    with no admin key configured a request from this machine that no proxy forwarded. Who
+    acts: the admin key's id, or `local`."""
     if not snapshot.admin_keys:
         if not is_local(peer) or any(h in headers for h in FORWARDING_HEADERS):
             raise PermissionDenied("Admin routes answer only this machine unless "
                                    "server.admin_keys is set")
-        return
+        return LOCAL_ADMIN
     key = presented_key(headers)
     if key is None:
         raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <key>'")
-    if _match(key, snapshot.admin_keys) is not None:
-        return
-    if _match(key, snapshot.keys) is not None:
+    if (admin := _match(key, snapshot.admin_keys)) is not None:
+        return admin.limits.key_id
+    if _match(key, snapshot.keys) is not None \
+            or (accounts is not None and accounts.find(key) is not None):
         raise PermissionDenied("This key may not use admin routes: they need an admin key")
     raise AuthenticationFailed("Invalid API key")
 

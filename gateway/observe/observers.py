@@ -1,9 +1,10 @@
 """The listeners every request's record is told of when it ends (`gateway.pipeline.record`).
 
-Each turns a finished `Record` into what one sink keeps: Prometheus metrics, the recent
-traffic the status page draws, the request log line, a key's token spend, and with tracing on
-the request's server span (`gateway.observe.tracing.server_spans`). They are registered once, at
-startup (`gateway.state.runtime.Runtime`), in the order here.
+Each turns a finished `Record` into what one sink keeps: Prometheus metrics, the recent traffic the
+status page draws, the request log line, a key's token spend, and with tracing on the request's
+server span (`gateway.observe.tracing.server_spans`), and with accounts the request's charge: its
+budget settled, its spend row (`gateway.accounts.service.Accounts.ended`). They are registered
+once, at startup (`gateway.state.runtime.Runtime`), in the order here.
 """
 
 from __future__ import annotations
@@ -107,10 +108,12 @@ def logged_by(log: RequestLog) -> Listener:
 
 
 def spent_by(limiter: RateLimiter) -> Listener:
-    """A key's tokens, counted against its per-minute token limit."""
+    """A key's tokens (and its team's), counted against its per-minute token limit."""
     def ended(record: Record) -> None:
         if record.key_id is not None and record.usage is not None:
             limiter.spend_tokens(record.key_id, record.usage.total_tokens)
+            if record.team is not None:
+                limiter.spend_tokens(f"team:{record.team}", record.usage.total_tokens)
     return ended
 
 

@@ -1,11 +1,13 @@
 """A request's admission: everything decided before an upstream is called.
 
-The key and its limits, the request's turn (`x-llms-priority`, `x-llms-timeout`), the body's
-head (typed, a wrong type a 400 naming its `param`), the alias's candidates in the order its
-strategy gives, and last its wait for a slot under the process's concurrency cap
-(`queueing`): a request that would be refused anyway is refused without waiting, and its body
-is read before it waits (the guard's body deadline runs from the request's head). The head's
-size and the body's deadline were checked by `gateway.edge.guard`, in front of every route.
+The key and its limits (a virtual key's: its expiry, parallel requests, team, aliases and budgets,
+`gateway.accounts`), the request's turn (`x-llms-priority`, `x-llms-timeout`), the body's head
+(typed, a wrong type a 400 naming its `param`), the alias's candidates in the order its strategy
+gives, its worst-case cost held against its budgets, and last its wait for a slot under the
+process's concurrency cap (`queueing`): a request that would be refused anyway is refused without
+waiting, and its body is read before it waits (the guard's body deadline runs from the request's
+head). The head's size and the body's deadline were checked by `gateway.edge.guard`, in front of
+every route.
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ from typing import Any, Protocol
 
 from litestar.types import Receive
 
+from gateway.accounts.account import Account
+from gateway.accounts.service import Accounts
 from gateway.adapters import embeddings
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.stack import bare
 from gateway.edge import auth
 from gateway.edge.disconnect import DisconnectGuard
 from gateway.pipeline import router, schemas, strategy
+from gateway.pipeline.limits import KeyLimits
 from gateway.pipeline.queueing import Ticket, turn_of
 from gateway.pipeline.record import Record
-from gateway.state.config import Route
+from gateway.state.config import Route, Snapshot
 from gateway.state.runtime import Runtime
-from providers.contract.errors import KeyRateLimited, ResponseNotFound
+from providers.contract.errors import KeyRateLimited, ModelNotFound, ResponseNotFound
 from providers.contract.messages import CountTokensRequest, MessagesRequest
 from providers.contract.provider import Provider
 
@@ -69,22 +74,27 @@ class Admitted:
 async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted:
     """Check the request, find its candidates and wait for its slot; a `GatewayError` when
     it cannot go on."""
-    live, endpoint = runtime.live, record.endpoint
-    key = auth.check(request.headers, live.snapshot)
+    live, endpoint, accounts = runtime.live, record.endpoint, runtime.accounts
+    key = auth.check(request.headers, live.snapshot, accounts)
+    account = key if isinstance(key, Account) else None
     if key is not None:
         record.key_id = key.limits.key_id
-        if (wait := runtime.limiter.admit(key.limits)) is not None:
-            raise KeyRateLimited(f"Rate limit reached for key {key.limits.key_id}; "
-                                 f"retry in {wait:.0f}s", retry_after=wait)
+        if account is not None and accounts is not None:
+            accounts.check(account, record)
+        _rate_limited(runtime, key.limits)
+        if account is not None and account.team_limits is not None:
+            _rate_limited(runtime, account.team_limits)
     turn = turn_of(request.headers, key.limits if key is not None else None,
                    live.snapshot.server.queue_timeout)
     runtime.queue.check_room(turn)
     head, raw = schemas.parse(await request.body(), HEADS[endpoint])
     record.model, record.stream = head.model, bool(getattr(head, "stream", False))
-    alias = live.snapshot.resolve(head.model)
+    alias = _alias(live.snapshot, head.model, account, accounts)
     routes = ordered(runtime, endpoint, alias)
     record.known_model, record.alias = True, alias
     providers = live.adapted[endpoint]
+    if account is not None and accounts is not None:  # before the wait: what it may cost
+        await accounts.reserve(record, raw, alias, routes, live.prices)
     if endpoint == "responses":
         await _check_previous_response(runtime, head, routes, providers, record.key_id)
     if not runtime.queue.start_now(request.ticket, turn):
@@ -92,6 +102,27 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
             await runtime.queue.wait(request.ticket, turn)
         record.detail["queued_ms"] = round(request.ticket.waited * 1000, 2)  # its log line
     return Admitted(head, raw, alias, routes, providers, turn.priority)
+
+
+def _rate_limited(runtime: Runtime, limits: KeyLimits) -> None:
+    if (wait := runtime.limiter.admit(limits)) is not None:
+        raise KeyRateLimited(f"Rate limit reached for key {limits.key_id}; "
+                             f"retry in {wait:.0f}s", retry_after=wait)
+
+
+def _alias(snapshot: Snapshot, model: str, account: Account | None,
+           accounts: Accounts | None) -> str:
+    """The alias `model` names; for a key limited to some aliases, a 403 for any other name,
+    known or not."""
+    if account is None or account.models is None or accounts is None:
+        return snapshot.resolve(model)
+    try:
+        alias: str | None = snapshot.resolve(model)
+    except ModelNotFound:
+        alias = None
+    accounts.check_model(account, alias, model)
+    assert alias is not None
+    return alias
 
 
 def ordered(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:

@@ -53,6 +53,10 @@ class Record:
     alias: str | None = None  # the alias it resolved to; once served, the one that served it
     stream: bool = False
     key_id: str | None = None
+    team: str | None = None  # the virtual key's team (`gateway.accounts`)
+    # What accounts hold for it: its parallel slot, its budget hold (`accounts.service.Charge`).
+    charge: Any = None
+    budget_remaining: float | None = None  # dollars left in its tightest budget, when one applies
     provider: str | None = None
     cache_hit: bool = False  # answered from the response cache (`provider` said who first did)
     # Answered by the request its `Idempotency-Key` repeats (`gateway.pipeline.idempotency`):
@@ -67,6 +71,7 @@ class Record:
     usage: Usage | None = None
     cost: float | None = None
     ttft: float | None = None
+    events: int = 0  # data events a stream relayed (a stream cut before its usage is charged by)
     upstream_time: float | None = None
     outcome: Outcome | None = None  # set once, by `end`
     duration: float = 0.0
@@ -106,6 +111,8 @@ class Record:
             headers["x-llms-cache"] = "hit"
         if self.replayed:
             headers["x-llms-idempotent-replay"] = "true"
+        if self.budget_remaining is not None:
+            headers["x-llms-budget-remaining"] = f"{max(self.budget_remaining, 0.0):.6f}"
         if self.resumes is not None and self.resumes.ok:  # a whole answer's (a stream's
             headers["x-llms-resumed"] = str(self.resumes.ok)  # headers left before)
         return headers

@@ -76,6 +76,7 @@ async def relay(opened: Opened, provider: str, record: Record, redactor: Redacto
                                             record.dialect)
     finally:
         await close_quietly(opened.rest)
+        record.events = watch.data_events
         record.end(outcome, watch.usage, price)
 
 

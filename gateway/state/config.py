@@ -60,6 +60,7 @@ CONFIG_ENV = "LLMS_CONFIG"
 # Set by `serve` for its workers: the address bound, and whether --allow-unauthenticated was given.
 BIND_ENV = "LLMS_BIND_HOST"
 OPEN_ENV = "LLMS_ALLOW_UNAUTHENTICATED"
+STATE_DIR_ENV = "LLMS_STATE_DIR"  # where the default accounts database lives
 CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
 # Why a provider is disabled, as `ls`, `/ready` and the status page say it.
 IN_CONFIG = "disabled in config"  # "enabled": false
@@ -245,6 +246,21 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
+class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The accounts database (`gateway.accounts`): keys, teams, spend, audit (read at start)."""
+
+    # sqlite:///PATH or postgresql://USER@HOST:PORT/DB ("$NAME" expanded); None: SQLite in the
+    # state directory (`state_dir`).
+    url: str | None = None
+    # Seconds between two looks at the directory's revision: how soon a revocation or a budget
+    # change reaches every worker and replica.
+    poll_interval: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.5
+    flush_interval: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 1.0  # spend rows written
+    # Spend rows held while the database is down; past it the oldest are dropped (counted).
+    max_buffered_rows: Annotated[int, msgspec.Meta(ge=1000, le=10_000_000)] = 200_000
+    retention_days: Annotated[int, msgspec.Meta(ge=1, le=36_500)] = 400
+
+
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     providers: dict[str, dict[str, Any]]
     # Per alias: `routing` and `cache` over the defaults'.
@@ -255,6 +271,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     responses: ResponsesConfig = ResponsesConfig()
     idempotency: IdempotencyConfig = IdempotencyConfig()
     telemetry: Telemetry = Telemetry()
+    database: DatabaseConfig = DatabaseConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +318,9 @@ class Snapshot:
         """The alias that serves the name a client sent (`alias_of`, patterns)."""
         return self.names.resolve(model, self.routes)
     telemetry: Telemetry = field(default_factory=Telemetry)
+    # `url` resolved: the file's (expanded), else SQLite in the state directory; None only for a
+    # snapshot built without a file (an in-memory database then).
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""
@@ -391,7 +411,30 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
                     idempotency=file.idempotency,
                     default_policy=default_policy, policies=policies, names=names,
-                    chains=chains, telemetry=telemetry)
+                    chains=chains, telemetry=telemetry,
+                    database=_database(file.database, path, environ))
+
+
+def _database(database: DatabaseConfig, path: Path, environ: Mapping[str, str]
+              ) -> DatabaseConfig:
+    """`database.url` expanded, or SQLite in the state directory (`state_dir`)."""
+    if database.url is not None:
+        url = _expand(database.url, environ)
+        if not url:
+            raise ConfigError(f"{path}: database.url: "
+                              f"{database.url.lstrip('$').strip('{}')} is not set")
+        return msgspec.structs.replace(database, url=url)
+    return msgspec.structs.replace(database,
+                                   url=f"sqlite:///{state_dir(environ) / 'gateway.db'}")
+
+
+def state_dir(environ: Mapping[str, str]) -> Path:
+    """Where the gateway keeps what outlives it: `$LLMS_STATE_DIR`, else
+    `$XDG_STATE_HOME/llms-gateway` (`~/.local/state/llms-gateway`), as the pool's worker logs."""
+    if explicit := environ.get(STATE_DIR_ENV):
+        return Path(explicit)
+    base = environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "llms-gateway"
 
 
 def _names(models: Mapping[str, _AliasEntry], providers: tuple[ProviderSpec, ...], file: str
@@ -646,6 +689,10 @@ def secrets(snapshot: Snapshot) -> list[str]:
     collector's. What `Redactor` removes from everything that leaves the process."""
     found = [key.secret.reveal() for key in snapshot.keys + snapshot.admin_keys]
     found += url_secrets(snapshot.state.url)
+    # A database URL without a password names only a user, which is no secret (and a common
+    # word: "postgres"); with one, both go.
+    if snapshot.database.url and urllib.parse.urlsplit(snapshot.database.url).password:
+        found += url_secrets(snapshot.database.url)
     if snapshot.telemetry.otlp_endpoint:
         found += url_secrets(snapshot.telemetry.otlp_endpoint)
     for spec in snapshot.providers:

@@ -34,6 +34,7 @@ from gateway.pipeline.strategy import Latencies, Spread
 from gateway.state.config import (
     ADMIN_DISABLED,
     ConfigError,
+    Route,
     Snapshot,
     model_facts,
     with_discovered,
@@ -53,6 +54,7 @@ from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
 if TYPE_CHECKING:  # tracing is imported by a gateway that traces, only
+    from gateway.accounts.service import Accounts
     from gateway.observe.tracing import Tracing
 
 # The stages `Runtime.trace` hears, in the order a whole answer passes them.
@@ -141,7 +143,8 @@ class Runtime:
                  request_log: RequestLog | None = None, *, cache: ResponseCache,
                  responses: ResponseStore, redis: Redis | None = None,
                  tracing: Tracing | None = None,
-                 idempotency: IdempotencyStore | None = None) -> None:
+                 idempotency: IdempotencyStore | None = None,
+                 accounts: Accounts | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -180,6 +183,9 @@ class Runtime:
         self.trace: Callable[[str], None] | None = None
         # Traces (`gateway.observe.tracing`): None when off, and then nothing of it runs.
         self.tracing = tracing
+        # Virtual keys, teams, budgets and spend (`gateway.accounts`); None: static keys only.
+        self.accounts = accounts
+        charged: tuple[Listener, ...] = (accounts.ended,) if accounts is not None else ()
         traced: tuple[Listener, ...] = ()
         if tracing is not None:
             from gateway.observe.tracing import server_spans
@@ -188,7 +194,8 @@ class Runtime:
         # Told of every request's record when it ends, in this order.
         self.listeners: tuple[Listener, ...] = (
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
-            logged_by(self.request_log), spent_by(self.limiter), *traced, self._staged)
+            logged_by(self.request_log), spent_by(self.limiter), *charged, *traced,
+            self._staged)
         self._live: Live | None = None
 
     @property
@@ -204,6 +211,15 @@ class Runtime:
         retries, circuit = (found.spec.retries, found.spec.circuit) if found is not None \
             else (Retries(), CircuitPolicy())
         return max(retries.max_retry_after, circuit.rate_limit_cooldown)
+
+    def price_of(self, provider: str, alias: str) -> Price | None:
+        """What `provider` charges for `alias`, as the live config prices it."""
+        return self.live.prices.get((provider, alias))
+
+    def route_of(self, alias: str, provider: str) -> Route | None:
+        """The route by which `provider` serves `alias`, if it still does."""
+        return next((r for r in self.live.snapshot.routes.get(alias, ())
+                     if r.provider == provider), None)
 
     def stage(self, name: str) -> None:
         """Tell the profiler, if one listens, that a request passed stage `name`."""

@@ -10,6 +10,9 @@
      │    ├── NotFound                404 not_found (a route or an unknown id)
      │    ├── MethodNotAllowed        405 method_not_allowed
      │    ├── KeyRateLimited          429 rate_limit_exceeded: this key's per-minute limit
+     │    ├── BudgetExceeded          429 budget_exceeded: the key's or its team's budget
+     │    ├── ModelNotAllowed         403 model_not_allowed: an alias the key may not use
+     │    ├── Conflict                409 conflict: an admin change that clashes (a taken name)
      │    ├── RequestTimeout          408 request_timeout: the body did not arrive in time
      │    ├── HeadersTooLarge         431 headers_too_large
      │    ├── AuthenticationFailed    401 invalid_api_key
@@ -20,6 +23,8 @@
      ├── Overloaded                   503 overloaded: at the concurrency cap, and the queue full
  │                                or the request's turn past its deadline
  ├── QueueTimeout                 504 queue_timeout: its deadline passed while it waited
+     ├── DatabaseUnavailable          503 database_unavailable: an admin route the database must
+     │                                answer, while it is down
      ├── ShuttingDown                 503 server_shutting_down: a stream the drain ended
      ├── ProviderError                one attempt at one provider failed; `retryable` says
      │    │                           whether the same provider may be tried again
@@ -173,6 +178,34 @@ class KeyRateLimited(ClientError):
         self.retry_after = retry_after
 
 
+class BudgetExceeded(ClientError):
+    """The request's worst-case cost does not fit in its key's or its team's budget."""
+
+    http_status = 429
+    error_type = "rate_limit_error"
+    code = "budget_exceeded"
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ModelNotAllowed(ClientError):
+    """The key may not use the model it asked for (whether the model exists is not said)."""
+
+    http_status = 403
+    error_type = "permission_error"
+    code = "model_not_allowed"
+
+
+class Conflict(ClientError):
+    """An admin change clashes with what exists: a name taken, a team that still has keys."""
+
+    http_status = 409
+    error_type = "conflict_error"
+    code = "conflict"
+
+
 class RequestTimeout(ClientError):
     """The declared body did not arrive within `server.body_timeout`."""
 
@@ -273,6 +306,18 @@ class QueueTimeout(GatewayError):
 
     http_status = 504
     code = "queue_timeout"
+
+
+class DatabaseUnavailable(GatewayError):
+    """The accounts database cannot be reached: an admin change cannot be kept (requests with
+    known keys are still served)."""
+
+    http_status = 503
+    code = "database_unavailable"
+
+    def __init__(self, message: str, retry_after: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ShuttingDown(GatewayError):

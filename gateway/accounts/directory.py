@@ -1,0 +1,67 @@
+"""The keys and teams a process knows, in memory: what a request is checked against.
+
+The database is polled for its revision (one small read); when an admin changed something the
+whole directory is read again and swapped in one assignment, so a revocation reaches every
+worker and replica within the poll interval. If the database is down the last directory keeps
+serving. With each read comes what every budgeted scope has spent in its current period, the
+starting point of a ledger that sees the period for the first time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.accounts.account import Account, account_of, digest, window
+from gateway.accounts.database import Database
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """One read of the database: its revision, accounts by key hash, teams by name."""
+
+    revision: int = -1
+    ever: bool = False  # a key was made, even if every one is revoked since
+    by_hash: Mapping[str, Account] = field(default_factory=dict)
+    by_id: Mapping[str, Account] = field(default_factory=dict)
+    teams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    spent: Mapping[tuple[str, float], float] = field(default_factory=dict)
+
+
+class Directory:
+    """The accounts of this process, swapped whole when the database's revision moves."""
+
+    def __init__(self) -> None:
+        self.known = Known()
+
+    @property
+    def any(self) -> bool:
+        """Whether a virtual key was ever made: then every relay request needs a key (revoking
+        the last one does not open the gateway)."""
+        return self.known.ever
+
+    def find(self, secret: str) -> Account | None:
+        """The account a presented key opens, if any (expired ones included)."""
+        return self.known.by_hash.get(digest(secret))
+
+    def spent(self, scope_id: str, start: float) -> float:
+        """Dollars the database knew `scope_id` spent since `start`, at the last read."""
+        return self.known.spent.get((scope_id, start), 0.0)
+
+    async def refresh(self, db: Database, now: float | None = None) -> bool:
+        """Read the database again if it changed; whether it did."""
+        if await db.revision() == self.known.revision:
+            return False
+        revision, ever, key_rows, team_rows = await db.directory()
+        teams = {row["name"]: row for row in team_rows}
+        accounts = [(row["hash"], account_of(row, teams.get(row["team"])))
+                    for row in key_rows]
+        at = time.time() if now is None else now
+        wanted = {(scope.kind, scope.name, window(scope.budget.period, at)[0])
+                  for _, account in accounts for scope in account.scopes}
+        spent = await db.spent(wanted)
+        self.known = Known(revision, ever, dict(accounts),
+                           {a.key_id: a for _, a in accounts}, teams, spent)
+        return True

@@ -1,0 +1,64 @@
+"""A request's worst-case cost, reserved against its budgets before it is sent (pure).
+
+The prompt is estimated as the context-window check estimates it (`gateway.pipeline.sizing`);
+the answer is the longest the request allows: its own `max_tokens` (or its spellings), else the
+model's longest answer, else `DEFAULT_OUTPUT`. The price is the dearest of the candidates', so
+whichever answers, the hold covers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from gateway.accounts.account import NANO
+from gateway.pipeline import sizing
+from gateway.state.config import Route
+from providers.contract.usage import Price, Usage, cost
+
+DEFAULT_OUTPUT = 4096  # a model's longest answer when neither the request nor its facts say
+EMBEDDINGS = "embeddings"
+
+
+def estimate(endpoint: str, raw: bytes) -> tuple[int, int]:
+    """(prompt tokens, output tokens asked for; 0 when unsaid) of a request body."""
+    if endpoint == EMBEDDINGS:
+        return (len(raw) + 3) // 4, 0
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return (len(raw) + 3) // 4, 0
+    need = sizing.size(endpoint, body) if isinstance(body, dict) else None
+    if need is None:
+        return (len(raw) + 3) // 4, 0
+    return need.prompt, need.output
+
+
+def worst_case(endpoint: str, raw: bytes, alias: str, routes: tuple[Route, ...],
+               prices: Mapping[tuple[str, str], Price]) -> tuple[int, int]:
+    """(nano-dollars to hold, prompt tokens estimated); at least one nano-dollar, so a budget
+    that is spent refuses even a request no price is known for."""
+    prompt, asked = estimate(endpoint, raw)
+    dearest = 0.0
+    for route in routes:
+        price = prices.get((route.provider, alias))
+        if price is None:
+            continue
+        output = 0 if endpoint == EMBEDDINGS else asked or route.max_output_tokens \
+            or DEFAULT_OUTPUT
+        usage = Usage(prompt_tokens=prompt, completion_tokens=output)
+        dearest = max(dearest, cost(usage, price))
+    return max(1, _ceil_nano(dearest)), prompt
+
+
+def _ceil_nano(usd: float) -> int:
+    return -int(-usd * NANO // 1)
+
+
+def cut_cost(prompt: int, events: int, price: Price | None) -> float | None:
+    """What a stream cut before its usage came is charged: its prompt and a token per event it
+    relayed (an event carries at most a few tokens); None without a price."""
+    if price is None:
+        return None
+    return cost(Usage(prompt_tokens=prompt, completion_tokens=events), price)

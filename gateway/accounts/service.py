@@ -1,0 +1,266 @@
+"""What the request path asks of accounts, and the listener that charges each request.
+
+`Accounts` is built once per process (`gateway.app.lifespan`): it opens the database, moves its
+schema forward, reads the directory, and runs one supervised task that polls the revision,
+writes the spend buffer in batches and prunes old spend. The request path touches memory only:
+the directory (`find`), the parallel counts, the ledger (`reserve`; in Redis when the state is
+shared). Each request's record, when it ends, settles its hold and adds a spend row to the
+buffer (`ended`); a database that is down leaves the rows buffered (bounded) until it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from gateway.accounts import pricing
+from gateway.accounts.account import NANO, Account, nano
+from gateway.accounts.database import Database, SchemaTooNew, spend_row
+from gateway.accounts.directory import Directory
+from gateway.accounts.ledger import Hold, LocalLedger, Over, RedisLedger
+from gateway.pipeline.record import Record
+from gateway.state.config import DatabaseConfig, Route
+from providers.contract.errors import (
+    AuthenticationFailed,
+    BudgetExceeded,
+    DatabaseUnavailable,
+    KeyRateLimited,
+    ModelNotAllowed,
+)
+from providers.contract.log import get_logger
+from providers.contract.usage import Price
+
+PRUNE_EVERY = 3600.0
+BATCH = 5_000  # spend rows per insert
+
+
+@dataclass(slots=True)
+class Charge:
+    """What accounts hold for one request: its account, its parallel slot, its budget hold."""
+
+    account: Account | None
+    parallel: bool = False
+    hold: Hold | None = None
+    shared: bool = False  # the hold is in the shared (Redis) ledger
+    prompt: int = 0  # prompt tokens estimated, for a stream cut before its usage
+
+
+class Accounts:
+    """Keys, budgets and spend for one process."""
+
+    def __init__(self, db: Database, settings: DatabaseConfig,
+                 price_of: Callable[[str, str], Price | None],
+                 route_of: Callable[[str, str], Route | None],
+                 shared: RedisLedger | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self.settings = settings
+        self.price_of = price_of  # (provider, alias) -> its price
+        self.route_of = route_of  # (alias, provider) -> the route that served
+        self.shared = shared
+        self.clock = clock
+        self.directory = Directory()
+        self.local = LocalLedger(clock)
+        self.parallel: Counter[str] = Counter()
+        self.buffer: deque[dict[str, Any]] = deque()
+        self.dropped = 0  # spend rows lost to a full buffer while the database was down
+        self.up: bool | None = None  # None until the database first answered or failed
+        self.error: str | None = None
+        self.migrated = False
+        self._pruned = 0.0
+
+    # --- start and the background task -----------------------------------------------------
+
+    async def start(self) -> None:
+        """Migrate and read the directory; a database that is down is retried by `run`
+        (SchemaTooNew is raised: that gateway must not start)."""
+        try:
+            await self._ready()
+        except DatabaseUnavailable as exc:
+            self._mark(False, exc)
+
+    async def _ready(self) -> None:
+        if not self.migrated:
+            try:
+                await self.db.migrate()
+            except SchemaTooNew:
+                raise
+            except Exception as exc:  # a database that cannot be reached, in any driver's words
+                raise DatabaseUnavailable(f"cannot migrate: {type(exc).__name__}") from exc
+            self.migrated = True
+        await self.directory.refresh(self.db, self.clock())
+        self._mark(True)
+
+    async def run(self) -> None:
+        """Forever: the directory kept fresh, spend written, old spend pruned."""
+        flushed = 0.0
+        while True:
+            await asyncio.sleep(self.settings.poll_interval)
+            try:
+                await self._ready()
+                if self.clock() - flushed >= self.settings.flush_interval:
+                    flushed = self.clock()
+                    await self.flush()
+                await self._prune()
+            except DatabaseUnavailable as exc:
+                self._mark(False, exc)
+
+    async def flush(self) -> None:
+        """Write the buffered spend rows; on failure they stay, in order."""
+        while self.buffer:
+            batch = [self.buffer.popleft() for _ in range(min(BATCH, len(self.buffer)))]
+            try:
+                await self.db.write_spend(batch)
+            except BaseException:
+                self.buffer.extendleft(reversed(batch))
+                raise
+
+    async def _prune(self) -> None:
+        now = self.clock()
+        if now - self._pruned >= PRUNE_EVERY:
+            self._pruned = now
+            await self.db.prune_spend(now - self.settings.retention_days * 86400)
+
+    async def close(self) -> None:
+        """Write what is buffered (if the database answers), then close it."""
+        try:
+            await self.flush()
+        except DatabaseUnavailable as exc:
+            get_logger().warning("spend_unwritten", rows=len(self.buffer), error=str(exc))
+        await self.db.close()
+
+    def _mark(self, up: bool, error: BaseException | None = None) -> None:
+        self.error = None if up else str(error)
+        if up != self.up:
+            log = get_logger()
+            if up:
+                log.info("accounts_database_connected")
+            else:
+                log.warning("accounts_database_unavailable", error=self.error,
+                            action="serving known keys; spend buffered")
+        self.up = up
+
+    # --- the request path ------------------------------------------------------------------
+
+    @property
+    def keys_required(self) -> bool:
+        """Whether relay requests need a key: a virtual key exists, or the directory was
+        never read (a database down at start must not open the gateway)."""
+        return self.directory.any or self.directory.known.revision < 0
+
+    def find(self, secret: str) -> Account | None:
+        return self.directory.find(secret)
+
+    def check(self, account: Account, record: Record) -> None:
+        """An expired key is refused; a key at its parallel limit (or its team's) too."""
+        if account.expires_at is not None and account.expires_at <= self.clock():
+            raise AuthenticationFailed("This API key has expired")
+        charge = Charge(account)
+        record.charge, record.team = charge, account.team
+        team = f"team:{account.team}" if account.team is not None else None
+        if account.max_parallel is not None \
+                and self.parallel[account.key_id] >= account.max_parallel:
+            raise KeyRateLimited(f"Key {account.key_id} has {account.max_parallel} requests "
+                                 "in flight, its most", retry_after=1.0)
+        if team is not None and account.team_max_parallel is not None \
+                and self.parallel[team] >= account.team_max_parallel:
+            raise KeyRateLimited(f"Team {account.team} has {account.team_max_parallel} "
+                                 "requests in flight, its most", retry_after=1.0)
+        self.parallel[account.key_id] += 1
+        if team is not None:
+            self.parallel[team] += 1
+        charge.parallel = True
+
+    def check_model(self, account: Account, alias: str | None, asked: str) -> None:
+        """403 for an alias the key may not use; the same for a name that is no alias, so
+        a restricted key cannot learn which exist."""
+        if account.models is not None and (alias is None or not account.allows(alias)):
+            raise ModelNotAllowed(f"This key may not use the model '{asked[:200]}'",
+                                  param="model")
+
+    async def reserve(self, record: Record, raw: bytes, alias: str,
+                      routes: tuple[Route, ...], prices: Mapping[tuple[str, str], Price]
+                      ) -> None:
+        """Hold the request's worst-case cost against its budgets; 429 budget_exceeded when
+        one cannot take it."""
+        charge = record.charge
+        if not isinstance(charge, Charge) or charge.account is None \
+                or not charge.account.scopes or record.endpoint == "messages/count_tokens":
+            return
+        amount, charge.prompt = pricing.worst_case(record.endpoint, raw, alias, routes, prices)
+        now = self.clock()
+        held: Hold | Over | None = None
+        if self.shared is not None:
+            try:
+                held = await self.shared.reserve(charge.account.scopes, amount,
+                                                 self.directory.spent, now)
+                charge.shared = True
+            except (RedisError, OSError) as exc:  # this process's counts, until it is back
+                get_logger().warning("budget_ledger_unavailable", error=type(exc).__name__)
+        if held is None:
+            held = await self.local.reserve(charge.account.scopes, amount,
+                                            self.directory.spent, now)
+        if isinstance(held, Over):
+            raise BudgetExceeded(_over(held, amount),
+                                 held.resets_at - now if held.resets_at else None)
+        charge.hold = held
+        record.budget_remaining = held.remaining
+
+    def ended(self, record: Record) -> None:
+        """The record's listener: release its slot, settle its hold, buffer its spend row."""
+        charge = record.charge
+        cost = 0.0 if record.from_store else record.cost  # the first request paid for it
+        if cost is None and record.events and record.provider is not None \
+                and record.alias is not None:
+            cost = pricing.cut_cost(charge.prompt if isinstance(charge, Charge) else 0,
+                                    record.events, self.price_of(record.provider, record.alias))
+        if isinstance(charge, Charge):
+            account = charge.account
+            if charge.parallel and account is not None:
+                self.parallel[account.key_id] -= 1
+                if account.team is not None:
+                    self.parallel[f"team:{account.team}"] -= 1
+            if charge.hold is not None:
+                ledger = self.shared if charge.shared and self.shared is not None \
+                    else self.local
+                ledger.settle(charge.hold, nano(cost or 0.0))
+        self._row(record, cost)
+
+    def _row(self, record: Record, cost: float | None) -> None:
+        usage = record.usage
+        route = self.route_of(record.alias, record.provider) \
+            if record.alias is not None and record.provider is not None else None
+        if len(self.buffer) >= self.settings.max_buffered_rows:
+            self.buffer.popleft()
+            self.dropped += 1
+        self.buffer.append(spend_row(
+            time=time.time(), request_id=record.request_id, key_id=record.key_id,
+            team=record.team, alias=record.alias if record.known_model else None,
+            provider=record.provider, endpoint=record.endpoint,
+            upstream_model=route.upstream_model if route is not None else None,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
+            cost=cost or 0.0,
+            latency_ms=round(record.duration * 1000, 2), status=record.status))
+
+    def status(self) -> dict[str, Any]:
+        """What `/status.json` says of the database."""
+        return {"up": bool(self.up), "error": self.error, "buffered": len(self.buffer),
+                "dropped": self.dropped, "keys": len(self.directory.known.by_id),
+                "teams": len(self.directory.known.teams)}
+
+
+def _over(over: Over, amount: int) -> str:
+    scope = over.scope
+    resets = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(over.resets_at)) \
+        if over.resets_at is not None else "never (a total budget)"
+    return (f"Budget exceeded for {scope.kind} '{scope.name}': ${over.spent:.6f} of its "
+            f"${scope.budget.usd:.6f} per {scope.budget.period} is spent or held, and this "
+            f"request may cost up to ${amount / NANO:.6f}; it resets {resets}")

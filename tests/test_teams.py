@@ -1,0 +1,298 @@
+"""Teams share a gateway: keys made at runtime, budgets held before the money is spent, spend
+per key in the database (SQLite here; `test_teams_postgres.py` runs the stories that need
+replicas on PostgreSQL).
+
+Every story is a real client through a real socket: the admin API creates keys and teams, the
+OpenAI and Anthropic SDKs spend them against fake upstreams that bill real usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
+from tests.upstream import FakeUpstream, ok, stream_cut
+
+# Dollars per million tokens: a request of a few dozen tokens costs about a thousandth of a
+# dollar, so a one-cent budget holds a handful of them.
+PRICE = {"input": 20.0, "output": 40.0}
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def priced(upstream: FakeUpstream, *aliases: str, **extra: Any) -> dict[str, Any]:
+    models = {alias: {"id": f"{alias}-upstream", "price": PRICE} for alias in aliases}
+    return config({"main": provider(upstream.base_url, models)}, **extra)
+
+
+class Admin:
+    """The admin API as an operator's script calls it (from this machine, no admin key)."""
+
+    def __init__(self, gateway: GatewayProcess, key: str | None = None) -> None:
+        self.url = gateway.url
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.request(method, f"{self.url}{path}", headers=self.headers, timeout=10,
+                             **kwargs)
+
+    def key(self, **body: Any) -> dict[str, Any]:
+        made = self.call("POST", "/admin/keys", json={"name": "k", **body})
+        assert made.status_code == 201, made.text
+        return dict(made.json())
+
+    def team(self, **body: Any) -> dict[str, Any]:
+        made = self.call("POST", "/admin/teams", json=body)
+        assert made.status_code == 201, made.text
+        return dict(made.json())
+
+    def spend(self, group_by: str = "key") -> dict[str, dict[str, Any]]:
+        report = self.call("GET", f"/admin/spend?group_by={group_by}")
+        assert report.status_code == 200, report.text
+        return {row["group"]: row for row in report.json()["data"]}
+
+
+def chat(gateway: GatewayProcess, key: str, model: str = "m", **extra: Any) -> httpx.Response:
+    return httpx.post(f"{gateway.base_url}/chat/completions", timeout=20,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": model, "messages": MESSAGES, "max_tokens": 8, **extra})
+
+
+@pytest.fixture
+def upstream(upstream_factory: Callable[[str], FakeUpstream]) -> FakeUpstream:
+    return upstream_factory("billing")
+
+
+def test_a_key_made_at_runtime_is_used_listed_without_its_secret_and_revoked(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m"))
+    admin = Admin(gateway)
+    made = admin.key(name="alice-laptop", metadata={"owner": "alice"})
+    secret = made["key"]
+    assert secret.startswith("sk-llms-") and made["key_hint"].endswith(secret[-4:])
+
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    reply = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    assert reply.parse().choices[0].message.content
+
+    listed = admin.call("GET", "/admin/keys").text
+    assert made["id"] in listed and secret not in listed
+    database = (Path(gateway.workdir) / "state" / "llms-gateway" / "gateway.db").read_bytes()
+    assert secret.encode() not in database  # only its hash is kept
+
+    # Once a virtual key exists the gateway is no longer open to anyone.
+    assert chat(gateway, "sk-llms-guessed").status_code == 401
+    assert httpx.post(f"{gateway.base_url}/chat/completions",
+                      json={"model": "m", "messages": MESSAGES}).status_code == 401
+
+    assert admin.call("DELETE", f"/admin/keys/{made['id']}").status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    actions = [(a["action"], a["target"], a["actor"])
+               for a in admin.call("GET", "/admin/audit").json()["data"]]
+    assert ("key_revoked", made["id"], "local") in actions
+    assert ("key_created", made["id"], "local") in actions
+
+
+def test_a_key_limited_to_one_alias_gets_403_for_any_other_known_or_not(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m", "other"))
+    secret = Admin(gateway).key(models=["m"])["key"]
+    assert chat(gateway, secret).status_code == 200
+    for model in ("other", "no-such-model"):
+        refused = chat(gateway, secret, model=model)
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "model_not_allowed"
+        assert refused.json()["error"]["param"] == "model"
+    assert len(upstream.requests) == 1
+
+
+def test_an_expired_key_is_refused(start_gateway: Callable[..., GatewayProcess],
+                                   upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m"))
+    secret = Admin(gateway).key(expires_at="2020-01-01T00:00:00Z")["key"]
+    refused = chat(gateway, secret)
+    assert refused.status_code == 401 and "expired" in refused.json()["error"]["message"]
+
+
+def test_fifty_concurrent_streams_never_overshoot_a_one_cent_budget(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m"))
+    admin = Admin(gateway)
+    made = admin.key(budget={"usd": 0.01, "period": "month"})
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=made["key"], max_retries=0)
+
+    async def one() -> str:
+        try:
+            stream = await client.chat.completions.create(
+                model="m", messages=MESSAGES, max_tokens=8, stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in stream
+                            if c.choices])
+        except openai.RateLimitError as exc:
+            assert exc.code == "budget_exceeded" and made["id"] in exc.message
+            return "refused"
+
+    async def rounds() -> list[str]:
+        results = []
+        for _ in range(4):  # until the budget is gone: each round spends what it may
+            results += await asyncio.gather(*(one() for _ in range(50)))
+        return results
+
+    results = asyncio.run(rounds())
+    served = [r for r in results if r != "refused"]
+    assert served and "refused" in results
+    spent = admin.spend()[made["id"]]
+    assert spent["requests"] == len(results) and 0 < spent["cost"] <= 0.01
+    assert len(upstream.requests) == len(served)  # a refused request never reached it
+
+
+def test_answers_carry_the_budget_left_and_a_spent_key_never_gets_another_answer(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m"))
+    secret = Admin(gateway).key(budget={"usd": 0.004, "period": "day"})["key"]
+    left = []
+    while (answer := chat(gateway, secret)).status_code == 200:
+        left.append(float(answer.headers["x-llms-budget-remaining"]))
+    assert left == sorted(left, reverse=True) and len(left) >= 2
+    error = answer.json()["error"]
+    assert answer.status_code == 429 and error["code"] == "budget_exceeded"
+    assert "per day" in error["message"] and "resets" in error["message"]
+    assert int(answer.headers["retry-after"]) <= 86400
+    for _ in range(3):
+        assert chat(gateway, secret).status_code == 429
+
+
+def test_a_team_budget_caps_two_keys_together(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m"))
+    admin = Admin(gateway)
+    admin.team(name="research", budget={"usd": 0.004, "period": "month"})
+    first, second = (admin.key(name=n, team="research")["key"] for n in ("a", "b"))
+    served = 0
+    for turn in range(40):
+        answer = chat(gateway, first if turn % 2 else second)
+        if answer.status_code != 200:
+            assert answer.json()["error"]["code"] == "budget_exceeded"
+            assert "team 'research'" in answer.json()["error"]["message"]
+            break
+        served += 1
+    assert 2 <= served < 40
+    assert admin.spend("team")["research"]["cost"] <= 0.004
+
+
+def test_spend_by_key_and_by_model_adds_up_to_what_each_answer_cost(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m", "other"))
+    admin = Admin(gateway)
+    keys = [admin.key(name=f"k{i}") for i in range(2)]
+    costs: dict[str, float] = {}
+    for i in range(6):
+        made = keys[i % 2]
+        answer = chat(gateway, made["key"], model="m" if i < 4 else "other")
+        costs[made["id"]] = costs.get(made["id"], 0.0) + float(answer.headers["x-llms-cost"])
+    by_key = admin.spend("key")
+    for key_id, cost in costs.items():
+        assert by_key[key_id]["cost"] == pytest.approx(cost, abs=1e-6)
+    by_model = admin.spend("model")
+    assert by_model["m-upstream"]["requests"] == 4 and by_model["other-upstream"]["requests"] == 2
+    assert sum(r["cost"] for r in by_model.values()) == pytest.approx(sum(costs.values()),
+                                                                       abs=1e-6)
+
+
+def test_every_endpoint_is_charged_and_a_cut_stream_too(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m", "embed"))
+    admin = Admin(gateway)
+    made = admin.key(budget={"usd": 5.0, "period": "total"})
+    secret, headers = made["key"], {"Authorization": f"Bearer {made['key']}"}
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    client.responses.create(model="m", input="hello", max_output_tokens=8)
+    client.embeddings.create(model="embed", input=["one", "two"])
+    client.completions.create(model="m", prompt="hello", max_tokens=8)
+    messages = anthropic.Anthropic(base_url=gateway.url, api_key=secret, max_retries=0)
+    messages.messages.create(model="m", max_tokens=8, messages=[
+        {"role": "user", "content": "hello"}])
+
+    upstream.set_mode(stream_cut(after_chunks=3))
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", headers=headers,
+                      json={"model": "m", "messages": MESSAGES, "stream": True}) as cut:
+        assert b"error" in b"".join(cut.iter_bytes())
+    upstream.set_mode(ok())
+
+    rows = spend_rows(gateway, made["id"])
+    charged = {row["endpoint"]: row["cost"] for row in rows}
+    assert set(charged) == {"responses", "embeddings", "completions", "messages",
+                            "chat/completions"}
+    assert all(cost > 0 for cost in charged.values()), charged
+
+
+def spend_rows(gateway: GatewayProcess, key_id: str) -> list[dict[str, Any]]:
+    """The spend table's rows for one key, read from the database file itself."""
+    Admin(gateway).spend()  # the gateway writes what it holds before it answers
+    path = Path(gateway.workdir) / "state" / "llms-gateway" / "gateway.db"
+    with sqlite3.connect(path) as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute("SELECT * FROM spend WHERE key_id = ?", (key_id,))]
+
+
+def test_a_second_replica_refuses_a_revoked_key_within_a_second(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        tmp_path: Path) -> None:
+    doc = priced(upstream, "m")
+    first = start_gateway(doc)
+    second = start_gateway(doc)  # the same state directory: the same database
+    made = Admin(first).key()
+    wait_until(lambda: chat(second, made["key"]).status_code == 200, within=2)
+    Admin(first).call("DELETE", f"/admin/keys/{made['id']}")
+    wait_until(lambda: chat(second, made["key"]).status_code == 401, within=1.5)
+
+
+def test_admin_routes_check_what_they_are_sent_and_who_sends_it(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(config({"main": provider(upstream.base_url, {"m": "m"})},
+                                   server={"admin_keys": ["admin-secret-1"],
+                                           "api_keys": ["client-secret-1"]}))
+    admin = Admin(gateway, "admin-secret-1")
+    bad = admin.call("POST", "/admin/keys", json={"name": "x", "rpm": "lots"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "rpm"
+    bad = admin.call("POST", "/admin/keys", json={"name": "x", "budget": {"usd": -1}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "budget.usd"
+    bad = admin.call("POST", "/admin/keys", json={"name": "x", "team": "nobody"})
+    assert bad.status_code == 409 and bad.json()["error"]["param"] == "team"
+    assert admin.call("GET", "/admin/spend?group_by=mood").json()["error"]["param"] == \
+        "group_by"
+    assert admin.call("GET", "/admin/spend?start=yesterday").json()["error"]["param"] == "start"
+    assert Admin(gateway, "client-secret-1").call("GET", "/admin/keys").status_code == 403
+    made = admin.key()
+    assert Admin(gateway, made["key"]).call("GET", "/admin/keys").status_code == 403
+    assert Admin(gateway).call("GET", "/admin/keys").status_code == 401
+    # The static keys keep working beside the virtual ones.
+    assert chat(gateway, "client-secret-1").status_code == 200
+    assert chat(gateway, made["key"]).status_code == 200
+    audit = admin.call("GET", "/admin/audit").json()["data"]
+    assert audit[0]["action"] == "key_created" and audit[0]["actor"] != "local"
+
+
+def test_a_database_from_a_newer_gateway_refuses_to_start(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / "llms-gateway").mkdir(parents=True)
+    with sqlite3.connect(state / "llms-gateway" / "gateway.db") as db:
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        db.execute("INSERT INTO alembic_version VALUES ('9999_from_the_future')")
+    (tmp_path / "llms.json").write_text('{"providers": {}}')
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(tmp_path / "llms.json"),
+         "--port", "1"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(state), "HOME": str(tmp_path)})
+    assert done.returncode == 2
+    assert "9999_from_the_future" in done.stderr and "newer than this gateway" in done.stderr
