@@ -64,6 +64,8 @@ def status(runtime: Runtime) -> dict[str, Any]:
         "providers": providers_view(runtime),
         # Per alias that hedges: its delay per leading provider, its budget used.
         "hedging": runtime.hedging.view(),
+        # The accounts database: up or not, spend rows waiting for it, keys and teams known.
+        "database": runtime.accounts.status() if runtime.accounts is not None else None,
         "series": series,
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),

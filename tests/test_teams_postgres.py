@@ -1,0 +1,145 @@
+"""Teams on PostgreSQL, shared by replicas: the stories only a real shared database can tell.
+
+Two gateway processes play two replicas: one PostgreSQL server (started here, on a free port,
+in a temporary directory) and one Redis (the budget ledger, shared) behind both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway_process import GatewayProcess, wait_until
+from tests.postgres_server import PostgresServer
+from tests.redis_server import RedisServer
+from tests.test_teams import MESSAGES, Admin, chat, priced
+from tests.upstream import FakeUpstream
+
+pytestmark = pytest.mark.skipif(not PostgresServer.available(),
+                                reason="PostgreSQL's binaries are not installed")
+
+
+@pytest.fixture
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def upstream(upstream_factory: Callable[[str], FakeUpstream]) -> FakeUpstream:
+    return upstream_factory("billing")
+
+
+def shared(upstream: FakeUpstream, postgres: PostgresServer,
+           redis: RedisServer | None = None) -> dict[str, Any]:
+    extra: dict[str, Any] = {"database": {"url": postgres.url}}
+    if redis is not None:
+        extra["state"] = {"backend": "redis", "url": redis.url, "sync_interval": 0.2}
+    return priced(upstream, "m", **extra)
+
+
+def test_a_key_made_on_one_replica_works_on_the_other_until_revoked_there(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        postgres: PostgresServer) -> None:
+    first = start_gateway(shared(upstream, postgres))
+    second = start_gateway(shared(upstream, postgres))
+    made = Admin(first).key(name="ci-bot", models=["m"])
+    wait_until(lambda: chat(second, made["key"]).status_code == 200, within=2)
+    assert Admin(second).call("GET", f"/admin/keys/{made['id']}").json()["name"] == "ci-bot"
+    Admin(first).call("DELETE", f"/admin/keys/{made['id']}")
+    wait_until(lambda: chat(second, made["key"]).status_code == 401, within=1.5)
+    audit = Admin(second).call("GET", "/admin/audit").json()["data"]
+    assert [a["action"] for a in audit[:2]] == ["key_revoked", "key_created"]
+
+
+def test_two_replicas_together_never_overshoot_a_budget(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        postgres: PostgresServer, redis_server: RedisServer) -> None:
+    replicas = [start_gateway(shared(upstream, postgres, redis_server)) for _ in range(2)]
+    admin = Admin(replicas[0])
+    made = admin.key(budget={"usd": 0.01, "period": "month"})
+    clients = [openai.AsyncOpenAI(base_url=r.base_url, api_key=made["key"], max_retries=0)
+               for r in replicas]
+    wait_until(lambda: chat(replicas[1], made["key"], max_tokens=1).status_code == 200,
+               within=2)
+
+    async def one(client: openai.AsyncOpenAI) -> bool:
+        try:
+            stream = await client.chat.completions.create(
+                model="m", messages=MESSAGES, max_tokens=8, stream=True)
+            async for _ in stream:
+                pass
+            return True
+        except openai.RateLimitError as exc:
+            assert exc.code == "budget_exceeded"
+            return False
+
+    async def rounds() -> list[bool]:
+        results: list[bool] = []
+        for _ in range(4):
+            results += await asyncio.gather(
+                *(one(c) for c in itertools.islice(itertools.cycle(clients), 50)))
+        return results
+
+    served = asyncio.run(rounds())
+    assert any(served) and not all(served)
+    spent = admin.spend()[made["id"]]
+    assert 0 < spent["cost"] <= 0.01
+
+
+def test_the_database_stopped_mid_load_loses_no_spend_record(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        postgres: PostgresServer) -> None:
+    gateway = start_gateway(shared(upstream, postgres))
+    admin = Admin(gateway)
+    secret = admin.key(name="steady")["key"]
+    answered: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=20) as client:
+            while not stop.is_set():
+                answer = client.post(f"{gateway.base_url}/chat/completions",
+                                     headers={"Authorization": f"Bearer {secret}"},
+                                     json={"model": "m", "messages": MESSAGES})
+                answered.append(answer.status_code)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        wait_until(lambda: len(answered) >= 20)
+        postgres.stop()
+        down_since = len(answered)
+        wait_until(lambda: not database_status(gateway, secret)["up"], within=5)
+        wait_until(lambda: len(answered) >= down_since + 20)  # known keys are still served
+        refused = admin.call("POST", "/admin/keys", json={"name": "during-outage"})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "database_unavailable"
+        assert database_status(gateway, secret)["buffered"] > 0
+        postgres.start()
+        wait_until(lambda: database_status(gateway, secret)["up"], within=10)
+    finally:
+        stop.set()
+        worker.join()
+    assert set(answered) == {200}
+    wait_until(lambda: admin.call("GET", "/admin/spend").status_code == 200, within=10)
+    assert admin.spend()[admin_key_id(admin, "steady")]["requests"] == len(answered)
+
+
+def database_status(gateway: GatewayProcess, key: str) -> dict[str, Any]:
+    status = httpx.get(f"{gateway.url}/status.json", timeout=5,
+                       headers={"Authorization": f"Bearer {key}"}).json()
+    return dict(status["database"])
+
+
+def admin_key_id(admin: Admin, name: str) -> str:
+    keys = admin.call("GET", "/admin/keys").json()["data"]
+    return str(next(k["id"] for k in keys if k["name"] == name))
