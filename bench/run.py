@@ -58,6 +58,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import accounts
 import scenarios
 import stages
 import traced
@@ -94,7 +95,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging")
+         "hedging", "accounts")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -240,6 +241,13 @@ def _post_script(work: Path) -> Path:
     return script
 
 
+def _keyed_script(work: Path, key: str) -> Path:
+    """`_post_script`'s request, sent with `key`."""
+    script = work / f"post-{key[-8:]}.lua"
+    script.write_text(LUA % json.dumps(BODY) + f'wrk.headers["Authorization"] = "Bearer {key}"\n')
+    return script
+
+
 def whole_streamed(work: Path, duration: float, wrk: str | None, rounds: int) -> dict[str, Any]:
     """The cost of early failover: whole requests relayed whole, against the same requests
     asked upstream as a stream of `WHOLE_CHUNKS` events and assembled, at 10 clients, in
@@ -308,6 +316,10 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
                                                   _post_script(work))[0].rps),
         "queueing": lambda: queueing(work, 2 if quick else 4),
         "hedging": lambda: hedging(work, 200 if quick else 500),
+        "accounts": lambda: accounts.accounts_cost(
+            work, duration, 2 if quick else 5,
+            lambda url, key, seconds: measure("accounts", url, [accounts.CLIENTS], seconds,
+                                              wrk, _keyed_script(work, key))[0].rps),
     }
     for name, step in steps.items():
         if name in parts:
@@ -478,6 +490,7 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     else:
         rows.append(("non-streaming req/s against no tracing code: tracing off / on",
                      "≥ 0.98x / ≥ 0.85x", "not measured", None))
+    rows += accounts.rows(data.get("accounts"))
     if hd := data.get("hedging"):
         for backup in dict.fromkeys(r["backup"] for r in hd["rows"]):
             mine = [r for r in hd["rows"] if r["backup"] == backup]
@@ -620,8 +633,8 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     duration = args.duration or (2.0 if args.quick else 5.0)
     parts = args.only or list(PARTS)
-    wrk = ensure_wrk() if {"throughput", "tracing"} & set(parts) else None
-    if {"throughput", "tracing"} & set(parts):
+    wrk = ensure_wrk() if {"throughput", "tracing", "accounts"} & set(parts) else None
+    if {"throughput", "tracing", "accounts"} & set(parts):
         print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
     data = run_parts(parts, args.quick, levels, duration, wrk)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -46,6 +46,7 @@ from providers.contract.errors import (
     GatewayError,
     InvalidRequest,
     MethodNotAllowed,
+    ModelNotAllowed,
     NotFound,
     RequestTooLarge,
     error_body,
@@ -74,16 +75,42 @@ GC_THRESHOLDS = (2_000, 2, 500)
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Every alias served by an enabled provider."""
-    return Response(_reader(request, "/v1/models").live.models_body, media_type=JSON)
+    """Every alias served by an enabled provider; for a key limited to some, those."""
+    runtime = _reader(request, "/v1/models")
+    limited = _limited_to(request, runtime)
+    if limited is None:
+        return Response(runtime.live.models_body, media_type=JSON)
+    listed = msgspec.json.decode(runtime.live.models_body)
+    listed["data"] = [card for card in listed["data"]
+                      if _allowed(runtime.live.snapshot, card["id"], limited)]
+    return Response(msgspec.json.encode(listed), media_type=JSON)
+
+
+def _limited_to(request: Request[Any, Any, Any], runtime: Runtime) -> frozenset[str] | None:
+    """The aliases a virtual key limited to some may see; None for any other caller."""
+    if runtime.accounts is None or (key := auth.presented_key(request.headers)) is None:
+        return None
+    account = runtime.accounts.find(key)
+    return account.models if account is not None else None
+
+
+def _allowed(snapshot: Snapshot, name: str, limited: frozenset[str]) -> bool:
+    try:
+        return snapshot.resolve(name) in limited
+    except GatewayError:
+        return False
 
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
     """One alias, or a name that serves as one (`alias_of`, a pattern); else 404
-    model_not_found."""
-    live = _reader(request, "/v1/models").live
+    model_not_found (403 model_not_allowed for a key limited to other aliases, known or not)."""
+    runtime = _reader(request, "/v1/models")
+    live = runtime.live
     alias = model_id.lstrip("/")
+    if (limited := _limited_to(request, runtime)) is not None \
+            and not _allowed(live.snapshot, alias, limited):
+        raise ModelNotAllowed(f"This key may not use the model '{alias[:200]}'", param="model")
     routes = router.candidates(live.snapshot, live.snapshot.resolve(alias))
     card = model_card(alias, routes[0].provider, int(_runtime(request).started))
     return Response(msgspec.json.encode(card), media_type=JSON)

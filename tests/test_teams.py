@@ -296,3 +296,49 @@ def test_a_database_from_a_newer_gateway_refuses_to_start(tmp_path: Path) -> Non
         env={"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(state), "HOME": str(tmp_path)})
     assert done.returncode == 2
     assert "9999_from_the_future" in done.stderr and "newer than this gateway" in done.stderr
+
+
+def test_the_audit_log_names_who_disabled_a_provider_and_that_the_config_was_reloaded(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    doc = config({"main": provider(upstream.base_url, {"m": "m"})},
+                 server={"admin_keys": [{"key": "admin-secret-2", "id": "ops-oncall"}]})
+    gateway = start_gateway(doc)
+    admin = Admin(gateway, "admin-secret-2")
+    assert admin.call("POST", "/admin/providers/main/disable").status_code == 200
+    doc["server"]["reload_interval"] = 0.3
+    gateway.write_config(doc)
+
+    def actions() -> list[tuple[str, str, str]]:
+        return [(a["actor"], a["action"], a["target"])
+                for a in admin.call("GET", "/admin/audit").json()["data"]]
+
+    wait_until(lambda: any(a[1] == "config_reloaded" for a in actions()))
+    assert ("ops-oncall", "provider_disabled", "main") in actions()
+    assert "admin-secret-2" not in admin.call("GET", "/admin/audit").text
+
+
+def test_a_limited_key_lists_only_its_aliases_and_cannot_probe_the_others(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m", "other", "third"))
+    secret = Admin(gateway).key(models=["m", "third"])["key"]
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    assert sorted(m.id for m in client.models.list()) == ["m", "third"]
+    assert client.models.retrieve("m").id == "m"
+    for name in ("other", "never-configured"):
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            client.models.retrieve(name)
+        assert refused.value.code == "model_not_allowed"
+    unlimited = Admin(gateway).key()["key"]
+    everyone = openai.OpenAI(base_url=gateway.base_url, api_key=unlimited, max_retries=0)
+    assert sorted(m.id for m in everyone.models.list()) == ["m", "other", "third"]
+
+
+def test_the_head_a_worker_checks_for_is_the_newest_migration() -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from gateway.accounts.database import HEAD, MIGRATIONS
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    assert ScriptDirectory.from_config(config).get_current_head() == HEAD

@@ -25,7 +25,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.accounts.account import NANO, Scope, window
+from gateway.accounts.account import NANO, Period, Scope, window
 from providers.contract.log import get_logger
 
 # How long a hold may stay unsettled before another reservation releases it: longer than any
@@ -63,9 +63,22 @@ class Ledger(Protocol):
     def settle(self, hold: Hold, cost: int) -> None: ...
 
 
-def _entries(scopes: Sequence[Scope], now: float
-             ) -> list[tuple[Scope, float, float | None]]:
-    return [(scope, *window(scope.budget.period, now)) for scope in scopes]
+class Windows:
+    """Each period's current window, worked out again only once it ended (the calendar's
+    arithmetic is the dearest part of a reservation otherwise)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, tuple[float, float | None]] = {}
+
+    def of(self, period: Period, now: float) -> tuple[float, float | None]:
+        found = self.current.get(period)
+        if found is None or (found[1] is not None and now >= found[1]) or now < found[0]:
+            found = self.current[period] = window(period, now)
+        return found
+
+    def entries(self, scopes: Sequence[Scope], now: float
+                ) -> list[tuple[Scope, float, float | None]]:
+        return [(scope, *self.of(scope.budget.period, now)) for scope in scopes]
 
 
 def _new_id() -> str:
@@ -85,19 +98,21 @@ class LocalLedger:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.counts: dict[tuple[str, float], _Count] = {}
+        self.windows = Windows()
 
     async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
                       now: float) -> Hold | Over:
         """Hold `amount` against every scope, or none of them."""
         counts = []
-        for scope, start, end in _entries(scopes, now):
+        for scope, start, end in self.windows.entries(scopes, now):
             count = self.counts.get((scope.id, start))
             if count is None:
                 count = self.counts[(scope.id, start)] = _Count(
                     round(known(scope.id, start) * NANO))
-            _expire(count, now)
             limit = round(scope.budget.usd * NANO)
-            if count.spent + count.reserved + amount > limit:
+            # Holds past their deadline are looked for only when they would refuse a request.
+            if count.spent + count.reserved + amount > limit and _expire(count, now) \
+                    and count.spent + count.reserved + amount > limit:
                 return Over(scope, (count.spent + count.reserved) / NANO, end)
             counts.append((scope.id, start, count, limit))
         hold = Hold(_new_id(), tuple((sid, start) for sid, start, _, _ in counts), amount,
@@ -131,9 +146,11 @@ class LocalLedger:
                 del self.counts[entry]
 
 
-def _expire(count: _Count, now: float) -> None:
+def _expire(count: _Count, now: float) -> bool:
+    """Release the holds past their deadline; True (for the caller's `and`)."""
     for hold_id in [h for h, (_, deadline) in count.held.items() if deadline <= now]:
         count.reserved -= count.held.pop(hold_id)[0]
+    return True
 
 
 # KEYS: one hash per (scope, period). ARGV: now, amount, hold id, hold deadline, then per key
@@ -204,6 +221,7 @@ class RedisLedger:
         self._settle = client.register_script(SETTLE)
         self.pending: deque[tuple[Hold, int]] = deque(maxlen=100_000)
         self.wake = asyncio.Event()
+        self.windows = Windows()
 
     def _key(self, entry: tuple[str, float]) -> str:
         return f"{self.prefix}budget:{entry[0]}:{int(entry[1])}"
@@ -211,7 +229,7 @@ class RedisLedger:
     async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
                       now: float) -> Hold | Over:
         """One script: every scope's expired holds released, all checked, all held or none."""
-        entries = _entries(scopes, now)
+        entries = self.windows.entries(scopes, now)
         hold_id = _new_id()
         argv: list[str | int] = [int(now), amount, hold_id, int(now + HOLD_TTL)]
         for scope, start, end in entries:

@@ -1,7 +1,8 @@
 """A request's worst-case cost, reserved against its budgets before it is sent (pure).
 
-The prompt is estimated as the context-window check estimates it (`gateway.pipeline.sizing`);
-the answer is the longest the request allows: its own `max_tokens` (or its spellings), else the
+The prompt is taken at a token per four bytes of the body, its JSON syntax included: more than
+the prompt holds, never less, and no second parse of a large body on the request path. The
+answer is the longest the request allows: its own `max_tokens` (or its spellings), else the
 model's longest answer, else `DEFAULT_OUTPUT`. The price is the dearest of the candidates', so
 whichever answers, the hold covers it.
 """
@@ -13,7 +14,6 @@ from collections.abc import Mapping
 import msgspec
 
 from gateway.accounts.account import NANO
-from gateway.pipeline import sizing
 from gateway.state.config import Route
 from providers.contract.usage import Price, Usage, cost
 
@@ -21,18 +21,28 @@ DEFAULT_OUTPUT = 4096  # a model's longest answer when neither the request nor i
 EMBEDDINGS = "embeddings"
 
 
+class _Asked(msgspec.Struct):
+    """The answer's length a request asks for, in each endpoint's spelling."""
+
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+
+_ASKED = msgspec.json.Decoder(_Asked)
+
+
 def estimate(endpoint: str, raw: bytes) -> tuple[int, int]:
     """(prompt tokens, output tokens asked for; 0 when unsaid) of a request body."""
+    prompt = (len(raw) + 3) // 4
     if endpoint == EMBEDDINGS:
-        return (len(raw) + 3) // 4, 0
+        return prompt, 0
     try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return (len(raw) + 3) // 4, 0
-    need = sizing.size(endpoint, body) if isinstance(body, dict) else None
-    if need is None:
-        return (len(raw) + 3) // 4, 0
-    return need.prompt, need.output
+        asked = _ASKED.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return prompt, 0
+    said = asked.max_completion_tokens or asked.max_tokens or asked.max_output_tokens or 0
+    return prompt, max(said, 0)
 
 
 def worst_case(endpoint: str, raw: bytes, alias: str, routes: tuple[Route, ...],

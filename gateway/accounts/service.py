@@ -135,6 +135,16 @@ class Accounts:
             get_logger().warning("spend_unwritten", rows=len(self.buffer), error=str(exc))
         await self.db.close()
 
+    async def audit(self, actor: str, action: str, target: str,
+                    change: Mapping[str, Any] | None = None) -> None:
+        """An admin action besides keys and teams, written if the database answers (the action
+        itself never waits for it to)."""
+        try:
+            await self.db.audited(actor, action, target, change)
+        except DatabaseUnavailable as exc:
+            get_logger().warning("audit_unwritten", action=action, target=target,
+                                 error=str(exc))
+
     def _mark(self, up: bool, error: BaseException | None = None) -> None:
         self.error = None if up else str(error)
         if up != self.up:

@@ -18,11 +18,11 @@ from providers.contract.errors import NotFound
 JSON = "application/json"
 
 
-def _authorized(request: Request[Any, Any, Any]) -> Runtime:
+def _authorized(request: Request[Any, Any, Any]) -> tuple[Runtime, str]:
     runtime: Runtime = request.app.state.runtime
-    auth.check_admin(request.headers, runtime.live.snapshot,
-                     request.client.host if request.client else "")
-    return runtime
+    actor = auth.check_admin(request.headers, runtime.live.snapshot,
+                             request.client.host if request.client else "", runtime.accounts)
+    return runtime, actor
 
 
 def _json(runtime: Runtime, body: Any) -> Response[bytes]:
@@ -32,7 +32,7 @@ def _json(runtime: Runtime, body: Any) -> Response[bytes]:
 @get("/admin/providers")
 async def list_providers(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Providers in file order with state, models and circuits."""
-    runtime = _authorized(request)
+    runtime, _ = _authorized(request)
     return _json(runtime, {"providers": providers_view(runtime)})
 
 
@@ -40,11 +40,13 @@ async def list_providers(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def toggle_provider(request: Request[Any, Any, Any], name: str,
                           action: str) -> Response[bytes]:
     """`enable` or `disable` a provider; routing changes with the next request."""
-    runtime = _authorized(request)
+    runtime, actor = _authorized(request)
     if action not in ("enable", "disable"):
         raise NotFound(f"No admin action '{action}': use enable or disable")
     if name not in {spec.name for spec in runtime.live.snapshot.providers}:
         raise NotFound(f"No provider named '{name}'")
     await runtime.set_enabled(name, action == "enable")
+    if runtime.accounts is not None:
+        await runtime.accounts.audit(actor, f"provider_{action}d", name)
     row = next(p for p in providers_view(runtime) if p["name"] == name)
     return _json(runtime, row)

@@ -28,6 +28,9 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+CONFIG_FILE = "config_file"  # the actor of a reload in the audit log: whoever edited the file
+
+
 async def watch(path: Path, interval: float, runtime: Runtime, now: asyncio.Event) -> None:
     """Poll `path` every `interval` seconds and reload it whenever it changes, or at once when
     `now` is set (SIGHUP)."""
@@ -63,4 +66,7 @@ async def reload_once(path: Path, runtime: Runtime) -> bool:
     runtime.config_error = None
     order = [p.name for p in snapshot.providers if p.enabled]
     log.info("config_reloaded", file=str(path), providers=order)
+    if runtime.accounts is not None:
+        await runtime.accounts.audit(CONFIG_FILE, "config_reloaded", str(path),
+                                     {"providers": order})
     return True

@@ -1,0 +1,127 @@
+"""The budget ledger's rules, without a gateway: holds all or none, settled to the real cost,
+released when their request never came back, periods by the calendar; the same script on a real
+Redis for replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.accounts.account import NANO, Budget, Scope, window
+from gateway.accounts.ledger import HOLD_TTL, Hold, LocalLedger, Over, RedisLedger
+from gateway.accounts.pricing import worst_case
+from gateway.state.config import Route
+from providers.contract.usage import Price
+from tests.redis_server import RedisServer
+
+KEY = Scope("key", "key_a", Budget(1.0, "month"))
+TEAM = Scope("team", "research", Budget(1.5, "month"))
+NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC).timestamp()
+
+
+def nothing_spent(scope_id: str, start: float) -> float:
+    return 0.0
+
+
+def test_periods_follow_the_utc_calendar() -> None:
+    day = dt.datetime.fromtimestamp
+    start, end = window("month", NOW)
+    assert day(start, dt.UTC) == dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    assert end is not None and day(end, dt.UTC) == dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    start, _ = window("week", NOW)
+    assert day(start, dt.UTC) == dt.datetime(2026, 11, 23, tzinfo=dt.UTC)  # a Monday
+    assert window("total", NOW) == (0.0, None)
+    december = dt.datetime(2026, 12, 31, 23, 59, tzinfo=dt.UTC).timestamp()
+    assert day(window("month", december)[1] or 0, dt.UTC).year == 2027
+
+
+def test_holds_are_all_or_none_and_settle_to_the_real_cost() -> None:
+    ledger = LocalLedger()
+
+    async def story() -> None:
+        first = await ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
+        assert isinstance(first, Hold) and first.remaining == pytest.approx(0.4)
+        # The key's budget cannot take a second 0.6: neither budget is held for it.
+        refused = await ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
+        assert isinstance(refused, Over) and refused.scope == KEY
+        assert refused.spent == pytest.approx(0.6)
+        ledger.settle(first, int(0.1 * NANO))  # it cost less than it might have
+        second = await ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
+        assert isinstance(second, Hold) and second.remaining == pytest.approx(0.3)
+        ledger.settle(second, int(0.6 * NANO))
+        ledger.settle(second, int(0.6 * NANO))  # a second settlement changes nothing
+        counts = {entry[0]: ledger.counts[entry].spent for entry in ledger.counts}
+        assert counts == {"key:key_a": int(0.7 * NANO), "team:research": int(0.7 * NANO)}
+
+    asyncio.run(story())
+
+
+def test_a_hold_whose_request_never_ended_is_released_after_its_deadline() -> None:
+    ledger = LocalLedger()
+
+    async def story() -> None:
+        assert isinstance(await ledger.reserve([KEY], NANO, nothing_spent, NOW), Hold)
+        assert isinstance(await ledger.reserve([KEY], 1, nothing_spent, NOW + 60), Over)
+        later = await ledger.reserve([KEY], NANO, nothing_spent, NOW + HOLD_TTL + 1)
+        assert isinstance(later, Hold)
+
+    asyncio.run(story())
+
+
+def test_a_new_period_starts_from_what_the_database_says_it_spent() -> None:
+    ledger = LocalLedger()
+    known = {("key:key_a", window("month", NOW)[0]): 0.95}
+
+    async def story() -> None:
+        refused = await ledger.reserve([KEY], int(0.1 * NANO),
+                                       lambda s, start: known.get((s, start), 0.0), NOW)
+        assert isinstance(refused, Over) and refused.spent == pytest.approx(0.95)
+
+    asyncio.run(story())
+
+
+def test_the_hold_is_the_dearest_candidates_price_for_the_longest_answer_allowed() -> None:
+    routes = (Route("cheap", "c"), Route("dear", "d", max_output_tokens=1000))
+    prices = {("cheap", "m"): Price(1.0, 1.0), ("dear", "m"): Price(10.0, 20.0)}
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}'
+    amount, prompt = worst_case("chat/completions", body, "m", routes, prices)
+    assert prompt >= 10
+    assert amount == pytest.approx((prompt * 10 + 100 * 20) / 1e6 * NANO, abs=1)
+    unsaid = body.replace(b',"max_tokens":100', b"")
+    assert worst_case("chat/completions", unsaid, "m", routes, prices)[0] > amount
+    assert worst_case("chat/completions", body, "m", routes, {})[0] == 1  # unpriced: a nano
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    if not RedisServer.available():
+        pytest.skip("redis-server is not installed")
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def test_replicas_sharing_redis_hold_against_one_count(redis: RedisServer) -> None:
+    async def story() -> None:
+        clients = [Redis.from_url(redis.url) for _ in range(2)]
+        replicas = [RedisLedger(client, "test:") for client in clients]
+        holds = await asyncio.gather(*(replicas[i % 2].reserve([KEY, TEAM], int(0.3 * NANO),
+                                                               nothing_spent, NOW)
+                                       for i in range(5)))
+        assert sum(isinstance(h, Hold) for h in holds) == 3  # 0.9 of the key's 1.0
+        first = next(h for h in holds if isinstance(h, Hold))
+        replicas[0].settle(first, int(0.05 * NANO))
+        assert await replicas[0].flush()
+        again = await replicas[1].reserve([KEY], int(0.3 * NANO), nothing_spent, NOW)
+        assert isinstance(again, Hold) and again.remaining == pytest.approx(0.05)
+        expired = await replicas[1].reserve([KEY], int(0.3 * NANO), nothing_spent,
+                                            NOW + HOLD_TTL + 1)
+        assert isinstance(expired, Hold)  # the holds that never settled were let go
+        for client in clients:
+            await client.aclose()
+
+    asyncio.run(story())
