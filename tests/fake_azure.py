@@ -175,8 +175,8 @@ class FakeEntra(FakeUpstream):
 
     @property
     def authority(self) -> str:
-        """What `"entra": {"authority": …}` names: the host, as for a sovereign cloud."""
-        return f"localhost:{self.port}"
+        """What `"entra": {"authority": …}` names, as for a sovereign cloud's Entra ID."""
+        return f"https://localhost:{self.port}"
 
     def _routes(self, app: web.Application) -> None:
         app.router.add_post("/{tenant}/oauth2/v2.0/token", self._token)

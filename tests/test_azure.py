@@ -12,8 +12,16 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import trustme
 
-from tests.fake_azure import FakeAzure, answer_filtered, prompt_filtered, throttled
+from tests.fake_azure import (
+    FakeAzure,
+    FakeEntra,
+    answer_filtered,
+    prompt_filtered,
+    throttled,
+    tls_context,
+)
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.openapi import validate
 from tests.upstream import FakeUpstream, ok, status, tool_call
@@ -21,7 +29,9 @@ from tests.upstream import FakeUpstream, ok, status, tool_call
 KEY = "azure-test-key-0123456789abcdef"
 WRONG_KEY = "azure-wrong-key-fedcba9876543210"
 AD_TOKEN = "eyJ0eXAiOiJKV1Qi.static-entra-token.0123456789"
-ENV = {"AZURE_OPENAI_API_KEY": KEY, "AZURE_WRONG_KEY": WRONG_KEY, "AZURE_AD_TOKEN": AD_TOKEN}
+ENTRA_SECRET, WRONG_SECRET = "entra-client-secret-abcdef0123", "entra-wrong-secret-9876543210"
+ENV = {"AZURE_OPENAI_API_KEY": KEY, "AZURE_WRONG_KEY": WRONG_KEY, "AZURE_AD_TOKEN": AD_TOKEN,
+       "ENTRA_SECRET": ENTRA_SECRET, "ENTRA_WRONG_SECRET": WRONG_SECRET}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -41,14 +51,26 @@ def azure() -> Iterator[FakeAzure]:
 
 
 @pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def entra(azure: FakeAzure, ca: trustme.CA) -> Iterator[FakeEntra]:
+    with FakeEntra(name="entra", tls=tls_context(ca), azure=azure,
+                   client_secret=ENTRA_SECRET) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
 def backup() -> Iterator[FakeUpstream]:
     with FakeUpstream(name="backup") as fake:
         yield fake
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, azure: FakeAzure,
-            backup: FakeUpstream) -> Iterator[GatewayProcess]:
+def gateway(tmp_path_factory: pytest.TempPathFactory, azure: FakeAzure, entra: FakeEntra,
+            ca: trustme.CA, backup: FakeUpstream) -> Iterator[GatewayProcess]:
     # Candidates follow the providers' order: `gpt` is Azure then the backup, `to-azure` the
     # backup then Azure; `wrong-key` and `locked-out` reach Azure with a key it refuses.
     doc = config({
@@ -62,16 +84,33 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, azure: FakeAzure,
         "azure-wrong": azure_entry(azure.base_url, {"wrong-key": "gpt-4o-deploy",
                                                     "locked-out": "gpt-4o-deploy"},
                                    api_key="$AZURE_WRONG_KEY"),
-        "backup": provider(backup.base_url, {"gpt": "backup-model", "wrong-key": "backup-model"}),
+        "azure-entra": entra_entry(azure.base_url, entra, "$ENTRA_SECRET", "by-entra"),
+        "azure-entra-wrong": entra_entry(azure.base_url, entra, "$ENTRA_WRONG_SECRET",
+                                         "entra-refused"),
+        "backup": provider(backup.base_url, {"gpt": "backup-model", "wrong-key": "backup-model",
+                                             "entra-refused": "backup-model"}),
     }, defaults={"circuit": {"enabled": False}})
-    process = GatewayProcess(tmp_path_factory.mktemp("azure"), doc, env=ENV).start()
+    # Entra ID is reached over TLS only: the test CA is trusted the way a private one is.
+    workdir = tmp_path_factory.mktemp("azure")
+    ca.cert_pem.write_to_path(str(workdir / "ca.pem"))
+    process = GatewayProcess(workdir, doc,
+                             env={**ENV, "SSL_CERT_FILE": str(workdir / "ca.pem")}).start()
     yield process
     process.stop()
 
 
+def entra_entry(base_url: str, entra: FakeEntra, secret: str, alias: str) -> dict[str, object]:
+    return {"type": "azure", "base_url": base_url, "api_version": "2024-10-21",
+            "entra": {"tenant_id": entra.tenant_id, "client_id": entra.client_id,
+                      "client_secret": secret, "authority": entra.authority},
+            "models": {alias: "gpt-4o-deploy"}}
+
+
 @pytest.fixture
-def client(gateway: GatewayProcess, azure: FakeAzure, backup: FakeUpstream) -> openai.OpenAI:
+def client(gateway: GatewayProcess, azure: FakeAzure, entra: FakeEntra,
+           backup: FakeUpstream) -> openai.OpenAI:
     azure.reset()
+    entra.reset()
     backup.reset()
     return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
 
@@ -139,6 +178,33 @@ def test_a_static_entra_token_is_sent_as_a_bearer(client: openai.OpenAI,
     assert answer.choices[0].message.content == "Hello from azure"
     assert azure.requests[-1].headers["authorization"] == f"Bearer {AD_TOKEN}"
     assert "api-key" not in azure.requests[-1].headers
+
+
+def test_a_token_minted_by_entra_id_is_sent_and_kept(client: openai.OpenAI, azure: FakeAzure,
+                                                     entra: FakeEntra) -> None:
+    said = [client.chat.completions.create(model="by-entra", messages=SAID)
+            .choices[0].message.content for _ in range(3)]
+
+    assert said == ["Hello from azure"] * 3
+    minted = [r for r in entra.requests if r.json is None]  # form-encoded, not JSON
+    assert len(minted) == 1, "one token, kept until it is due for renewal"
+    assert b"grant_type=client_credentials" in minted[0].body
+    assert entra.requests[0].path == f"/{entra.tenant_id}/oauth2/v2.0/token"
+    assert {r.headers["authorization"] for r in azure.requests} == \
+        {f"Bearer {entra.issued[-1]}"}
+
+
+def test_client_credentials_entra_refuses_fail_over_and_never_leak(
+        client: openai.OpenAI, gateway: GatewayProcess, azure: FakeAzure,
+        entra: FakeEntra) -> None:
+    answer = client.chat.completions.with_raw_response.create(model="entra-refused",
+                                                              messages=SAID)
+
+    assert answer.parse().choices[0].message.content == "Hello from backup"
+    assert answer.headers["x-llms-attempts"] == "2"
+    assert f"client_secret={WRONG_SECRET}".encode() in entra.requests[-1].body  # and refused
+    assert not azure.requests  # no token, no request to the resource
+    assert WRONG_SECRET not in gateway.logs() and ENTRA_SECRET not in gateway.logs()
 
 
 def test_failover_from_azure_and_to_it(client: openai.OpenAI, azure: FakeAzure,
