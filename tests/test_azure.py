@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,11 @@ import httpx
 import openai
 import pytest
 import trustme
+from azure.core.credentials import AccessToken
+from azure.core.exceptions import ClientAuthenticationError
 
+from providers.contract.errors import ProviderRejected
+from providers.kinds.azure import SCOPE, EntraTokens
 from tests.fake_azure import (
     FakeAzure,
     FakeEntra,
@@ -313,3 +319,64 @@ def test_a_missing_api_version_is_a_config_error(tmp_path: Path) -> None:
     assert checked.returncode != 0
     assert "providers.azure: api_version: required for type azure" in checked.stdout + \
         checked.stderr
+
+
+class ScriptedCredential:
+    """azure-identity's async credential interface, minting when the test opens `gate`."""
+
+    def __init__(self, lifetime: int, refuse: str | None = None) -> None:
+        self.lifetime, self.refuse = lifetime, refuse
+        self.asked = 0
+        self.gate = asyncio.Event()
+
+    async def get_token(self, *scopes: str, **_: object) -> AccessToken:
+        assert scopes == (SCOPE,)
+        self.asked += 1
+        await self.gate.wait()
+        if self.refuse:
+            raise ClientAuthenticationError(self.refuse)
+        return AccessToken(f"token-{self.asked}", int(time.time()) + self.lifetime)
+
+    async def close(self) -> None:
+        pass
+
+
+async def _turns(count: int = 20) -> None:
+    """Let other tasks run (a renewal), without waiting for any time to pass."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def test_a_token_due_for_renewal_is_renewed_beside_requests_not_before_them() -> None:
+    async def story() -> None:
+        credential = ScriptedCredential(lifetime=120)  # within the renewal margin: due at once
+        tokens = EntraTokens(credential, SCOPE, "azure", "secret")  # type: ignore[arg-type]
+        credential.gate.set()
+        assert await tokens.token() == "token-1"  # none yet: waited for
+        credential.gate.clear()
+        assert [await tokens.token(), await tokens.token()] == ["token-1", "token-1"]
+        await _turns()  # the renewal starts, and waits on the gate
+        assert credential.asked == 2, "one renewal under way, the good token used meanwhile"
+        credential.gate.set()
+        await _turns()
+        assert await tokens.token() == "token-2"
+        await tokens.close()
+
+    asyncio.run(story())
+
+
+def test_an_expired_token_is_waited_for_and_a_refusal_is_a_rejection() -> None:
+    async def story() -> None:
+        credential = ScriptedCredential(lifetime=-1)  # expired as it comes
+        tokens = EntraTokens(credential, SCOPE, "azure", "secret")  # type: ignore[arg-type]
+        credential.gate.set()
+        assert [await tokens.token(), await tokens.token()] == ["token-1", "token-2"]
+
+        refused = ScriptedCredential(lifetime=3600, refuse="AADSTS7000215: bad secret s3cr3t-v4lue")
+        refused.gate.set()
+        tokens = EntraTokens(refused, SCOPE, "azure", "s3cr3t-v4lue")  # type: ignore[arg-type]
+        with pytest.raises(ProviderRejected) as caught:
+            await tokens.token()
+        assert "AADSTS7000215" in str(caught.value) and "s3cr3t-v4lue" not in str(caught.value)
+
+    asyncio.run(story())
