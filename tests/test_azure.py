@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -304,6 +304,22 @@ def test_what_azure_refuses_before_any_model_sees_it(azure: FakeAzure) -> None:
 
     assert [(a.status_code, a.json()["error"]["code"]) for a in answers] == [
         (404, "404"), (400, "BadRequest"), (401, "401"), (404, "DeploymentNotFound")]
+
+
+def test_an_unset_token_variable_takes_the_provider_out_with_its_reason(
+        start_gateway: Callable[..., GatewayProcess], azure: FakeAzure,
+        backup: FakeUpstream) -> None:
+    backup.reset()
+    gateway = start_gateway(config({
+        "azure": {"type": "azure", "base_url": azure.base_url, "api_version": "2024-10-21",
+                  "azure_ad_token": "$AZURE_TOKEN_NEVER_SET", "models": {"gpt": "gpt-4o-deploy"}},
+        "backup": provider(backup.base_url, {"gpt": "backup-model"}),
+    }))
+    answer = openai.OpenAI(base_url=gateway.base_url, api_key="unused").chat.completions.create(
+        model="gpt", messages=SAID)
+
+    assert answer.choices[0].message.content == "Hello from backup"
+    assert "AZURE_TOKEN_NEVER_SET is not set" in gateway.logs()
 
 
 def test_a_missing_api_version_is_a_config_error(tmp_path: Path) -> None:

@@ -253,7 +253,8 @@ class AzureProvider(OpenAIProvider):
         if len(written) != 1:
             raise ValueError("give one credential of api_key, azure_ad_token and entra "
                              f"(found {', '.join(written) or 'none'})")
-        self._token = expand(self.azure.azure_ad_token) if self.azure.azure_ad_token else None
+        written_token = self.azure.azure_ad_token
+        self._static_token = expand(written_token) if written_token else None
         self.tokens = entra_tokens(self.azure.entra, spec.name) if self.azure.entra else None
         super().__init__(spec, transport)
 
@@ -262,19 +263,20 @@ class AzureProvider(OpenAIProvider):
         if self.tokens is not None:
             return BearerUpstream(self.tokens, spec.name, spec.timeouts,
                                   build_headers(spec, None), None, transport, link)
-        secret = spec.api_key.reveal() if spec.api_key else self._token
-        return HttpUpstream(spec.name, spec.timeouts, build_headers(spec, self._token), secret,
-                            transport, link)
+        secret = spec.api_key.reveal() if spec.api_key else self._static_token
+        return HttpUpstream(spec.name, spec.timeouts, build_headers(spec, self._static_token),
+                            secret, transport, link)
 
     def url(self, endpoint: str, upstream_model: str) -> str:
         return deployment_url(self._base_url, upstream_model, endpoint,
                               self.azure.api_version)
 
     async def start(self, lasting: Lasting) -> None:
-        unset = ("azure_ad_token" if self.azure.azure_ad_token and self._token is None
-                 else "entra" if self.azure.entra and self.tokens is None else None)
-        if unset:
-            raise ProviderDisabled(f"{unset}: a $NAME it reads is not set")
+        written = self.azure.azure_ad_token
+        if written and self._static_token is None:
+            raise ProviderDisabled(f"{written.lstrip('$').strip('{}')} is not set")
+        if self.azure.entra and self.tokens is None:
+            raise ProviderDisabled("entra: a variable it reads is not set")
 
     async def close(self) -> None:
         if self.tokens is not None:
