@@ -127,6 +127,7 @@ def test_chat_goes_to_the_deployment_with_the_api_version_and_key(
     answer = raw.parse()
 
     assert answer.choices[0].message.content == "Hello from azure"
+    assert (answer.id, answer.model) == ("chatcmpl-fake", "gpt-4o-deploy")
     validate(raw.http_response.json(), "CreateChatCompletionResponse")
     sent = azure.requests[-1]
     assert sent.path == "/openai/deployments/gpt-4o-deploy/chat/completions"
