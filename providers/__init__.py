@@ -21,7 +21,8 @@ _BUILTIN = {"openai": "providers.kinds.openai:OpenAIProvider",
             "anthropic": "providers.kinds.anthropic:AnthropicProvider",
             "google": "providers.kinds.google:GoogleProvider",
             "ollama": "providers.kinds.ollama:OllamaProvider",
-            "pool": "providers.kinds.pool.provider:PoolProvider"}
+            "pool": "providers.kinds.pool.provider:PoolProvider",
+            "azure": "providers.kinds.azure:AzureProvider"}
 
 
 def load_kinds() -> Mapping[str, type[Provider]]:

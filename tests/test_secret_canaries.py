@@ -20,6 +20,7 @@ import pytest
 
 from providers.contract.redact import Redactor, mask_credentials, url_secrets
 from tests.fake_anthropic import FakeAnthropic
+from tests.fake_azure import FakeAzure
 from tests.fake_gemini import FakeGemini
 from tests.gateway_process import ROOT, GatewayProcess, config, free_port
 from tests.upstream import FakeUpstream, Mode, echo_headers
@@ -31,13 +32,18 @@ CANARIES = {
     "CANARY_PROXY_PASS": "canary-proxypass-22d0",
     "CANARY_GATEWAY": "canary-gatewaykey-19e4",
     "CANARY_ADMIN": "canary-adminkey-6a0f",
+    "CANARY_AD_TOKEN": "canary-adtoken-3e7b",  # an Entra ID token, known only to its kind
 }
 GATEWAY_KEY, ADMIN_KEY = CANARIES["CANARY_GATEWAY"], CANARIES["CANARY_ADMIN"]
-KINDS = ("openai", "anthropic", "google", "ollama")
-ALIASES = {**{kind: f"{kind}-m" for kind in KINDS}, "urlcreds": "urlcreds-m"}
+KINDS = ("openai", "anthropic", "google", "ollama", "azure")
+ALIASES = {**{kind: f"{kind}-m" for kind in KINDS}, "urlcreds": "urlcreds-m",
+           "azuretoken": "azuretoken-m"}
+UPSTREAM_OF = {"urlcreds": "openai", "azuretoken": "azure"}
 
 
 def _entry(kind: str, base_url: str, **extra: Any) -> dict[str, Any]:
+    if kind == "azure":
+        extra = {"api_version": "2024-10-21", **extra}
     return {"type": kind, "base_url": base_url, "api_key": "$CANARY_API_KEY",
             "headers": {"X-Org-Token": "$CANARY_ORG"}, "models": {f"{kind}-m": "m"}, **extra}
 
@@ -45,7 +51,9 @@ def _entry(kind: str, base_url: str, **extra: Any) -> dict[str, Any]:
 @pytest.fixture
 def upstreams() -> Iterator[dict[str, FakeUpstream]]:
     made = {"openai": FakeUpstream(name="oa"), "anthropic": FakeAnthropic(name="an"),
-            "google": FakeGemini(name="gm"), "ollama": FakeUpstream(name="ol")}
+            "google": FakeGemini(name="gm"), "ollama": FakeUpstream(name="ol"),
+            "azure": FakeAzure(name="az", key=CANARIES["CANARY_API_KEY"], deployments=("m",),
+                               tokens={CANARIES["CANARY_AD_TOKEN"]})}
     for upstream in made.values():
         upstream.start()
     yield made
@@ -60,6 +68,9 @@ def canary_gateway(start_gateway: Callable[..., GatewayProcess],
     # Credentials in the URL instead of a key: the client sends them as Basic auth.
     with_credentials = upstreams["openai"].base_url.replace(
         "http://", f"http://canaryuser:{CANARIES['CANARY_URL_PASS']}@")
+    providers["azuretoken"] = {"type": "azure", "base_url": upstreams["azure"].base_url,
+                               "api_version": "2024-10-21", "azure_ad_token": "$CANARY_AD_TOKEN",
+                               "models": {"azuretoken-m": "m"}}
     providers["urlcreds"] = {"type": "openai", "base_url": with_credentials,
                              "models": {"urlcreds-m": "m"}}
     # A proxy with credentials that refuses connections: its URL may reach an error message.
@@ -100,7 +111,7 @@ def test_no_canary_leaves_through_answers_streams_logs_status_or_the_cli(
         for story, mode, stream in SCENARIOS:
             if name == "google" and mode.message in ("open", "mid"):
                 continue  # Gemini's fake has no error events; its error bodies are covered
-            upstreams.get(name, upstreams["openai"]).set_mode(mode)
+            upstreams[UPSTREAM_OF.get(name, name)].set_mode(mode)
             answer = _post(canary_gateway, alias, stream)
             assert not _leaks(answer), f"{name}: {story}: {answer}"
             seen.append(answer)
@@ -114,7 +125,7 @@ def test_no_canary_leaves_through_answers_streams_logs_status_or_the_cli(
            for command in ("ls", "check")]
     canary_gateway.wait_for_log("request", count=len(seen) - 4)  # every relayed request
 
-    for kind in ("openai", "anthropic", "ollama"):  # the upstreams did get the secrets
+    for kind in ("openai", "anthropic", "ollama", "azure"):  # the upstreams got the secrets
         assert any(r.headers.get("x-org-token") == CANARIES["CANARY_ORG"]
                    for r in upstreams[kind].requests)
     assert "debug: " in seen[0] and "***" in seen[0]  # the echo reached the client, redacted

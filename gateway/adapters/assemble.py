@@ -173,7 +173,9 @@ class _Assembler:
 
     def _event(self, event: Mapping[str, Any]) -> None:
         for name in _TOP:
-            if name not in self.top and event.get(name) is not None:
+            # The first value given: Azure's first chunk (its prompt's filter results) has a
+            # blank id and model and created 0, which the next chunk gives.
+            if name not in self.top and event.get(name):
                 self.top[name] = event[name]
         if event.get("usage"):
             self.usage = event["usage"]

@@ -88,14 +88,23 @@ def filtered(payloads: Iterable[bytes]) -> bool:
     content filter before any of it was written: `finish_reason: content_filter` with no
     content and no tool call before it. A partly written answer is an answer."""
     for payload in payloads:
-        try:
-            choices = _ANSWER.decode(payload).choices or []
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return False
-        for choice in choices:
-            said = choice.message or choice.delta
-            if said is not None and (said.content or said.tool_calls):
-                return False
-            if choice.finish_reason == "content_filter":
-                return True
+        if (settled := filtered_first(payload)) is not None:
+            return settled
     return False
+
+
+def filtered_first(payload: bytes) -> bool | None:
+    """What one chat answer event says of `filtered`: True (the filter stopped it before
+    any content), False (content or a tool call came, or it is no answer), None (not yet: an
+    event that writes nothing, such as a role or Azure's prompt filter results)."""
+    try:
+        choices = _ANSWER.decode(payload).choices or []
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    for choice in choices:
+        said = choice.message or choice.delta
+        if said is not None and (said.content or said.tool_calls):
+            return False
+        if choice.finish_reason == "content_filter":
+            return True
+    return None

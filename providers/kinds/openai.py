@@ -77,16 +77,26 @@ class OpenAIProvider(Provider):
         if not spec.base_url:
             raise ValueError(f"provider {spec.name!r} of type openai needs a base_url")
         self._base_url = spec.base_url
-        self.http = HttpUpstream(spec.name, spec.timeouts, build_headers(spec),
-                                 spec.api_key.reveal() if spec.api_key else None, transport,
-                                 spec.link_for(spec.base_url))
+        self.http = self.upstream(spec, transport)
         self.options = read_options(spec.raw)
         if self.options.responses:
             self.endpoints = self.endpoints | {"responses"}
 
+    def upstream(self, spec: ProviderSpec, transport: Transport) -> HttpUpstream:
+        """How this provider is reached: its headers and credential (a kind with another
+        scheme of authentication overrides it)."""
+        return HttpUpstream(spec.name, spec.timeouts, build_headers(spec),
+                            spec.api_key.reveal() if spec.api_key else None, transport,
+                            spec.link_for(spec.base_url))
+
+    def url(self, endpoint: str, upstream_model: str) -> str:
+        """Where `endpoint` is served for `upstream_model` (a kind with another URL scheme
+        overrides it)."""
+        return f"{self._base_url}/{endpoint}"
+
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         body, headers = await self.http.post(
-            f"{self._base_url}/{request.endpoint}",
+            self.url(request.endpoint, upstream_model),
             build_body(request, upstream_model, self.spec, self.options))
         usage = check_json(body)
         if request.endpoint == "embeddings":
@@ -111,7 +121,7 @@ class OpenAIProvider(Provider):
 
     async def stream(self, request: Outgoing, upstream_model: str
                      ) -> AsyncGenerator[bytes, None]:
-        chunks = self.http.stream(f"{self._base_url}/{request.endpoint}",
+        chunks = self.http.stream(self.url(request.endpoint, upstream_model),
                                   build_body(request, upstream_model, self.spec, self.options))
         if request.endpoint != "chat/completions":
             async for chunk in chunks:

@@ -101,14 +101,23 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when - (time.time() if now is None else now))
 
 
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """An answer's wait hint: `retry-after-ms` (Azure OpenAI's and OpenAI's, finer) when it
+    is a number of milliseconds, else `Retry-After`."""
+    millis = (headers.get("retry-after-ms") or "").strip()
+    if len(millis) <= MAX_RETRY_AFTER_TEXT and millis.isascii() \
+            and millis.replace(".", "", 1).isdigit():
+        return float(millis) / 1000
+    return retry_after_seconds(headers.get("Retry-After"))
+
+
 def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[str, str],
                      secret: str | None) -> GatewayError:
     """The error an upstream status means: the client's fault (relayed) or a failover reason."""
     detail = read_error(body[:MAX_ERROR_BODY])
     message = scrub(detail.message or f"HTTP {status}", secret)
     if status == 429:
-        hint = retry_after_seconds(headers.get("Retry-After"))
-        return ProviderRateLimited(message, retry_after=hint)
+        return ProviderRateLimited(message, retry_after=retry_after(headers))
     if status in (401, 403, 404, 407):  # 407: a proxy on the way wants other credentials
         return ProviderRejected(message, upstream_status=status)
     if status == 408:
@@ -126,7 +135,7 @@ def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[s
             return ContentRefused(relayed)
         return relayed
     error = ProviderUnavailable(message, upstream_status=status)
-    error.retry_after = retry_after_seconds(headers.get("Retry-After"))
+    error.retry_after = retry_after(headers)
     return error
 
 
