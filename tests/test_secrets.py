@@ -65,3 +65,19 @@ def test_an_upstream_cookie_is_never_replayed_on_another_clients_request(
     assert [r.headers.get("cookie") for r in upstream.requests] == [None, None], \
         "the gateway's one upstream session must not carry one client's cookies into another's"
     assert "set-cookie" not in first.headers, "upstream cookies are not relayed to clients"
+
+
+def test_a_kinds_own_credential_fields_are_redacted_like_api_keys() -> None:
+    import json
+    from pathlib import Path
+
+    from gateway.state.config import parse, secrets
+
+    doc = {"providers": {"cloud": {
+        "type": "azure", "base_url": "https://res.openai.azure.com", "api_version": "2024-10-21",
+        "azure_ad_token": "$TOKEN_FROM_ENV", "models": {"m": "deployment"},
+        "entra": {"tenant_id": "t", "client_id": "c", "client_secret": "literal-secret-42"}}}}
+    snapshot = parse(json.dumps(doc), Path("llms.json"), {"TOKEN_FROM_ENV": "eyJ-entra-token-9"})
+    found = secrets(snapshot)
+    assert "eyJ-entra-token-9" in found and "literal-secret-42" in found
+    assert "deployment" not in found and "2024-10-21" not in found

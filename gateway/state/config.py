@@ -610,6 +610,7 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         weight=entry.weight,
         stream_upstream=stream_upstream if entry.stream_upstream is None
         else entry.stream_upstream,
+        credentials=tuple(Secret(v) for v in _credentials(raw, environ)),
     )
     if spec.base_url and spec.enabled:
         try:  # an environment proxy the transport cannot use, named with its variable
@@ -617,6 +618,26 @@ def _provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retri
         except ValueError as exc:
             raise ConfigError(f"{file}: {where}: {exc}") from None
     return spec
+
+
+# The words that name a credential among a kind's own fields (`client_secret`, `azure_ad_token`,
+# `aws_secret_access_key`, `password`...).
+_CREDENTIAL_WORDS = ("secret", "token", "password", "key")
+_SHARED_FIELDS = frozenset(ProviderEntry.__struct_fields__)
+
+
+def _credentials(raw: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """The values of a kind's own credential fields (nested ones too), resolved."""
+    found = []
+    for name, value in raw.items():
+        if name in _SHARED_FIELDS:
+            continue
+        if isinstance(value, Mapping):
+            found += _credentials(value, environ)
+        elif isinstance(value, str) and any(w in name.lower() for w in _CREDENTIAL_WORDS) \
+                and (resolved := _expand(value, environ)) and len(resolved) >= 8:
+            found.append(resolved)
+    return found
 
 
 def _proxy(entry: ProviderEntry, environ: Mapping[str, str], file: str, where: str
@@ -698,6 +719,7 @@ def secrets(snapshot: Snapshot) -> list[str]:
     for spec in snapshot.providers:
         if spec.api_key is not None:
             found.append(spec.api_key.reveal())
+        found += [credential.reveal() for credential in spec.credentials]
         for value in spec.headers.values():
             found += [value, value.rsplit(" ", 1)[-1]]  # "Bearer <token>": the token alone too
         if spec.base_url:

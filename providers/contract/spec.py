@@ -156,6 +156,9 @@ class ProviderSpec:
     max_embedding_batch: int | None = None
     weight: float = 1.0
     stream_upstream: bool = True
+    # Credentials a kind reads from its own fields (an Entra secret, an AWS key), resolved: the
+    # redactor removes them from everything that leaves, as it does `api_key`.
+    credentials: tuple[Secret, ...] = field(default=(), repr=False)
 
     def link_for(self, url: str | None) -> Link:
         """How to reach `url` for this provider: its proxy (from llms.json, or the environment's
