@@ -159,6 +159,11 @@ class FakeBedrock(FakeAnthropic):
         self.tokens = dict(tokens or {})
         self.refusals: list[str] = []  # the error types of requests refused before any model
 
+    @property
+    def url(self) -> str:
+        """The endpoint's root, as `https://bedrock-runtime.REGION.amazonaws.com` is."""
+        return f"http://127.0.0.1:{self.port}"
+
     def _routes(self, app: web.Application) -> None:
         for operation in ("converse", "converse-stream", "invoke",
                           "invoke-with-response-stream"):
