@@ -356,8 +356,8 @@ def test_an_exception_before_the_first_token_fails_over(client: openai.OpenAI,
 
 def test_signing_is_what_aws_recomputes() -> None:
     credentials = ReadOnlyCredentials(KEY_ID, SECRET, TOKEN)
-    headers = sign("POST", f"https://bedrock-runtime.eu-west-1.amazonaws.com/model/"
-                   f"{NOVA.replace(':', '%3A')}/converse", b"{}",
+    headers = sign("POST", f"https://bedrock-runtime.eu-west-1.amazonaws.com/model/{NOVA}/converse",
+                   b"{}",
                    {"Content-Type": "application/json"}, credentials, "eu-west-1")
 
     assert headers["Authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={KEY_ID}/")

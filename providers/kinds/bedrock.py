@@ -179,8 +179,10 @@ class BedrockProvider(Provider):
         return sign("POST", url, body, self._headers, await self._credentials_now(), self.region)
 
     def _url(self, model_id: str, operation: str) -> str:
-        # Ids hold ':' ("...-v1:0"): encoded once here, twice in the signature, as AWS wants.
-        return f"{self._base_url}/model/{quote(model_id, safe='')}/{operation}"
+        # AWS signs the path as it arrives. Ids hold ':' ("...-v1:0"), which the HTTP client
+        # sends raw even when given "%3A": so it is left raw here too, and what is signed is
+        # what is sent. An ARN's '/' stays encoded, as it must.
+        return f"{self._base_url}/model/{quote(model_id, safe=':')}/{operation}"
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -280,6 +280,7 @@ class StreamTranslator:
         self.stopped = False
         self.ended = False
         self.usage: dict[str, Any] = {}
+        self._role = False  # the message started and its role is still to be sent
         self._reader = EventReader()
 
     def feed(self, chunk: bytes) -> bytes:
@@ -296,7 +297,10 @@ class StreamTranslator:
         if not isinstance(event, dict):
             raise BadUpstreamResponse(f"{kind} event is not a JSON object")
         if kind == "messageStart":
-            return self._chunk({"role": "assistant", "content": ""})
+            # The role goes with the first content: an exception between the two is still a
+            # failover, as nothing was said yet.
+            self._role = True
+            return b""
         if kind == "contentBlockStart":
             use = (event.get("start") or {}).get("toolUse")
             return self._tool_start(event.get("contentBlockIndex", 0), use) \
@@ -335,6 +339,9 @@ class StreamTranslator:
         return sse.encode(msgspec.json.encode(usage)) + sse.encode(sse.DONE)
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if self._role:
+            self._role = False
+            delta = {"role": "assistant", **delta}
         return sse.encode(msgspec.json.encode({
             "id": self.id, "object": "chat.completion.chunk", "created": self.created,
             "model": self.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
