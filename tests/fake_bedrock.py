@@ -15,6 +15,7 @@ import asyncio
 import base64
 import datetime
 import hmac
+import itertools
 import json
 import struct
 import zlib
@@ -137,7 +138,7 @@ def converse_problem(body: Any) -> str | None:
     if messages[0].get("role") != "user":
         return "A conversation must start with a user message. Try again with a conversation " \
             "that starts with a user message."
-    for before, after in zip(messages, messages[1:], strict=False):
+    for before, after in itertools.pairwise(messages):
         if before.get("role") == after.get("role"):
             return "A conversation must alternate between user and assistant roles."
     for message in messages:

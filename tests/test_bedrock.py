@@ -53,6 +53,7 @@ PIXEL = "data:image/png;base64,iVBORw0KGgo="
 HI = [{"role": "user", "content": "Hi"}]
 ENV = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": TOKEN,
        "STALE_KEY_ID": STALE_ID, "STALE_SECRET": "not-" + STALE_SECRET,
+       "EXPIRED_TOKEN": "expired-session-token-0123",
        # The developer's own AWS setup stays out of it: the chain finds the environment's keys.
        "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
        "AWS_EC2_METADATA_DISABLED": "true"}
@@ -82,8 +83,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, bedrock: FakeBedrock,
         "backup-first": provider(backup.base_url, {"to-bedrock": "backup-model"}),
         "stale": aws({"signed": NOVA, "stale-only": NOVA}, aws_access_key_id="$STALE_KEY_ID",
                      aws_secret_access_key="$STALE_SECRET"),
+        "expired": aws({"expiring": NOVA}, aws_access_key_id="$STALE_KEY_ID",
+                       aws_secret_access_key="$STALE_SECRET",
+                       aws_session_token="$EXPIRED_TOKEN"),
+        "unset": aws({"unset-only": NOVA}, aws_access_key_id="$NO_SUCH_KEY_ID",
+                     aws_secret_access_key="$STALE_SECRET"),
         "bedrock": aws({"nova": NOVA, "claude": CLAUDE, "titan": TITAN, "to-bedrock": NOVA,
-                        "from-bedrock": NOVA, "signed": NOVA, "long": NOVA}),
+                        "from-bedrock": NOVA, "signed": NOVA, "long": NOVA,
+                        "expiring": NOVA}),
         "whole": aws({"nova-whole": NOVA, "claude-whole": CLAUDE}, stream_upstream=False),
         "backup": provider(backup.base_url, {"from-bedrock": "backup-model",
                                              "signed": "backup-model", "long": "backup-model"}),
@@ -290,6 +297,20 @@ def test_a_wrong_secret_is_refused_by_aws_and_failed_over(client: openai.OpenAI,
     assert bedrock.refusals == ["InvalidSignatureException"]
 
 
+def test_an_expired_session_token_is_refused_and_failed_over(client: openai.OpenAI,
+                                                             bedrock: FakeBedrock) -> None:
+    raw = client.chat.completions.with_raw_response.create(model="expiring", messages=HI)
+
+    assert raw.headers["x-llms-provider"] == "bedrock"
+    assert bedrock.refusals == ["ExpiredTokenException"]
+
+
+def test_a_provider_whose_credentials_are_unset_is_disabled_with_the_reason(
+        client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError, match="NO_SUCH_KEY_ID is not set"):
+        client.chat.completions.create(model="unset-only", messages=HI)
+
+
 def test_a_provider_aws_refuses_alone_is_an_auth_failure_never_a_500(
         gateway: GatewayProcess, bedrock: FakeBedrock, client: openai.OpenAI) -> None:
     for stream in (False, True):
@@ -302,6 +323,10 @@ def test_a_provider_aws_refuses_alone_is_an_auth_failure_never_a_500(
         assert SIGNATURE_MISMATCH[:40] in attempt["message"]
         assert STALE_SECRET not in answer.text
     assert bedrock.refusals == ["InvalidSignatureException"] * 2
+    logs = gateway.logs()
+    assert "rejected" in logs
+    for secret in (SECRET, STALE_SECRET, "not-" + STALE_SECRET, TOKEN):
+        assert secret not in logs
 
 
 def test_failover_to_bedrock_and_from_it(client: openai.OpenAI, bedrock: FakeBedrock,

@@ -105,7 +105,7 @@ def sign(method: str, url: str, body: bytes, headers: Mapping[str, str],
 
 class _Titan(msgspec.Struct):
     embedding: list[float]
-    inputTextTokenCount: int = 0  # noqa: N815 - Titan's own name
+    inputTextTokenCount: int = 0
 
 
 class BedrockProvider(Provider):
@@ -142,7 +142,7 @@ class BedrockProvider(Provider):
             if not key_id or not secret:
                 named = self.options.aws_access_key_id if not key_id \
                     else self.options.aws_secret_access_key
-                raise ProviderDisabled(f"{str(named).lstrip('$').strip('{}')} is not set")
+                raise ProviderRejected(f"{str(named).lstrip('$').strip('{}')} is not set")
             token = from_environment(self.options.aws_session_token, environ)
             return Credentials(key_id, secret, token)
         return Session(profile=self.options.profile).get_credentials()
