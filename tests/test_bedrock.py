@@ -451,14 +451,25 @@ def test_the_stream_translator_reads_frames_split_anywhere() -> None:
                                              ("modelStreamErrorException", ProviderUnavailable)])
 def test_an_exception_message_raises_its_error(kind: str, error: type[Exception]) -> None:
     with pytest.raises(error, match=kind):
-        list(EventReader().feed(exception(kind, "stop")))
+        EventReader().feed(exception(kind, "stop"))
+
+
+def test_events_before_an_exception_in_the_same_read_come_out_first() -> None:
+    translator = StreamTranslator("m")
+    out = translator.feed(event("messageStart", {"role": "assistant"}) + event(
+        "contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Hi"}})
+        + exception("modelStreamErrorException", "broke"))
+
+    assert b'"content":"Hi"' in out
+    with pytest.raises(ProviderUnavailable, match="broke"):
+        translator.close()
 
 
 def test_a_frame_with_a_bad_crc_is_a_bad_answer() -> None:
     broken = bytearray(frame({":message-type": "event", ":event-type": "x"}, b"{}"))
     broken[-1] ^= 0xFF
     with pytest.raises(BadUpstreamResponse):
-        list(EventReader().feed(bytes(broken)))
+        EventReader().feed(bytes(broken))
 
 
 def test_claude_body_and_model_ids() -> None:

@@ -275,6 +275,7 @@ async def _claude_chunks(chunks: AsyncIterator[bytes], model_id: str) -> AsyncIt
                 out += translator.translate(_chunk_bytes(payload))
         if out:
             yield out
+    reader.close()
 
 
 def _chunk_bytes(payload: bytes) -> bytes:

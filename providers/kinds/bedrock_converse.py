@@ -16,7 +16,7 @@ import binascii
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -244,29 +244,44 @@ def stream_error(kind: str, payload: bytes) -> ProviderError:
 
 
 class EventReader:
-    """AWS event-stream bytes in, `(event type, payload)` out; an exception message raises."""
+    """AWS event-stream bytes in, `(event type, payload)` out; an exception message raises,
+    once the events that came before it in the same read have been handed out."""
 
     def __init__(self) -> None:
         self._buffer = EventStreamBuffer()
+        self._failed: ProviderError | None = None
 
-    def feed(self, chunk: bytes) -> Iterator[tuple[str, bytes]]:
+    def feed(self, chunk: bytes) -> list[tuple[str, bytes]]:
         """The events whole in what has come so far."""
+        self.close()
         self._buffer.add_data(chunk)
+        events: list[tuple[str, bytes]] = []
         try:
             for message in self._buffer:
                 headers = message.headers
                 kind = headers.get(":message-type")
                 if kind == "event":
-                    yield str(headers.get(":event-type", "")), message.payload
-                elif kind == "exception":
-                    raise stream_error(str(headers.get(":exception-type", "exception")),
-                                       message.payload)
-                else:  # "error": code and message in headers
-                    raise stream_error(str(headers.get(":error-code", "error")),
-                                       msgspec.json.encode(
-                                           {"message": headers.get(":error-message")}))
+                    events.append((str(headers.get(":event-type", "")), message.payload))
+                    continue
+                if kind == "exception":
+                    self._failed = stream_error(str(headers.get(":exception-type", "exception")),
+                                                message.payload)
+                else:  # "error": its code and message in headers
+                    self._failed = stream_error(str(headers.get(":error-code", "error")),
+                                                msgspec.json.encode(
+                                                    {"message": headers.get(":error-message")}))
+                break
         except ParserError as exc:
-            raise BadUpstreamResponse(f"stream is not AWS event-stream framing: {exc}") from None
+            self._failed = BadUpstreamResponse(f"stream is not AWS event-stream framing: {exc}")
+        if not events:
+            self.close()
+        return events
+
+    def close(self) -> None:
+        """Raise the exception the stream carried, if it carried one."""
+        if (failed := self._failed) is not None:
+            self._failed = None
+            raise failed
 
 
 class StreamTranslator:
@@ -288,8 +303,10 @@ class StreamTranslator:
         return b"".join(self._event(kind, payload) for kind, payload in self._reader.feed(chunk))
 
     def close(self) -> bytes:
-        """At the upstream's clean end: usage and `[DONE]` if the message stopped and no
-        metadata event came to say so; nothing for a stream cut short."""
+        """At the upstream's end: the exception it carried raised; else usage and `[DONE]` if
+        the message stopped and no metadata event came to say so; nothing for a stream cut
+        short."""
+        self._reader.close()
         return self._end() if self.stopped and not self.ended else b""
 
     def _event(self, kind: str, payload: bytes) -> bytes:
