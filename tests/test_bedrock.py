@@ -11,7 +11,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from botocore.config import Config
 from botocore.credentials import ReadOnlyCredentials
+from botocore.exceptions import ClientError, EventStreamError
+from botocore.session import Session
 
 from providers.contract.errors import (
     BadUpstreamResponse,
@@ -489,3 +492,63 @@ def test_aws_credentials_in_upstream_text_are_masked() -> None:
     assert KEY_ID not in masked and "IQoJb3JpZ2luX2VjE" not in masked
     assert classify(400, TOO_LONG, None, None) is Limit.CONTEXT
 
+
+
+# -- the fake, against AWS's own client --------------------------------------------------------
+
+
+@pytest.fixture
+def aws_client(bedrock: FakeBedrock) -> Iterator[Any]:
+    """botocore's own bedrock-runtime client on the fake: it validates requests against the
+    service's model and parses answers with AWS's parsers (the test's HTTP, not the gateway's)."""
+    bedrock.reset()
+    bedrock.refusals.clear()
+    client = Session().create_client(
+        "bedrock-runtime", region_name="us-east-1", endpoint_url=bedrock.url,
+        aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET, aws_session_token=TOKEN,
+        config=Config(retries={"total_max_attempts": 1}))
+    yield client
+    client.close()
+
+
+def test_the_translation_is_a_valid_converse_request_and_the_fake_answers_as_aws(
+        aws_client: Any, bedrock: FakeBedrock) -> None:
+    body = to_converse({"messages": [{"role": "system", "content": "Be brief."}, *HI],
+                        "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 10,
+                        "stop": ["END"]})
+    bedrock.set_mode(tool_call("get_weather", '{"city": "Oslo"}', content="Sure."))
+
+    whole = aws_client.converse(modelId=NOVA, **body)
+    streamed = [next(iter(e)) for e in aws_client.converse_stream(modelId=NOVA,
+                                                                  **body)["stream"]]
+
+    assert whole["output"]["message"]["content"][-1]["toolUse"]["input"] == {"city": "Oslo"}
+    assert whole["stopReason"] == "tool_use" and whole["usage"]["inputTokens"] == 10
+    assert streamed[0] == "messageStart" and streamed[-2:] == ["messageStop", "metadata"]
+    assert "contentBlockStart" in streamed
+    assert bedrock.refusals == [], "botocore's own signature passes the fake's check"
+
+
+def test_the_fakes_errors_are_aws_errors_to_aws_own_client(aws_client: Any,
+                                                           bedrock: FakeBedrock) -> None:
+    bedrock.set_mode(exception_event("throttlingException", after_chunks=1))
+    with pytest.raises(EventStreamError, match=r"\(throttlingException\)"):
+        list(aws_client.converse_stream(modelId=NOVA, messages=[
+            {"role": "user", "content": [{"text": "Hi"}]}])["stream"])
+    bedrock.set_mode(status(400, TOO_LONG))
+    with pytest.raises(aws_client.exceptions.ValidationException, match="too long"):
+        aws_client.converse(modelId=NOVA, messages=[{"role": "user", "content": [{"text": "a"}]}])
+    bedrock.set_mode(ok())
+
+    titan = aws_client.invoke_model(modelId=TITAN, body=json.dumps({"inputText": "a dog"}))
+    assert len(json.loads(titan["body"].read())["embedding"]) == 1024
+    claude = aws_client.invoke_model_with_response_stream(modelId=CLAUDE, body=json.dumps(
+        anthropic_body({"messages": HI}, CLAUDE)))
+    kinds = [json.loads(part["chunk"]["bytes"])["type"] for part in claude["body"]]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    wrong = Session().create_client("bedrock-runtime", region_name="us-east-1",
+                                    endpoint_url=bedrock.url, aws_access_key_id=KEY_ID,
+                                    aws_secret_access_key="wrong", aws_session_token=TOKEN)
+    with pytest.raises(ClientError, match="InvalidSignatureException"):
+        wrong.converse(modelId=NOVA, messages=[{"role": "user", "content": [{"text": "a"}]}])
+    wrong.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -49,6 +50,7 @@ EVENT_MARK = b":event-type"  # in every event-stream event: what counts as a str
 # Titan embeds one text per call: this many calls at once for one request.
 EMBEDDING_CONCURRENCY = 8
 REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
+REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+)+")
 
 
 class Options(msgspec.Struct, frozen=True):
@@ -119,8 +121,9 @@ class BedrockProvider(Provider):
         self.options = read_options(spec.raw)
         region = self.options.region or next(
             (os.environ[name] for name in REGION_VARIABLES if os.environ.get(name)), None)
-        if not region:
-            raise ValueError(f"provider {spec.name!r} of type bedrock needs a region")
+        if not region or not REGION.fullmatch(region):  # it becomes the endpoint's host name
+            raise ValueError(f"provider {spec.name!r} of type bedrock needs a region such as "
+                             "us-east-1")
         self.region = region
         self._base_url = (spec.base_url
                           or f"https://bedrock-runtime.{region}.amazonaws.com").rstrip("/")
