@@ -24,7 +24,13 @@ from providers.contract.errors import (
 )
 from providers.contract.redact import mask_credentials
 from providers.contract.refusals import Limit, classify
-from providers.kinds.bedrock import anthropic_body, from_environment, is_anthropic, sign
+from providers.kinds.bedrock import (
+    anthropic_body,
+    from_environment,
+    is_anthropic,
+    read_options,
+    sign,
+)
 from providers.kinds.bedrock_converse import (
     EventReader,
     StreamTranslator,
@@ -259,6 +265,24 @@ def test_claude_goes_through_invoke_model_with_the_messages_body(
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
 
 
+def test_claudes_thinking_is_asked_for_and_comes_back_as_reasoning_content(
+        client: openai.OpenAI, bedrock: FakeBedrock) -> None:
+    bedrock.set_mode(ok(reasoning="Let me think.", content="42"))
+
+    whole = client.chat.completions.create(model="claude-whole", reasoning_effort="high",
+                                           messages=HI)
+    streamed = list(client.chat.completions.create(model="claude", reasoning_effort="high",
+                                                   stream=True, messages=HI))
+
+    assert bedrock.requests[0].json["thinking"] == {"type": "enabled", "budget_tokens": 16384}
+    extra = whole.choices[0].message.model_extra or {}
+    assert (extra["reasoning_content"], whole.choices[0].message.content) == ("Let me think.",
+                                                                             "42")
+    thoughts = [(c.choices[0].delta.model_extra or {}).get("reasoning_content") for c in streamed
+                if c.choices]
+    assert "Let me think." in thoughts
+
+
 def test_claude_tool_calls_stream_back_through_the_sdk(client: openai.OpenAI,
                                                        bedrock: FakeBedrock) -> None:
     bedrock.set_mode(tool_call("get_weather", '{"city": "Bergen"}'))
@@ -473,6 +497,11 @@ def test_a_frame_with_a_bad_crc_is_a_bad_answer() -> None:
     broken[-1] ^= 0xFF
     with pytest.raises(BadUpstreamResponse):
         EventReader().feed(bytes(broken))
+
+
+def test_an_entry_with_a_field_of_the_wrong_type_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match="region"):
+        read_options({"type": "bedrock", "region": 1})
 
 
 def test_claude_body_and_model_ids() -> None:
