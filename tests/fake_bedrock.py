@@ -219,8 +219,13 @@ class FakeBedrock(FakeAnthropic):
 
     # -- Converse -----------------------------------------------------------------------------
 
+    def _pieces(self, mode: Mode) -> list[str]:
+        if mode.chunks:
+            return [piece for piece in mode.chunks if piece]
+        return _words(mode.content if mode.content is not None else f"Hello from {self.name}")
+
     def _text(self, mode: Mode) -> str:
-        return mode.content if mode.content is not None else f"Hello from {self.name}"
+        return "".join(self._pieces(mode))
 
     def _usage(self, mode: Mode, output: int) -> dict[str, int]:
         usage = {"inputTokens": 10, "outputTokens": output, "totalTokens": 10 + output}
@@ -241,7 +246,7 @@ class FakeBedrock(FakeAnthropic):
                                         "input": json.loads(mode.tool[1])}})
         return {"output": {"message": {"role": "assistant", "content": content}},
                 "stopReason": STOP_REASONS.get(mode.finish_reason, "end_turn"),
-                "usage": self._usage(mode, len(_words(self._text(mode)))),
+                "usage": self._usage(mode, len(self._pieces(mode))),
                 "metrics": {"latencyMs": 12}}
 
     def _converse_events(self, mode: Mode) -> list[bytes]:
@@ -254,10 +259,10 @@ class FakeBedrock(FakeAnthropic):
                     "reasoningContent": {"signature": "fake-signature"}}}),
                 event("contentBlockStop", {"contentBlockIndex": index})]
             index += 1
-        if text := self._text(mode):
+        if self._pieces(mode):
             events += [event("contentBlockDelta", {"contentBlockIndex": index,
                                                    "delta": {"text": word}})
-                       for word in _words(text)]
+                       for word in self._pieces(mode)]
             events.append(event("contentBlockStop", {"contentBlockIndex": index}))
             index += 1
         if mode.tool:
@@ -270,7 +275,7 @@ class FakeBedrock(FakeAnthropic):
             events.append(event("contentBlockStop", {"contentBlockIndex": index}))
         events += [event("messageStop", {"stopReason": STOP_REASONS.get(mode.finish_reason,
                                                                         "end_turn")}),
-                   event("metadata", {"usage": self._usage(mode, len(_words(self._text(mode)))),
+                   event("metadata", {"usage": self._usage(mode, len(self._pieces(mode))),
                                       "metrics": {"latencyMs": 12}})]
         return events
 
@@ -294,6 +299,8 @@ class FakeBedrock(FakeAnthropic):
             for number, message in enumerate(events):
                 if number and (number == len(events) - 1 and mode.kind in ("echo", "exception")):
                     await asyncio.sleep(0.1)  # what came before reaches the client first
+                elif number and mode.delay_between_chunks:
+                    await asyncio.sleep(mode.delay_between_chunks)
                 await response.write(message)
             await response.write_eof()
         except (asyncio.CancelledError, ConnectionResetError):

@@ -48,7 +48,7 @@ from tests.fake_bedrock import (
 )
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.openapi import validate
-from tests.upstream import FakeUpstream, Recorded, ok, status, tool_call
+from tests.upstream import FakeUpstream, Recorded, _words, ok, status, tool_call
 
 KEY_ID, SECRET, TOKEN = "AKIAFAKEBEDROCK00001", "fake/Secret+Key0123456789abcdefGHIJ", "fake-tok-1"
 STALE_ID, STALE_SECRET = "AKIAFAKEBEDROCK00002", "an-old-secret-aws-no-longer-knows"
@@ -100,6 +100,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, bedrock: FakeBedrock,
         "bedrock": aws({"nova": NOVA, "claude": CLAUDE, "titan": TITAN, "to-bedrock": NOVA,
                         "from-bedrock": NOVA, "signed": NOVA, "long": NOVA,
                         "expiring": NOVA}),
+        "paced": aws({"paced": NOVA}, timeouts={"first_token": 1, "idle": 3}),
         "whole": aws({"nova-whole": NOVA, "claude-whole": CLAUDE}, stream_upstream=False),
         "backup": provider(backup.base_url, {"from-bedrock": "backup-model",
                                              "signed": "backup-model", "long": "backup-model"}),
@@ -177,6 +178,16 @@ def test_a_whole_answer_asked_upstream_as_a_stream_is_assembled(client: openai.O
 
     assert answer.choices[0].message.content == "Hello from bedrock"
     assert last(bedrock).path == f"/model/{NOVA}/converse-stream"
+
+
+def test_a_stream_longer_than_the_first_token_limit_goes_on_as_its_events_come(
+        client: openai.OpenAI, bedrock: FakeBedrock) -> None:
+    bedrock.set_mode(ok(chunks=_words("one two three four five six"), delay_between_chunks=0.3))
+
+    chunks = list(client.chat.completions.create(model="paced", stream=True, messages=HI))
+
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        "one two three four five six"
 
 
 def test_tool_calls_whole_and_streamed_and_the_results_going_back(
