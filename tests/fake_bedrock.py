@@ -154,10 +154,11 @@ class FakeBedrock(FakeAnthropic):
     """bedrock-runtime's model routes; Claude's answers are the fake Anthropic's own."""
 
     def __init__(self, name: str = "bedrock", keys: dict[str, str] | None = None,
-                 tokens: dict[str, str] | None = None) -> None:
+                 tokens: dict[str, str] | None = None, api_keys: tuple[str, ...] = ()) -> None:
         super().__init__(name=name)
         self.keys = dict(keys or {})
         self.tokens = dict(tokens or {})
+        self.api_keys = api_keys  # Bedrock API keys, sent as bearer tokens
         self.refusals: list[str] = []  # the error types of requests refused before any model
 
     @property
@@ -172,8 +173,7 @@ class FakeBedrock(FakeAnthropic):
 
     async def _operation(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
-        if (refusal := signature_problem(request, await request.read(), self.keys,
-                                         self.tokens)) is not None:
+        if (refusal := self._auth_problem(request, await request.read())) is not None:
             self.refusals.append(refusal.headers["x-amzn-ErrorType"].split(":")[0])
             return refusal
         model = request.match_info["model"]
@@ -198,6 +198,15 @@ class FakeBedrock(FakeAnthropic):
             return await self._converse_stream(request, mode)
         return web.json_response(self._converse(mode), headers={
             "x-amzn-RequestId": f"fake-{len(self.requests)}"})
+
+    def _auth_problem(self, request: web.Request, body: bytes) -> web.Response | None:
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        if scheme != "Bearer":
+            return signature_problem(request, body, self.keys, self.tokens)
+        if value in self.api_keys:
+            return None
+        return aws_error(403, "AccessDeniedException",
+                         "Authentication failed: Please make sure your API Key is valid.")
 
     # -- Titan embeddings ---------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from tests.openapi import validate
 from tests.upstream import FakeUpstream, Recorded, _words, ok, status, tool_call
 
 KEY_ID, SECRET, TOKEN = "AKIAFAKEBEDROCK00001", "fake/Secret+Key0123456789abcdefGHIJ", "fake-tok-1"
+API_KEY = "ABSKQmVkcm9ja0FQSUtleS1mYWtlLTAxMjM0NTY3ODk="
 STALE_ID, STALE_SECRET = "AKIAFAKEBEDROCK00002", "an-old-secret-aws-no-longer-knows"
 NOVA, CLAUDE, TITAN = ("amazon.nova-lite-v1:0", "anthropic.claude-3-5-sonnet-20240620-v1:0",
                        "amazon.titan-embed-text-v2:0")
@@ -62,7 +63,7 @@ PIXEL = "data:image/png;base64,iVBORw0KGgo="
 HI = [{"role": "user", "content": "Hi"}]
 ENV = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": TOKEN,
        "STALE_KEY_ID": STALE_ID, "STALE_SECRET": "not-" + STALE_SECRET,
-       "EXPIRED_TOKEN": "expired-session-token-0123",
+       "EXPIRED_TOKEN": "expired-session-token-0123", "BEDROCK_API_KEY": API_KEY,
        # The developer's own AWS setup stays out of it: the chain finds the environment's keys.
        "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
        "AWS_EC2_METADATA_DISABLED": "true"}
@@ -70,7 +71,8 @@ ENV = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSIO
 
 @pytest.fixture(scope="module")
 def bedrock() -> Iterator[FakeBedrock]:
-    fake = FakeBedrock(keys={KEY_ID: SECRET, STALE_ID: STALE_SECRET}, tokens={KEY_ID: TOKEN})
+    fake = FakeBedrock(keys={KEY_ID: SECRET, STALE_ID: STALE_SECRET}, tokens={KEY_ID: TOKEN},
+                       api_keys=(API_KEY,))
     with fake:
         yield fake
 
@@ -100,6 +102,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, bedrock: FakeBedrock,
         "bedrock": aws({"nova": NOVA, "claude": CLAUDE, "titan": TITAN, "to-bedrock": NOVA,
                         "from-bedrock": NOVA, "signed": NOVA, "long": NOVA,
                         "expiring": NOVA}),
+        "revoked": aws({"keyed": NOVA}, api_key="ABSKrevoked-bedrock-api-key"),
+        "keyed": aws({"keyed": NOVA}, api_key="$BEDROCK_API_KEY"),
         "paced": aws({"paced": NOVA}, timeouts={"first_token": 1, "idle": 3}),
         "whole": aws({"nova-whole": NOVA, "claude-whole": CLAUDE}, stream_upstream=False),
         "backup": provider(backup.base_url, {"from-bedrock": "backup-model",
@@ -341,6 +345,16 @@ def test_an_expired_session_token_is_refused_and_failed_over(client: openai.Open
 
     assert raw.headers["x-llms-provider"] == "bedrock"
     assert bedrock.refusals == ["ExpiredTokenException"]
+
+
+def test_a_bedrock_api_key_is_a_bearer_token_and_a_revoked_one_fails_over(
+        client: openai.OpenAI, bedrock: FakeBedrock) -> None:
+    raw = client.chat.completions.with_raw_response.create(model="keyed", messages=HI)
+
+    assert raw.headers["x-llms-provider"] == "keyed"
+    assert bedrock.refusals == ["AccessDeniedException"]
+    assert last(bedrock).headers["authorization"] == f"Bearer {API_KEY}"
+    assert "x-amz-date" not in last(bedrock).headers
 
 
 def test_a_provider_whose_credentials_are_unset_is_disabled_with_the_reason(

@@ -8,7 +8,8 @@ second translation. Embeddings are Titan's: one InvokeModel call per input, a fe
 AWS does the infrastructure through botocore's public API: the credential chain
 (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/`AWS_SESSION_TOKEN`, profiles, SSO, roles), resolved
 and refreshed off the event loop; SigV4 signing of each request (`SigV4Auth` on an `AWSRequest`);
-the event-stream framing of streamed answers. The HTTP itself goes through our transport.
+the event-stream framing of streamed answers. The HTTP itself goes through our transport. With
+an `api_key` (a Bedrock API key) requests carry it as a bearer token instead, unsigned.
 """
 
 from __future__ import annotations
@@ -129,8 +130,11 @@ class BedrockProvider(Provider):
                           or f"https://bedrock-runtime.{region}.amazonaws.com").rstrip("/")
         # Signed as they are sent: every header here is in the signature.
         self._headers = {"Content-Type": "application/json", **spec.headers}
-        self.http = HttpUpstream(spec.name, spec.timeouts, self._headers, None, transport,
-                                 spec.link_for(self._base_url))
+        # A Bedrock API key replaces SigV4 (and the credential chain) with a bearer token.
+        self._api_key = spec.api_key.reveal() if spec.api_key else None
+        bearer = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self.http = HttpUpstream(spec.name, spec.timeouts, {**self._headers, **bearer},
+                                 self._api_key, transport, spec.link_for(self._base_url))
         self._credentials: Credentials | None = None
         self._resolving = asyncio.Lock()
 
@@ -153,6 +157,8 @@ class BedrockProvider(Provider):
     async def start(self, lasting: Lasting) -> None:
         """Resolve the credentials once, off the event loop; none found disables the
         provider with the reason."""
+        if self._api_key:
+            return
         try:
             await self._credentials_now()
         except ProviderRejected as exc:
@@ -178,7 +184,9 @@ class BedrockProvider(Provider):
         except (BotoCoreError, ClientError) as exc:
             raise ProviderRejected(scrub(f"AWS credentials: {exc}")) from None
 
-    async def _signed(self, url: str, body: bytes) -> dict[str, str]:
+    async def _signed(self, url: str, body: bytes) -> dict[str, str] | None:
+        if self._api_key:
+            return None
         return sign("POST", url, body, self._headers, await self._credentials_now(), self.region)
 
     def _url(self, model_id: str, operation: str) -> str:
