@@ -76,8 +76,9 @@ def conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
             if text := content_text(message.get("content")):
                 system.append(text)
         elif role == "tool":
+            text = content_text(message.get("content"))  # a blank text block is refused
             result = {"toolUseId": message.get("tool_call_id", ""),
-                      "content": [{"text": content_text(message.get("content")) or " "}]}
+                      "content": [{"text": text}] if text else []}
             _append(messages, "user", [{"toolResult": result}])
         elif role == "assistant":
             blocks = _blocks(message.get("content"))
