@@ -22,7 +22,8 @@ _BUILTIN = {"openai": "providers.kinds.openai:OpenAIProvider",
             "google": "providers.kinds.google:GoogleProvider",
             "ollama": "providers.kinds.ollama:OllamaProvider",
             "pool": "providers.kinds.pool.provider:PoolProvider",
-            "azure": "providers.kinds.azure:AzureProvider"}
+            "azure": "providers.kinds.azure:AzureProvider",
+            "bedrock": "providers.kinds.bedrock:BedrockProvider"}
 
 
 def load_kinds() -> Mapping[str, type[Provider]]:

@@ -21,6 +21,7 @@ import pytest
 from providers.contract.redact import Redactor, mask_credentials, url_secrets
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_azure import FakeAzure
+from tests.fake_bedrock import FakeBedrock
 from tests.fake_gemini import FakeGemini
 from tests.gateway_process import ROOT, GatewayProcess, config, free_port
 from tests.upstream import FakeUpstream, Mode, echo_headers
@@ -33,9 +34,14 @@ CANARIES = {
     "CANARY_GATEWAY": "canary-gatewaykey-19e4",
     "CANARY_ADMIN": "canary-adminkey-6a0f",
     "CANARY_AD_TOKEN": "canary-adtoken-3e7b",  # an Entra ID token, known only to its kind
+    # The `bedrock` kind's, from the standard AWS chain: the key id goes out in every signature,
+    # the session token in a header, the secret only into the signature.
+    "AWS_ACCESS_KEY_ID": "AKIACANARY0000000001",
+    "AWS_SECRET_ACCESS_KEY": "canary-awssecret-3c9d",
+    "AWS_SESSION_TOKEN": "canary-awstoken-77ab",
 }
 GATEWAY_KEY, ADMIN_KEY = CANARIES["CANARY_GATEWAY"], CANARIES["CANARY_ADMIN"]
-KINDS = ("openai", "anthropic", "google", "ollama", "azure")
+KINDS = ("openai", "anthropic", "google", "ollama", "azure", "bedrock")
 ALIASES = {**{kind: f"{kind}-m" for kind in KINDS}, "urlcreds": "urlcreds-m",
            "azuretoken": "azuretoken-m"}
 UPSTREAM_OF = {"urlcreds": "openai", "azuretoken": "azure"}
@@ -44,6 +50,9 @@ UPSTREAM_OF = {"urlcreds": "openai", "azuretoken": "azure"}
 def _entry(kind: str, base_url: str, **extra: Any) -> dict[str, Any]:
     if kind == "azure":
         extra = {"api_version": "2024-10-21", **extra}
+    if kind == "bedrock":  # AWS's credentials come from the environment, not an api_key
+        return {"type": kind, "region": "us-east-1", "base_url": base_url.removesuffix("/v1"),
+                "headers": {"X-Org-Token": "$CANARY_ORG"}, "models": {f"{kind}-m": "m"}}
     return {"type": kind, "base_url": base_url, "api_key": "$CANARY_API_KEY",
             "headers": {"X-Org-Token": "$CANARY_ORG"}, "models": {f"{kind}-m": "m"}, **extra}
 
@@ -53,7 +62,9 @@ def upstreams() -> Iterator[dict[str, FakeUpstream]]:
     made = {"openai": FakeUpstream(name="oa"), "anthropic": FakeAnthropic(name="an"),
             "google": FakeGemini(name="gm"), "ollama": FakeUpstream(name="ol"),
             "azure": FakeAzure(name="az", key=CANARIES["CANARY_API_KEY"], deployments=("m",),
-                               tokens={CANARIES["CANARY_AD_TOKEN"]})}
+                               tokens={CANARIES["CANARY_AD_TOKEN"]}),
+            "bedrock": FakeBedrock(name="br", keys={CANARIES["AWS_ACCESS_KEY_ID"]:
+                                                   CANARIES["AWS_SECRET_ACCESS_KEY"]})}
     for upstream in made.values():
         upstream.start()
     yield made
@@ -125,9 +136,13 @@ def test_no_canary_leaves_through_answers_streams_logs_status_or_the_cli(
            for command in ("ls", "check")]
     canary_gateway.wait_for_log("request", count=len(seen) - 4)  # every relayed request
 
-    for kind in ("openai", "anthropic", "ollama", "azure"):  # the upstreams got the secrets
+    # the upstreams got the secrets
+    for kind in ("openai", "anthropic", "ollama", "azure", "bedrock"):
         assert any(r.headers.get("x-org-token") == CANARIES["CANARY_ORG"]
                    for r in upstreams[kind].requests)
+    assert any(r.headers.get("x-amz-security-token") == CANARIES["AWS_SESSION_TOKEN"]
+               for r in upstreams["bedrock"].requests)
+    assert not upstreams["bedrock"].refusals, "every request to the fake AWS was signed right"
     assert "debug: " in seen[0] and "***" in seen[0]  # the echo reached the client, redacted
     assert "x-org-token=***" in seen[0].lower()
     assert "debug: " in cli[1].stdout  # check quoted the upstream's echo, redacted

@@ -2,8 +2,9 @@
 
 Two tools, for two kinds of text:
 - `mask_credentials` masks what looks like a credential (`Bearer …`, `Basic …`, `sk-…`,
-  `x-api-key: …`, `key=…`, a URL's `user:pass@`). Upstream text (error bodies, stream error
-  events) passes it where it enters, since an upstream may echo any header it was sent.
+  `x-api-key: …`, `key=…`, AWS's key ids and `X-Amz-Security-Token: …`, a URL's
+  `user:pass@`). Upstream text (error bodies, stream error events) passes it where it
+  enters, since an upstream may echo any header it was sent.
 - `Redactor` removes every configured secret (provider keys, header values, proxy and URL
   credentials, the gateway's own keys). Every string that leaves passes one: error envelopes,
   in-band stream errors, log lines, the status and admin JSON, the CLI's output.
@@ -25,7 +26,9 @@ MIN_SECRET = 6
 _CREDENTIAL = re.compile(
     r"(?i)((?:bearer|basic)\s+)[\w.\-~+/=]{8,}"
     r"|\b(?:sk|pk|rk|gsk|xai|key)-[\w\-]{8,}"
-    r"|((?:x-api-key|x-goog-api-key|api-key|authorization)[\"']?\s*[:=]\s*[\"']?)"
+    r"|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"  # an AWS access key id, in a SigV4 `Credential=`
+    r"|((?:x-api-key|x-goog-api-key|api-key|authorization|x-amz-security-token)"
+    r"[\"']?\s*[:=]\s*[\"']?)"
     r"(?!bearer\s)[\w.\-~+/=]{6,}"
     r"|([?&](?:api_)?key=)[^&\s\"']+"
     r"|(://)[^/@\s:]+:[^/@\s]+@"

@@ -16,6 +16,8 @@ are the engines' own (each has a test with its real message):
 - llama.cpp: type `exceed_context_size_error`, "the request exceeds the available context
   size, try increasing it"
 - Ollama: "the input length exceeds the context length"
+- Bedrock: a `ValidationException` "Input is too long for requested model." (Anthropic's
+  models there: Anthropic's own words)
 
 Content policies: OpenAI's code `content_policy_violation`, Azure OpenAI's `content_filter`
 ("… triggering Azure OpenAI's content management policy …").
@@ -39,6 +41,7 @@ _OVERFLOW_WORDS = (
     "exceeds the maximum number of tokens allowed",
     "exceeds the available context size",
     "input length exceeds the context length",
+    "input is too long",
 )
 _POLICY_CODES = frozenset({"content_policy_violation", "content_filter"})
 _POLICY_WORDS = ("content management policy", "content policy")

@@ -40,7 +40,7 @@ def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
         "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens")
         or DEFAULT_MAX_TOKENS,
     }
-    if schema := _format_instruction(body.get("response_format")):
+    if schema := format_instruction(body.get("response_format")):
         system.append(schema)
     if system:
         request["system"] = "\n\n".join(system)
@@ -156,7 +156,8 @@ def _thinking_budget(body: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _format_instruction(response_format: Any) -> str | None:
+def format_instruction(response_format: Any) -> str | None:
+    """An instruction asking for the JSON `response_format` wants, for APIs with no JSON mode."""
     if not isinstance(response_format, dict):
         return None
     if response_format.get("type") == "json_object":
@@ -209,14 +210,15 @@ class StreamTranslator:
 
     def feed(self, chunk: bytes) -> bytes:
         """Chunks for every complete event in `chunk`; raises on an `error` event."""
-        return b"".join(self._event(event.data) for event in self._reader.feed(chunk))
+        return b"".join(self.translate(event.data) for event in self._reader.feed(chunk))
 
     def close(self) -> bytes:
         """At the upstream's clean end: chunks for a last event it did not end with a blank
         line."""
-        return b"".join(self._event(event.data) for event in self._reader.flush())
+        return b"".join(self.translate(event.data) for event in self._reader.flush())
 
-    def _event(self, data: bytes) -> bytes:
+    def translate(self, data: bytes) -> bytes:
+        """Chunks for one event's JSON (Bedrock delivers the events in its own framing)."""
         if (payload := event_object(data)) is None:
             return b""
         kind = payload.get("type")

@@ -34,7 +34,7 @@ from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
 from providers.kinds.openai import OpenAIProvider
 from providers.wire import sse
-from providers.wire.http import HttpUpstream, scrub
+from providers.wire.http import DATA, HttpUpstream, scrub
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -201,9 +201,9 @@ class BearerUpstream(HttpUpstream):
                    ) -> tuple[bytes, Mapping[str, str]]:
         return await super().post(url, body, await self._bearer(extra))
 
-    async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
-                     ) -> AsyncGenerator[bytes, None]:
-        chunks = super().stream(url, body, await self._bearer(extra))
+    async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None,
+                     progress: bytes = DATA) -> AsyncGenerator[bytes, None]:
+        chunks = super().stream(url, body, await self._bearer(extra), progress)
         try:
             async for chunk in chunks:
                 yield chunk

@@ -140,6 +140,7 @@ def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[s
 
 
 TimeoutKind = type[ProviderTimeout]
+DATA = b"data:"  # what starts a server-sent event's data: progress in an SSE stream
 
 
 class Deadline:
@@ -181,9 +182,11 @@ class Body(Protocol):
     def set_exception(self, exc: BaseException) -> None: ...
 
 
-async def read_stream(response: Body, deadline: Deadline) -> AsyncIterator[bytes]:
-    """Yield the body as it arrives, enforcing first-token, idle and total timeouts."""
-    watchdog = Watchdog(response, deadline)
+async def read_stream(response: Body, deadline: Deadline, progress: bytes = DATA
+                      ) -> AsyncIterator[bytes]:
+    """Yield the body as it arrives, enforcing first-token, idle and total timeouts; a chunk
+    with `progress` in it is progress."""
+    watchdog = Watchdog(response, deadline, progress)
     try:
         while chunk := await response.readany():
             watchdog.got_chunk(chunk)
@@ -203,24 +206,25 @@ class Watchdog:
     only while the gateway waits on the upstream, not while the client is slow to take a chunk.
     """
 
-    __slots__ = ("_deadline", "_handle", "_idle_from", "_loop", "_reader", "_started", "_tail",
-                 "_waiting")
+    __slots__ = ("_deadline", "_handle", "_idle_from", "_loop", "_progress", "_reader",
+                 "_started", "_tail", "_waiting")
 
-    def __init__(self, reader: Body, deadline: Deadline) -> None:
+    def __init__(self, reader: Body, deadline: Deadline, progress: bytes = DATA) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = reader
         self._deadline = deadline
         self._started = False  # no data event yet: the first-token limit applies
         self._waiting = True
         self._idle_from: float | None = None  # since the last data event, once waiting again
-        self._tail = b""  # the end of the last chunk: "data:" may straddle two
+        self._progress = progress  # the mark of a data event (another framing has its own)
+        self._tail = b""  # the end of the last chunk: the mark may straddle two
         self._handle = self._loop.call_at(self._due()[0], self._check)
 
     def got_chunk(self, chunk: bytes) -> None:
         self._waiting = False
         seen = self._tail + chunk if self._tail else chunk
-        self._tail = chunk[-4:]
-        if b"data:" not in seen:
+        self._tail = chunk[1 - len(self._progress):]
+        if self._progress not in seen:
             return
         self._idle_from = None
         if not self._started:  # from the first-token limit to the idle one: re-arm, once
@@ -317,10 +321,10 @@ class HttpUpstream:
                                    self.secret)
         return payload, response.headers
 
-    async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
-                     ) -> AsyncGenerator[bytes, None]:
+    async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None,
+                     progress: bytes = DATA) -> AsyncGenerator[bytes, None]:
         """The body of a 2xx streamed answer as it arrives, within all four timeouts; `extra`
-        headers go with this request only."""
+        headers go with this request only; `progress` marks a data event in its framing."""
         deadline = Deadline(self.timeouts)
         limit, error = deadline.first_token()
         try:
@@ -342,7 +346,7 @@ class HttpUpstream:
                 except TimeoutError:
                     raise error(f"no complete answer within {limit:g}s") from None
                 raise AnsweredWhole(payload)
-            async for chunk in read_stream(response, deadline):
+            async for chunk in read_stream(response, deadline, progress):
                 yield chunk
         finally:
             response.close()

@@ -1,0 +1,366 @@
+"""Bedrock's Converse API and OpenAI chat completions, translated both ways (pure).
+
+`to_converse` builds a Converse (or ConverseStream) body; `to_chat_completion` reads its answer;
+`StreamTranslator` turns ConverseStream's AWS event-stream messages into chat-completion chunks.
+`EventReader` is the event-stream framing itself (botocore's parser), shared with the Anthropic
+Messages streams Bedrock wraps in the same framing. Approximated: images must be data URIs
+(Converse fetches no URL), `tool_choice: "none"` sends the tools with no choice (Converse has no
+"none"), `response_format` becomes an instruction in the system prompt, `n`, `seed`, penalties
+and `logprobs` are dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from botocore.eventstream import EventStreamBuffer, ParserError
+
+from providers.contract.chat import ChatRequest, checked, content_text
+from providers.contract.errors import (
+    BadUpstreamResponse,
+    InvalidRequest,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderUnavailable,
+)
+from providers.contract.messages import usage_of
+from providers.kinds.anthropic import format_instruction
+from providers.wire import sse
+from providers.wire.http import scrub
+
+STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
+                "tool_use": "tool_calls", "guardrail_intervened": "content_filter",
+                "content_filtered": "content_filter",
+                "model_context_window_exceeded": "length"}
+IMAGE_FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg",
+                 "image/gif": "gif", "image/webp": "webp"}
+# Exceptions a stream may carry instead of its next event; a throttle is a rate limit, every
+# other one (modelStreamErrorException, internalServerException, …) the provider's failure.
+RATE_LIMITED = frozenset({"throttlingException", "ThrottlingException"})
+
+
+# -- the request ---------------------------------------------------------------------------------
+
+
+def to_converse(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The Converse body for an OpenAI chat-completions body (the model goes in the URL);
+    InvalidRequest names a field of the wrong type or an image Converse cannot take."""
+    checked(body, ChatRequest)  # what follows reads only fields of the types checked here
+    system, messages = conversation(body.get("messages") or ())
+    request: dict[str, Any] = {"messages": messages}
+    if instruction := format_instruction(body.get("response_format")):
+        system.append(instruction)
+    if system:
+        request["system"] = [{"text": text} for text in system]
+    if config := inference_config(body):
+        request["inferenceConfig"] = config
+    if tools := tool_config(body.get("tools"), body.get("tool_choice")):
+        request["toolConfig"] = tools
+    return request
+
+
+def conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """System texts, and the turns as alternating user/assistant content blocks."""
+    system: list[str] = []
+    messages: list[dict[str, Any]] = []
+    for message in chat:
+        role = message.get("role")
+        if role in ("system", "developer"):
+            if text := content_text(message.get("content")):
+                system.append(text)
+        elif role == "tool":
+            text = content_text(message.get("content"))  # a blank text block is refused
+            result = {"toolUseId": message.get("tool_call_id", ""),
+                      "content": [{"text": text}] if text else []}
+            _append(messages, "user", [{"toolResult": result}])
+        elif role == "assistant":
+            blocks = _blocks(message.get("content"))
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") or {}
+                blocks.append({"toolUse": {"toolUseId": call.get("id", ""),
+                                           "name": function.get("name", ""),
+                                           "input": _json_object(function.get("arguments"))}})
+            _append(messages, "assistant", blocks)
+        else:
+            _append(messages, "user", _blocks(message.get("content")))
+    return system, messages
+
+
+def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    # Converse refuses a turn without content and wants user and assistant turns to alternate.
+    if not blocks:
+        return
+    if messages and messages[-1]["role"] == role:
+        messages[-1]["content"].extend(blocks)
+    else:
+        messages.append({"role": role, "content": blocks})
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"text": content}] if content else []
+    blocks: list[dict[str, Any]] = []
+    for part in content if isinstance(content, list) else ():
+        if part.get("type") == "text" and part.get("text"):
+            blocks.append({"text": str(part["text"])})
+        elif part.get("type") == "image_url":
+            image = part.get("image_url") or ""
+            blocks.append(image_block(image if isinstance(image, str) else
+                                      str(image.get("url", ""))))
+    return blocks
+
+
+def image_block(url: str) -> dict[str, Any]:
+    """An `image` block with its bytes (base64 in JSON) for a data URI."""
+    media_type, _, data = url[5:].partition(";base64,") if url.startswith("data:") \
+        else ("", "", "")
+    image_format = IMAGE_FORMATS.get(media_type.lower())
+    if not data or image_format is None:
+        raise InvalidRequest("Bedrock takes images as base64 data URIs of PNG, JPEG, GIF or "
+                             "WebP only", param="messages")
+    try:
+        base64.b64decode(data, validate=True)
+    except binascii.Error:
+        raise InvalidRequest("An image's data URI is not base64", param="messages") from None
+    return {"image": {"format": image_format, "source": {"bytes": data}}}
+
+
+def _json_object(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def inference_config(body: Mapping[str, Any]) -> dict[str, Any]:
+    """`inferenceConfig`: the answer's length, sampling and stop sequences."""
+    config: dict[str, Any] = {}
+    if limit := body.get("max_completion_tokens") or body.get("max_tokens"):
+        config["maxTokens"] = limit
+    if body.get("temperature") is not None:
+        config["temperature"] = body["temperature"]
+    if body.get("top_p") is not None:
+        config["topP"] = body["top_p"]
+    if stop := body.get("stop"):
+        config["stopSequences"] = [stop] if isinstance(stop, str) else list(stop)
+    return config
+
+
+def tool_config(tools: Any, choice: Any) -> dict[str, Any] | None:
+    """`toolConfig`: the functions as tool specs and the client's choice among them."""
+    specs = []
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            continue
+        function = tool.get("function") or {}
+        spec: dict[str, Any] = {"name": function.get("name", ""), "inputSchema": {
+            "json": function.get("parameters") or {"type": "object", "properties": {}}}}
+        if function.get("description"):
+            spec["description"] = function["description"]
+        specs.append({"toolSpec": spec})
+    if not specs:
+        return None
+    config: dict[str, Any] = {"tools": specs}
+    if choice == "auto":
+        config["toolChoice"] = {"auto": {}}
+    elif choice == "required":
+        config["toolChoice"] = {"any": {}}
+    elif isinstance(choice, dict) and (name := (choice.get("function") or {}).get("name")):
+        config["toolChoice"] = {"tool": {"name": name}}
+    return config
+
+
+# -- the answer ----------------------------------------------------------------------------------
+
+
+def converse_usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Converse's usage in OpenAI's names: cache reads and writes are prompt tokens, reads
+    counted as cached (as Anthropic's are)."""
+    found = usage or {}
+    return usage_of({"input_tokens": found.get("inputTokens"),
+                     "output_tokens": found.get("outputTokens"),
+                     "cache_read_input_tokens": found.get("cacheReadInputTokens"),
+                     "cache_creation_input_tokens": found.get("cacheWriteInputTokens")})
+
+
+def finish_reason(stop_reason: str | None) -> str:
+    """OpenAI's finish reason for a Converse stop reason."""
+    return STOP_REASONS.get(stop_reason or "", "stop")
+
+
+def to_chat_completion(answer: Mapping[str, Any], model: str,
+                       request_id: str | None = None) -> dict[str, Any]:
+    """An OpenAI chat completion for a Converse answer."""
+    message = (answer.get("output") or {}).get("message")
+    if not isinstance(message, dict):
+        raise BadUpstreamResponse("Converse answer has no output message")
+    text, reasoning, calls = [], [], []
+    for block in message.get("content") or ():
+        if "text" in block:
+            text.append(str(block["text"]))
+        elif isinstance(use := block.get("toolUse"), dict):
+            calls.append({"id": use.get("toolUseId", ""), "type": "function",
+                          "function": {"name": use.get("name", ""),
+                                       "arguments": json.dumps(use.get("input") or {})}})
+        elif isinstance(thought := block.get("reasoningContent"), dict):
+            reasoning.append(str((thought.get("reasoningText") or {}).get("text", "")))
+    said: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None,
+                            "refusal": None}
+    if reasoning:
+        said["reasoning"] = said["reasoning_content"] = "".join(reasoning)
+    if calls:
+        said["tool_calls"] = calls
+    return {"id": f"chatcmpl-{request_id or uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": said, "logprobs": None,
+                         "finish_reason": finish_reason(answer.get("stopReason"))}],
+            "usage": converse_usage(answer.get("usage"))}
+
+
+# -- the stream ----------------------------------------------------------------------------------
+
+
+def stream_error(kind: str, payload: bytes) -> ProviderError:
+    """The error an event-stream exception message stands for: a failover before the first
+    token, an in-band error after it."""
+    try:
+        said = msgspec.json.decode(payload)
+    except msgspec.DecodeError:
+        said = {}
+    message = said.get("message") if isinstance(said, dict) else None
+    text = scrub(f"{kind}: {message or payload[:200].decode('utf-8', 'replace')}")
+    if kind in RATE_LIMITED:
+        return ProviderRateLimited(text)
+    return ProviderUnavailable(text)
+
+
+class EventReader:
+    """AWS event-stream bytes in, `(event type, payload)` out; an exception message raises,
+    once the events that came before it in the same read have been handed out."""
+
+    def __init__(self) -> None:
+        self._buffer = EventStreamBuffer()
+        self._failed: ProviderError | None = None
+
+    def feed(self, chunk: bytes) -> list[tuple[str, bytes]]:
+        """The events whole in what has come so far."""
+        self.close()
+        self._buffer.add_data(chunk)
+        events: list[tuple[str, bytes]] = []
+        try:
+            for message in self._buffer:
+                headers = message.headers
+                kind = headers.get(":message-type")
+                if kind == "event":
+                    events.append((str(headers.get(":event-type", "")), message.payload))
+                    continue
+                if kind == "exception":
+                    self._failed = stream_error(str(headers.get(":exception-type", "exception")),
+                                                message.payload)
+                else:  # "error": its code and message in headers
+                    self._failed = stream_error(str(headers.get(":error-code", "error")),
+                                                msgspec.json.encode(
+                                                    {"message": headers.get(":error-message")}))
+                break
+        except ParserError as exc:
+            self._failed = BadUpstreamResponse(f"stream is not AWS event-stream framing: {exc}")
+        if not events:
+            self.close()
+        return events
+
+    def close(self) -> None:
+        """Raise the exception the stream carried, if it carried one."""
+        if (failed := self._failed) is not None:
+            self._failed = None
+            raise failed
+
+
+class StreamTranslator:
+    """ConverseStream's event-stream in, OpenAI chat-completion chunks (SSE bytes) out."""
+
+    def __init__(self, model: str, request_id: str | None = None) -> None:
+        self.model = model
+        self.id = f"chatcmpl-{request_id or uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.calls: dict[int, int] = {}  # content block index → tool call index
+        self.stopped = False
+        self.ended = False
+        self.usage: dict[str, Any] = {}
+        self._role = False  # the message started and its role is still to be sent
+        self._reader = EventReader()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Chunks for every event whole in `chunk`; an exception message raises."""
+        return b"".join(self._event(kind, payload) for kind, payload in self._reader.feed(chunk))
+
+    def close(self) -> bytes:
+        """At the upstream's end: the exception it carried raised; else usage and `[DONE]` if
+        the message stopped and no metadata event came to say so; nothing for a stream cut
+        short."""
+        self._reader.close()
+        return self._end() if self.stopped and not self.ended else b""
+
+    def _event(self, kind: str, payload: bytes) -> bytes:
+        event = msgspec.json.decode(payload) if payload else {}
+        if not isinstance(event, dict):
+            raise BadUpstreamResponse(f"{kind} event is not a JSON object")
+        if kind == "messageStart":
+            # The role goes with the first content: an exception between the two is still a
+            # failover, as nothing was said yet.
+            self._role = True
+            return b""
+        if kind == "contentBlockStart":
+            use = (event.get("start") or {}).get("toolUse")
+            return self._tool_start(event.get("contentBlockIndex", 0), use) \
+                if isinstance(use, dict) else b""
+        if kind == "contentBlockDelta":
+            return self._delta(event.get("contentBlockIndex", 0), event.get("delta") or {})
+        if kind == "messageStop":
+            self.stopped = True
+            return self._chunk({}, finish_reason(event.get("stopReason")))
+        if kind == "metadata":
+            self.usage = event.get("usage") or self.usage
+            return self._end() if self.stopped else b""
+        return b""  # contentBlockStop, and events added later
+
+    def _tool_start(self, index: int, use: Mapping[str, Any]) -> bytes:
+        call = self.calls[index] = len(self.calls)
+        return self._chunk({"tool_calls": [{
+            "index": call, "id": use.get("toolUseId", ""), "type": "function",
+            "function": {"name": use.get("name", ""), "arguments": ""}}]})
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> bytes:
+        if "text" in delta:
+            return self._chunk({"content": str(delta["text"])})
+        if isinstance(use := delta.get("toolUse"), dict):
+            return self._chunk({"tool_calls": [{"index": self.calls.get(index, 0), "function": {
+                "arguments": str(use.get("input", ""))}}]})
+        if isinstance(thought := delta.get("reasoningContent"), dict) and "text" in thought:
+            text = str(thought["text"])
+            return self._chunk({"reasoning": text, "reasoning_content": text})
+        return b""  # a reasoning signature, redacted reasoning
+
+    def _end(self) -> bytes:
+        self.ended = True
+        usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                 "model": self.model, "choices": [], "usage": converse_usage(self.usage)}
+        return sse.encode(msgspec.json.encode(usage)) + sse.encode(sse.DONE)
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if self._role:
+            self._role = False
+            delta = {"role": "assistant", **delta}
+        return sse.encode(msgspec.json.encode({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                              "finish_reason": finish}]}))
