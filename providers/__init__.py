@@ -21,6 +21,7 @@ _BUILTIN = {"openai": "providers.kinds.openai:OpenAIProvider",
             "anthropic": "providers.kinds.anthropic:AnthropicProvider",
             "google": "providers.kinds.google:GoogleProvider",
             "ollama": "providers.kinds.ollama:OllamaProvider",
+            "vertex": "providers.kinds.vertex:VertexProvider",
             "pool": "providers.kinds.pool.provider:PoolProvider"}
 
 

@@ -1,0 +1,403 @@
+"""`"type": "vertex"`: Gemini and Claude on Google Cloud's Vertex AI, with OAuth2 access tokens.
+
+The bodies and answers are the `google` kind's (Gemini: `generateContent`) and the `anthropic`
+kind's (Claude: Messages, `model` in the URL, `anthropic_version` in the body): their pure
+translations are used as they are. What is Vertex's own: the URL (project, location,
+publisher), embeddings through `:predict`, and the credentials. Tokens come from google-auth
+(a service account's key file, or the environment's default credentials), refreshed before
+they expire in a worker thread, one refresh shared by every request waiting for it; google-auth's
+HTTP goes through the gateway's transport on the event loop, like every other upstream call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import google.auth
+import google.auth.credentials
+import google.auth.exceptions
+import google.auth.transport
+import msgspec
+from google.oauth2 import service_account
+
+from providers.contract import embeddings
+from providers.contract.errors import (
+    BadUpstreamResponse,
+    GatewayError,
+    ProviderError,
+    ProviderRejected,
+    ProviderUnavailable,
+)
+from providers.contract.provider import Outgoing, Provider, Reply
+from providers.contract.spec import ProviderSpec
+from providers.contract.transport import Transport
+from providers.contract.usage import Usage
+from providers.kinds import anthropic
+from providers.kinds import google as gemini
+from providers.kinds.google_stream import StreamTranslator
+from providers.wire.http import HttpUpstream, scrub
+
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+DEFAULT_LOCATION = "us-central1"
+ANTHROPIC_VERSION = "vertex-2023-10-16"  # what Vertex's Claude endpoints take in the body
+MAX_EMBEDDING_BATCH = 250  # instances per `:predict` call for text-embedding models
+MAX_TOKEN_ANSWER = 64 * 1024  # a token endpoint's answer is a few hundred bytes
+# A location names a host (`{location}-aiplatform.googleapis.com`): nothing else may get in.
+LOCATION = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+class VertexSettings(msgspec.Struct, frozen=True):
+    """The kind's own fields in llms.json."""
+
+    project: str | None = None  # absent: the service account's, or the environment's
+    location: str = DEFAULT_LOCATION
+    credentials: str | None = None  # a service account key file; absent: google.auth.default()
+
+
+def read_settings(raw: Mapping[str, Any]) -> VertexSettings:
+    """The kind's fields from its llms.json object; ValueError names a bad one."""
+    own = {name: raw[name] for name in VertexSettings.__struct_fields__ if name in raw}
+    try:
+        settings = msgspec.convert(own, VertexSettings)
+    except msgspec.ValidationError as exc:
+        problem, _, at = str(exc).partition(" - at `$.")
+        raise ValueError(f"{at.rstrip('`')}: {problem}" if at else problem) from None
+    if not LOCATION.fullmatch(settings.location):
+        raise ValueError(f"location: {settings.location!r} is not a Google Cloud location")
+    return settings
+
+
+def default_base_url(location: str) -> str:
+    """Vertex AI's endpoint for a location (`global` has no regional host)."""
+    if location == "global":
+        return "https://aiplatform.googleapis.com"
+    return f"https://{location}-aiplatform.googleapis.com"
+
+
+def model_url(base_url: str, project: str, location: str, model: str, method: str) -> str:
+    """A publisher model's method: Claude ids (`claude-…`) are Anthropic's, the rest Google's."""
+    publisher = "anthropic" if is_claude(model) else "google"
+    return (f"{base_url}/v1/projects/{quote(project, safe='')}/locations/{location}"
+            f"/publishers/{publisher}/models/{quote(model, safe='@')}:{method}")
+
+
+def is_claude(model: str) -> bool:
+    """Whether Vertex serves `model` through Anthropic's Messages API."""
+    return model.startswith("claude-")
+
+
+def to_raw_predict(body: Mapping[str, Any], upstream_model: str,
+                   spec: ProviderSpec) -> bytes:
+    """The `rawPredict` body for an OpenAI chat body: a Messages request without `model`
+    (it is in the URL) and with Vertex's `anthropic_version`."""
+    request = anthropic.to_messages(body, upstream_model)
+    del request["model"]
+    request["anthropic_version"] = ANTHROPIC_VERSION
+    for name in spec.drop_params:
+        request.pop(name, None)
+    request.update(spec.params)
+    return msgspec.json.encode(request)
+
+
+def to_predict(body: Mapping[str, Any], texts: list[str]) -> dict[str, Any]:
+    """The `:predict` body for an OpenAI embeddings body: one instance per input."""
+    predict: dict[str, Any] = {"instances": [{"content": text} for text in texts]}
+    if dimensions := body.get("dimensions"):
+        predict["parameters"] = {"outputDimensionality": dimensions}
+    return predict
+
+
+class _Statistics(msgspec.Struct):
+    token_count: float = 0
+
+
+class _Embedding(msgspec.Struct):
+    values: list[float]
+    statistics: _Statistics = msgspec.field(default_factory=_Statistics)
+
+
+class _Prediction(msgspec.Struct):
+    embeddings: _Embedding
+
+
+class _Predicted(msgspec.Struct):
+    predictions: list[_Prediction]
+
+
+def from_predict(payload: bytes, texts: list[str], model: str,
+                 encoding_format: str | None) -> dict[str, Any]:
+    """OpenAI's embedding list for a `:predict` answer, usage from its token counts."""
+    try:
+        predicted = msgspec.json.decode(payload, type=_Predicted)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise BadUpstreamResponse(f"response is not a predict answer: {exc}") from None
+    if len(predicted.predictions) != len(texts):
+        raise BadUpstreamResponse(f"answered {len(predicted.predictions)} embeddings for "
+                                  f"{len(texts)} inputs")
+    found = [p.embeddings for p in predicted.predictions]
+    tokens = int(sum(e.statistics.token_count for e in found))
+    return embeddings.embedding_list([e.values for e in found], model, tokens, encoding_format)
+
+
+class _Translator(Protocol):
+    def feed(self, chunk: bytes) -> bytes: ...
+    def close(self) -> bytes: ...
+
+
+async def _translated(chunks: AsyncGenerator[bytes, None],
+                      translator: _Translator) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            if out := translator.feed(chunk):
+                yield out
+        if tail := translator.close():
+            yield tail
+    finally:
+        await chunks.aclose()
+
+
+# -- credentials --------------------------------------------------------------------------------
+
+class Send(Protocol):
+    """One HTTP exchange on the event loop: (status, headers, body)."""
+
+    async def __call__(self, method: str, url: str, body: bytes | None,
+                       headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]: ...
+
+
+class _Response(google.auth.transport.Response):
+    def __init__(self, status: int, headers: Mapping[str, str], data: bytes) -> None:
+        self._status, self._headers, self._data = status, headers, data
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+    @property
+    def data(self) -> bytes:
+        return self._data
+
+
+class _OnLoop(google.auth.transport.Request):
+    """google-auth's HTTP, called from its worker thread, sent by the gateway's transport on
+    the event loop (its proxy, TLS options and timeouts)."""
+
+    def __init__(self, send: Send, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self._send, self._loop, self._timeout = send, loop, timeout
+
+    def __call__(self, url: str, method: str = "GET", body: Any = None,
+                 headers: Mapping[str, str] | None = None, timeout: Any = None,
+                 **kwargs: Any) -> _Response:
+        data = body.encode() if isinstance(body, str) else body
+        sent: Future[tuple[int, Mapping[str, str], bytes]] = asyncio.run_coroutine_threadsafe(
+            self._send(method, url, data, headers or {}), self._loop)
+        try:
+            return _Response(*sent.result(self._timeout))
+        except ProviderError as exc:  # google-auth retries or reports its own error type
+            raise google.auth.exceptions.TransportError(str(exc)) from exc
+        except TimeoutError:
+            sent.cancel()
+            raise google.auth.exceptions.TransportError("no answer in time") from None
+
+
+def refresh_error(exc: google.auth.exceptions.GoogleAuthError) -> GatewayError:
+    """The failover a failed refresh is: refused credentials are this provider's auth failure,
+    an unreachable or failing token server its unavailability."""
+    said = exc.args[0] if exc.args and isinstance(exc.args[0], str) else type(exc).__name__
+    message = scrub(f"cannot get an access token: {said}")
+    if isinstance(exc, google.auth.exceptions.TransportError) or getattr(exc, "retryable",
+                                                                          False):
+        return ProviderUnavailable(message)
+    return ProviderRejected(message)
+
+
+class AccessTokens:
+    """OAuth2 access tokens for one provider, refreshed before they expire (google-auth's
+    margin) in a worker thread, never on the event loop; requests arriving during a refresh
+    wait for that one."""
+
+    def __init__(self, credentials: google.auth.credentials.Credentials | None, send: Send,
+                 timeout: float) -> None:
+        self._credentials = credentials  # None until google.auth.default() has found some
+        self.project: str | None = None  # the environment's, with default credentials
+        self._send = send
+        self._timeout = timeout
+        self._refused: str | None = None  # a token the upstream answered 401
+        self._refreshing: asyncio.Task[None] | None = None
+
+    async def token(self) -> str:
+        """A live access token; ProviderRejected or ProviderUnavailable when none can be had."""
+        credentials = self._credentials
+        if credentials is None or not credentials.valid or credentials.token == self._refused:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+                self._refreshing.add_done_callback(_retrieved)
+            await asyncio.shield(self._refreshing)
+            credentials = self._credentials
+        assert credentials is not None and credentials.token is not None
+        return str(credentials.token)
+
+    @property
+    def quota_project(self) -> str | None:
+        """The project billed for the calls, when the credentials name one."""
+        return getattr(self._credentials, "quota_project_id", None)
+
+    def refused(self, token: str) -> None:
+        """The upstream refused `token` (revoked, or expired early): the next request gets a
+        new one."""
+        self._refused = token
+
+    async def _refresh(self) -> None:
+        request = _OnLoop(self._send, asyncio.get_running_loop(), self._timeout)
+        try:
+            await asyncio.to_thread(self._refresh_in_thread, request)
+        except google.auth.exceptions.GoogleAuthError as exc:
+            raise refresh_error(exc) from None
+
+    def _refresh_in_thread(self, request: _OnLoop) -> None:
+        if self._credentials is None:  # reads files, may ask a metadata server: not on the loop
+            credentials, self.project = google.auth.default(scopes=[SCOPE])
+            self._credentials = credentials
+        self._credentials.refresh(request)
+
+    def close(self) -> None:
+        """Stop waiting for a refresh (its thread finishes on its own)."""
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    # Every waiter may have left (cancelled clients): the failure is still looked at.
+    if not task.cancelled():
+        task.exception()
+
+
+def service_account_credentials(path: str) -> service_account.Credentials:
+    """The credentials of a service account key file; ValueError (a config error) naming the
+    field when it cannot be read or is not one. The key never reaches the message."""
+    try:
+        credentials: service_account.Credentials = \
+            service_account.Credentials.from_service_account_file(str(Path(path).expanduser()),
+                                                                  scopes=[SCOPE])
+    except OSError as exc:
+        raise ValueError(f"credentials: cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"credentials: {path} is not a service account key file "
+                         f"({type(exc).__name__})") from None
+    return credentials
+
+
+# -- the provider -------------------------------------------------------------------------------
+
+class VertexProvider(Provider):
+    """Vertex AI's Gemini and Claude models behind the OpenAI chat-completions interface."""
+
+    kind = "vertex"
+    endpoints = frozenset({"chat/completions", "embeddings"})
+    embedding_batch = MAX_EMBEDDING_BATCH
+
+    def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
+        super().__init__(spec, transport)
+        settings = read_settings(spec.raw)
+        credentials = None
+        if settings.credentials:
+            credentials = service_account_credentials(settings.credentials)
+        self._project = settings.project or getattr(credentials, "project_id", None)
+        self._location = settings.location
+        self._base_url = (spec.base_url or default_base_url(settings.location)).rstrip("/")
+        self._base_url = self._base_url.removesuffix("/v1")
+        headers = {"Content-Type": "application/json", **spec.headers}
+        self.http = HttpUpstream(spec.name, spec.timeouts, headers, None, transport,
+                                 spec.link_for(self._base_url))
+        self.tokens = AccessTokens(credentials, self._exchange, spec.timeouts.total)
+
+    async def _exchange(self, method: str, url: str, body: bytes | None,
+                        headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
+        """google-auth's requests (the token endpoint), whatever their status."""
+        async with asyncio.timeout(self.spec.timeouts.total):
+            response = await self.transport.request(
+                method, url, headers=headers, body=body, link=self.spec.link_for(url),
+                connect_timeout=self.spec.timeouts.connect)
+            try:
+                return response.status, response.headers, await response.read(MAX_TOKEN_ANSWER)
+            finally:
+                response.close()
+
+    async def _authorized(self, model: str, method: str) -> tuple[str, str, dict[str, str]]:
+        token = await self.tokens.token()
+        project = self._project or self.tokens.project
+        if not project:
+            raise ProviderRejected("no project: set `project`, or use credentials that name one")
+        # Scrubbed from anything the upstream says back, should it quote the token.
+        self.http.secret = token
+        headers = {"Authorization": f"Bearer {token}"}
+        if quota := self.tokens.quota_project:
+            headers["x-goog-user-project"] = quota
+        return token, model_url(self._base_url, project, self._location, model, method), headers
+
+    def _body(self, request: Outgoing, upstream_model: str) -> bytes:
+        if is_claude(upstream_model):
+            return to_raw_predict({**request.json(), "stream": request.stream}, upstream_model,
+                                  self.spec)
+        return gemini.request_body(request, self.spec)
+
+    async def send(self, request: Outgoing, upstream_model: str) -> Reply:
+        if request.endpoint == "embeddings":
+            return await self._embed(request, upstream_model)
+        claude = is_claude(upstream_model)
+        token, url, headers = await self._authorized(
+            upstream_model, "rawPredict" if claude else "generateContent")
+        try:
+            payload, _ = await self.http.post(url, self._body(request, upstream_model), headers)
+        except ProviderRejected as exc:
+            self._refused(exc, token)
+            raise
+        if claude:
+            return anthropic.chat_reply(payload, upstream_model)
+        return gemini.chat_reply(payload, upstream_model)
+
+    async def _embed(self, request: Outgoing, upstream_model: str) -> Reply:
+        body = request.json()
+        texts = embeddings.texts(body, self.name)
+        token, url, headers = await self._authorized(upstream_model, "predict")
+        try:
+            payload, _ = await self.http.post(url, msgspec.json.encode(to_predict(body, texts)),
+                                              headers)
+        except ProviderRejected as exc:
+            self._refused(exc, token)
+            raise
+        listed = from_predict(payload, texts, request.model, body.get("encoding_format"))
+        return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
+
+    async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+        claude = is_claude(upstream_model)
+        token, url, headers = await self._authorized(
+            upstream_model, "streamRawPredict" if claude else "streamGenerateContent")
+        if not claude:
+            url += "?alt=sse"
+        translator: _Translator = (anthropic.StreamTranslator(upstream_model) if claude
+                                   else StreamTranslator(upstream_model))
+        chunks = self.http.stream(url, self._body(request, upstream_model), headers)
+        try:
+            async for out in _translated(chunks, translator):
+                yield out
+        except ProviderRejected as exc:
+            self._refused(exc, token)
+            raise
+
+    def _refused(self, exc: ProviderRejected, token: str) -> None:
+        if exc.upstream_status == 401:
+            self.tokens.refused(token)
+
+    async def close(self) -> None:
+        self.tokens.close()
