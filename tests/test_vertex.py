@@ -15,14 +15,8 @@ import openai
 import pytest
 
 from providers.contract.errors import BadUpstreamResponse, ProviderRejected
-from providers.kinds.vertex import (
-    AccessTokens,
-    from_predict,
-    model_url,
-    read_settings,
-    service_account_credentials,
-    to_predict,
-)
+from providers.kinds.vertex import from_predict, model_url, read_settings, to_predict
+from providers.kinds.vertex_auth import AccessTokens, service_account_credentials
 from providers.transport import AiohttpTransport
 from tests.fake_vertex import EMAIL, FakeVertex, service_account
 from tests.gateway_process import GatewayProcess, config, provider
