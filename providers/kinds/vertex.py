@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -204,11 +205,8 @@ class VertexProvider(Provider):
         claude = is_claude(upstream_model)
         token, url, headers = await self._authorized(
             upstream_model, "rawPredict" if claude else "generateContent")
-        try:
+        with self._watching(token):
             payload, _ = await self.http.post(url, self._body(request, upstream_model), headers)
-        except ProviderRejected as exc:
-            self._refused(exc, token)
-            raise
         if claude:
             return anthropic.chat_reply(payload, upstream_model)
         return gemini.chat_reply(payload, upstream_model)
@@ -217,12 +215,9 @@ class VertexProvider(Provider):
         body = request.json()
         texts = embeddings.texts(body, self.name)
         token, url, headers = await self._authorized(upstream_model, "predict")
-        try:
+        with self._watching(token):
             payload, _ = await self.http.post(url, msgspec.json.encode(to_predict(body, texts)),
                                               headers)
-        except ProviderRejected as exc:
-            self._refused(exc, token)
-            raise
         listed = from_predict(payload, texts, request.model, body.get("encoding_format"))
         return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
 
@@ -235,16 +230,17 @@ class VertexProvider(Provider):
         translator: _Translator = (anthropic.StreamTranslator(upstream_model) if claude
                                    else StreamTranslator(upstream_model))
         chunks = self.http.stream(url, self._body(request, upstream_model), headers)
-        try:
+        with self._watching(token):
             async for out in _translated(chunks, translator):
                 yield out
+
+    @contextmanager
+    def _watching(self, token: str) -> Iterator[None]:
+        """A 401 means Vertex no longer takes `token` (revoked, or expired early): the next
+        request gets a new one."""
+        try:
+            yield
         except ProviderRejected as exc:
-            self._refused(exc, token)
+            if exc.upstream_status == 401:
+                self.tokens.refused(token)
             raise
-
-    def _refused(self, exc: ProviderRejected, token: str) -> None:
-        if exc.upstream_status == 401:
-            self.tokens.refused(token)
-
-    async def close(self) -> None:
-        self.tokens.close()

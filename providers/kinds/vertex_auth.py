@@ -140,11 +140,6 @@ class AccessTokens:
             self._credentials = credentials
         self._credentials.refresh(request)
 
-    def close(self) -> None:
-        """Stop waiting for a refresh (its thread finishes on its own)."""
-        if self._refreshing is not None:
-            self._refreshing.cancel()
-
 
 def _retrieved(task: asyncio.Task[None]) -> None:
     # Every waiter may have left (cancelled clients): the failure is still looked at.
