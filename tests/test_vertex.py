@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -21,11 +22,21 @@ from providers.transport import AiohttpTransport
 from tests.fake_vertex import EMAIL, FakeVertex, service_account
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.openapi import validate
-from tests.upstream import FakeUpstream, Recorded, echo_headers, ok, refusing_url, status, tool_call
+from tests.upstream import (
+    FakeUpstream,
+    Recorded,
+    echo_headers,
+    ok,
+    refusing_url,
+    status,
+    stream_cut,
+    tool_call,
+)
 
 PROJECT = "test-project"
 CLAUDE = "claude-sonnet-4-5@20250929"
 HI = [{"role": "user", "content": "Hi"}]
+PIXEL = "data:image/png;base64,iVBORw0KGgo="
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -198,6 +209,48 @@ def test_claude_on_vertex_whole_streamed_and_with_tools(client: openai.OpenAI,
     assert second.json["stream"] is True and "model" not in second.json
     assert third.json["tools"][0]["name"] == "get_weather"
     assert {bearer(c) for c in (first, second, third)} <= set(vertex.tokens_minted())
+
+
+def test_images_and_reasoning_reach_gemini_and_thoughts_come_back(client: openai.OpenAI,
+                                                                  vertex: FakeVertex) -> None:
+    vertex.set_mode(ok(reasoning="Let me look.", content="A cat."))
+
+    answer = client.chat.completions.create(model="gemini", reasoning_effort="low", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                     {"type": "image_url", "image_url": {"url": PIXEL}}]}])
+
+    assert answer.choices[0].message.content == "A cat."
+    assert (answer.choices[0].message.model_extra or {})["reasoning"] == "Let me look."
+    sent = vertex.calls()[-1].json
+    assert sent["contents"][0]["parts"][1] == {"inlineData": {"mimeType": "image/png",
+                                                              "data": "iVBORw0KGgo="}}
+    assert sent["generationConfig"]["thinkingConfig"] == {"thinkingBudget": 1024,
+                                                          "includeThoughts": True}
+
+
+def test_the_messages_and_responses_apis_reach_vertex_through_the_bridges(
+        client: openai.OpenAI, gateway: GatewayProcess, vertex: FakeVertex) -> None:
+    with anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0) as sdk:
+        message = sdk.messages.create(model="claude", max_tokens=64, messages=[
+            {"role": "user", "content": "Hi"}])
+    response = client.responses.create(model="gemini", input="Hi")
+
+    assert message.content[0].text == "Hello from vertex"  # type: ignore[union-attr]
+    assert response.output_text == "Hello from vertex"
+    assert [c.path.rsplit(":", 1)[-1] for c in vertex.calls()] == ["rawPredict",
+                                                                   "generateContent"]
+
+
+def test_a_stream_cut_before_any_output_fails_over(client: openai.OpenAI,
+                                                   vertex: FakeVertex) -> None:
+    vertex.set_mode(stream_cut(after_chunks=0))
+
+    raw = client.chat.completions.with_raw_response.create(model="gemini", messages=HI,
+                                                           stream=True)
+
+    assert raw.headers["x-llms-provider"] == "backup"
+    assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices) == \
+        "Hello from backup"
 
 
 @pytest.mark.parametrize(("code", "stream"), [(429, False), (503, True), (403, False)])
