@@ -83,13 +83,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, vertex: FakeVertex, backup
                              accounts["stranger"]),
         # Whole answers asked whole (generateContent, rawPredict), streams streamed.
         "vertex": on_vertex({"gemini": "gemini-2.5-flash", "claude": CLAUDE,
-                             "embed": "text-embedding-005", "to-vertex": "gemini-2.5-flash"},
+                             "embed": "text-embedding-005", "to-vertex": "gemini-2.5-flash",
+                             "alone": "gemini-2.5-flash"},
                             stream_upstream=False),
+        # A project this service account has no access to.
+        "elsewhere": on_vertex({"elsewhere": "gemini-2.5-flash"}, project="other-project"),
         "brief": on_vertex({"brief": "gemini-2.5-flash"}),
         # No key file, no project: the environment's credentials, and their project.
         "ambient": on_vertex({"ambient": "gemini-2.5-flash"}, None),
         "backup": provider(backup.base_url, {"gemini": "backup-model", "claude": "backup-model",
-                                             "refused": "backup-model"}),
+                                             "refused": "backup-model",
+                                             "elsewhere": "backup-model"}),
     }, defaults={"circuit": {"enabled": False}})
     env = {"GOOGLE_APPLICATION_CREDENTIALS": str(accounts["trusted"])}
     process = GatewayProcess(tmp_path_factory.mktemp("vertex"), doc, env=env).start()
@@ -263,6 +267,27 @@ def test_an_exhausted_unavailable_or_forbidden_vertex_fails_over(
 
     assert raw.headers["x-llms-provider"] == "backup"
     assert len(vertex.calls()) == 1
+
+
+@pytest.mark.parametrize(("code", "error"), [(429, openai.RateLimitError),
+                                           (401, openai.APIStatusError)])
+def test_alone_an_exhausted_vertex_is_rate_limited_and_a_refused_token_no_500(
+        client: openai.OpenAI, vertex: FakeVertex, code: int, error: type[Exception]) -> None:
+    vertex.set_mode(status(code))
+
+    with pytest.raises(error) as caught:
+        client.chat.completions.create(model="alone", messages=HI)
+
+    assert isinstance(caught.value, openai.APIStatusError)
+    assert caught.value.status_code == (429 if code == 429 else 502)
+
+
+def test_another_project_s_path_is_refused_by_vertex_and_failed_over(
+        client: openai.OpenAI, vertex: FakeVertex) -> None:
+    raw = client.chat.completions.with_raw_response.create(model="elsewhere", messages=HI)
+
+    assert raw.headers["x-llms-provider"] == "backup"
+    assert vertex.calls()[-1].path.startswith("/v1/projects/other-project/")
 
 
 def test_a_provider_that_cannot_connect_fails_over_to_vertex(client: openai.OpenAI) -> None:
