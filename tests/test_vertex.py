@@ -11,13 +11,14 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import anthropic
+import google.auth.exceptions
 import httpx
 import openai
 import pytest
 
-from providers.contract.errors import BadUpstreamResponse, ProviderRejected
+from providers.contract.errors import BadUpstreamResponse, ProviderRejected, ProviderUnavailable
 from providers.kinds.vertex import from_predict, model_url, read_settings, to_predict
-from providers.kinds.vertex_auth import AccessTokens, service_account_credentials
+from providers.kinds.vertex_auth import AccessTokens, refresh_error, service_account_credentials
 from providers.transport import AiohttpTransport
 from tests.fake_vertex import EMAIL, FakeVertex, service_account
 from tests.gateway_process import GatewayProcess, config, provider
@@ -373,20 +374,24 @@ def test_no_access_token_or_private_key_reaches_an_answer_or_a_log(
 
 # -- the parts, without the gateway ---------------------------------------------------------------
 
+def tokens_from(key_file: Path, transport: AiohttpTransport) -> AccessTokens:
+    """A provider's tokens, without the provider: google-auth's HTTP through `transport`."""
+    async def send(method: str, url: str, body: bytes | None,
+                   headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
+        response = await transport.request(method, url, headers=headers, body=body)
+        try:
+            return response.status, response.headers, await response.read()
+        finally:
+            response.close()
+
+    return AccessTokens(service_account_credentials(str(key_file)), send, 10)
+
+
 def test_one_refresh_serves_every_request_waiting_for_it(vertex: FakeVertex,
                                                         accounts: dict[str, Path]) -> None:
     async def tokens_at_once() -> list[str]:
         async with AiohttpTransport() as transport:
-            async def send(method: str, url: str, body: bytes | None,
-                           headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
-                response = await transport.request(method, url, headers=headers, body=body)
-                try:
-                    return response.status, response.headers, await response.read()
-                finally:
-                    response.close()
-
-            credentials = service_account_credentials(str(accounts["trusted"]))
-            tokens = AccessTokens(credentials, send, 10)
+            tokens = tokens_from(accounts["trusted"], transport)
             return await asyncio.gather(*(tokens.token() for _ in range(8)))
 
     vertex.reset()
@@ -400,19 +405,27 @@ def test_a_refused_refresh_is_a_provider_auth_failure(vertex: FakeVertex,
                                                      accounts: dict[str, Path]) -> None:
     async def refused() -> None:
         async with AiohttpTransport() as transport:
-            async def send(method: str, url: str, body: bytes | None,
-                           headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
-                response = await transport.request(method, url, headers=headers, body=body)
-                try:
-                    return response.status, response.headers, await response.read()
-                finally:
-                    response.close()
-
-            credentials = service_account_credentials(str(accounts["stranger"]))
-            await AccessTokens(credentials, send, 10).token()
+            await tokens_from(accounts["stranger"], transport).token()
 
     with pytest.raises(ProviderRejected, match="Invalid JWT Signature"):
         asyncio.run(refused())
+
+
+@pytest.mark.parametrize(("failure", "becomes"), [
+    (google.auth.exceptions.RefreshError("invalid_grant: Invalid JWT Signature."),
+     ProviderRejected),
+    (google.auth.exceptions.DefaultCredentialsError("Your default credentials were not found"),
+     ProviderRejected),
+    (google.auth.exceptions.RefreshError("internal_failure", retryable=True),
+     ProviderUnavailable),
+    (google.auth.exceptions.TransportError("cannot connect"), ProviderUnavailable),
+])
+def test_a_failed_refresh_is_an_auth_failure_or_an_unavailable_token_server(
+        failure: google.auth.exceptions.GoogleAuthError, becomes: type[Exception]) -> None:
+    error = refresh_error(failure)
+
+    assert type(error) is becomes
+    assert str(error).startswith("cannot get an access token: ")
 
 
 def test_settings_and_key_files_are_checked_when_the_config_loads(tmp_path: Path) -> None:

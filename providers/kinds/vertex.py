@@ -167,12 +167,14 @@ class VertexProvider(Provider):
         headers = {"Content-Type": "application/json", **spec.headers}
         self.http = HttpUpstream(spec.name, spec.timeouts, headers, None, transport,
                                  spec.link_for(self._base_url))
-        self.tokens = AccessTokens(credentials, self._exchange, spec.timeouts.total)
+        # A token is part of the wait for the first token: it gets no longer than that.
+        self._token_timeout = min(spec.timeouts.first_token, spec.timeouts.total)
+        self.tokens = AccessTokens(credentials, self._exchange, self._token_timeout)
 
     async def _exchange(self, method: str, url: str, body: bytes | None,
                         headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
         """google-auth's requests (the token endpoint), whatever their status."""
-        async with asyncio.timeout(self.spec.timeouts.total):
+        async with asyncio.timeout(self._token_timeout):
             response = await self.transport.request(
                 method, url, headers=headers, body=body, link=self.spec.link_for(url),
                 connect_timeout=self.spec.timeouts.connect)
