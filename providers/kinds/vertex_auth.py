@@ -71,7 +71,7 @@ class _OnLoop(google.auth.transport.Request):
         sent: Future[tuple[int, Mapping[str, str], bytes]] = asyncio.run_coroutine_threadsafe(
             self._send(method, url, data, headers or {}), self._loop)
         try:
-            return _Response(*sent.result(self._timeout))
+            return _Response(*sent.result(self._timeout + 1))  # the loop's timeout goes first
         except ProviderError as exc:  # google-auth retries or reports its own error type
             raise google.auth.exceptions.TransportError(str(exc)) from exc
         except TimeoutError:
