@@ -133,6 +133,8 @@ class AccessTokens:
             await asyncio.to_thread(self._refresh_in_thread, request)
         except google.auth.exceptions.GoogleAuthError as exc:
             raise refresh_error(exc) from None
+        # The token endpoint may give the same token again: it is what the account has now.
+        self._refused = None
 
     def _refresh_in_thread(self, request: _OnLoop) -> None:
         if self._credentials is None:  # reads files, may ask a metadata server: not on the loop
