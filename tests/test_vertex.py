@@ -21,7 +21,7 @@ from providers.kinds.vertex import from_predict, model_url, read_settings, to_pr
 from providers.kinds.vertex_auth import AccessTokens, refresh_error, service_account_credentials
 from providers.transport import AiohttpTransport
 from tests.fake_vertex import EMAIL, FakeVertex, service_account
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.openapi import validate
 from tests.upstream import (
     FakeUpstream,
@@ -336,6 +336,21 @@ def test_a_token_near_its_expiry_is_refreshed_before_it_is_used(client: openai.O
     assert vertex.minted[used[0]] > vertex.now(), "while the first one still lived"
     assert used[2] == used[3], "a token far from its expiry is kept"
     assert len(token_requests(vertex)) == 3
+
+
+def test_a_reload_keeps_the_token_it_holds(client: openai.OpenAI, vertex: FakeVertex,
+                                          gateway: GatewayProcess) -> None:
+    client.chat.completions.create(model="gemini", messages=HI)
+    held, asked = bearer(vertex.calls()[-1]), len(token_requests(vertex))
+    doc = json.loads(gateway.config_path.read_text())
+    doc["providers"]["vertex"]["models"]["renamed"] = "gemini-2.5-flash"
+    gateway.write_config(doc)
+    wait_until(lambda: "renamed" in {m.id for m in client.models.list()})
+
+    client.chat.completions.create(model="renamed", messages=HI)
+
+    assert bearer(vertex.calls()[-1]) == held
+    assert len(token_requests(vertex)) == asked, "no new token for a new snapshot"
 
 
 def test_a_token_vertex_calls_expired_fails_over_and_the_next_request_gets_a_new_one(

@@ -19,6 +19,7 @@ import msgspec
 
 from providers.contract import embeddings
 from providers.contract.errors import BadUpstreamResponse, ProviderRejected
+from providers.contract.lasting import Lasting
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
 from providers.contract.transport import Transport
@@ -26,7 +27,7 @@ from providers.contract.usage import Usage
 from providers.kinds import anthropic
 from providers.kinds import google as gemini
 from providers.kinds.google_stream import StreamTranslator
-from providers.kinds.vertex_auth import AccessTokens, service_account_credentials
+from providers.kinds.vertex_auth import AccessTokens, fingerprint, service_account_credentials
 from providers.wire.http import HttpUpstream
 
 DEFAULT_LOCATION = "us-central1"
@@ -170,6 +171,24 @@ class VertexProvider(Provider):
         # A token is part of the wait for the first token: it gets no longer than that.
         self._token_timeout = min(spec.timeouts.first_token, spec.timeouts.total)
         self.tokens = AccessTokens(credentials, self._exchange, self._token_timeout)
+        self._fingerprint = fingerprint(settings.credentials)
+        self._lasting: Lasting | None = None
+
+    async def start(self, lasting: Lasting) -> None:
+        """Take over the tokens of the snapshot before when they come from the same
+        credentials: a reload neither mints a new token nor refreshes twice."""
+        built = self.tokens
+
+        async def build() -> AccessTokens:
+            return built
+
+        self.tokens = await lasting.acquire(f"vertex:{self.name}", self._fingerprint, build)
+        self.tokens.use(self._exchange, self._token_timeout)
+        self._lasting = lasting
+
+    async def close(self) -> None:
+        if self._lasting is not None:
+            await self._lasting.release(f"vertex:{self.name}", self.tokens)
 
     async def _exchange(self, method: str, url: str, body: bytes | None,
                         headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:

@@ -10,6 +10,7 @@ takes the provider's proxy, TLS options and timeouts like every other upstream c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -117,6 +118,14 @@ class AccessTokens:
         assert credentials is not None and credentials.token is not None
         return str(credentials.token)
 
+    def use(self, send: Send, timeout: float) -> None:
+        """Send google-auth's requests as the newest snapshot's provider does (its proxy, TLS
+        options, timeouts): tokens outlive snapshots."""
+        self._send, self._timeout = send, timeout
+
+    async def close(self) -> None:
+        """Nothing to close: a refresh under way finishes on its own, for its waiters."""
+
     @property
     def quota_project(self) -> str | None:
         """The project billed for the calls, when the credentials name one."""
@@ -147,6 +156,17 @@ def _retrieved(task: asyncio.Task[None]) -> None:
     # Every waiter may have left (cancelled clients): the failure is still looked at.
     if not task.cancelled():
         task.exception()
+
+
+def fingerprint(path: str | None) -> str:
+    """What a provider's tokens come from: the key file as it is now, or the environment's
+    credentials. The same fingerprint after a reload keeps the tokens held."""
+    if path is None:
+        return "default credentials"
+    try:
+        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ValueError(f"credentials: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def service_account_credentials(path: str) -> service_account.Credentials:
