@@ -23,7 +23,8 @@ _BUILTIN = {"openai": "providers.kinds.openai:OpenAIProvider",
             "ollama": "providers.kinds.ollama:OllamaProvider",
             "pool": "providers.kinds.pool.provider:PoolProvider",
             "azure": "providers.kinds.azure:AzureProvider",
-            "bedrock": "providers.kinds.bedrock:BedrockProvider"}
+            "bedrock": "providers.kinds.bedrock:BedrockProvider",
+            "vertex": "providers.kinds.vertex:VertexProvider"}
 
 
 def load_kinds() -> Mapping[str, type[Provider]]:

@@ -63,7 +63,11 @@ class FakeAnthropic(FakeUpstream):
         return web.json_response({"input_tokens": len(text.split())})
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
-        body = await self._record(request)
+        return await self.reply(request, await self._record(request))
+
+    async def reply(self, request: web.Request, body: Any) -> web.StreamResponse:
+        """Answer a Messages `body` (already recorded) as the next mode says; Vertex AI's fake
+        answers its Claude calls with it."""
         if (refusal := refused(request, body)) is not None:
             return refusal
         mode = self._next_mode()

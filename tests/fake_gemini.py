@@ -31,8 +31,8 @@ from tests.upstream import (
     vector,
 )
 
-STATUSES = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-            429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
+STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+            404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
             504: "DEADLINE_EXCEEDED"}
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY",
           "tool_calls": "STOP"}

@@ -8,6 +8,7 @@ appear in no answer, no in-band stream error, no log line, no status or admin pa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from tests.fake_anthropic import FakeAnthropic
 from tests.fake_azure import FakeAzure
 from tests.fake_bedrock import FakeBedrock
 from tests.fake_gemini import FakeGemini
+from tests.fake_vertex import EMAIL, FakeVertex, service_account
 from tests.gateway_process import ROOT, GatewayProcess, config, free_port
 from tests.upstream import FakeUpstream, Mode, echo_headers
 
@@ -41,7 +43,7 @@ CANARIES = {
     "AWS_SESSION_TOKEN": "canary-awstoken-77ab",
 }
 GATEWAY_KEY, ADMIN_KEY = CANARIES["CANARY_GATEWAY"], CANARIES["CANARY_ADMIN"]
-KINDS = ("openai", "anthropic", "google", "ollama", "azure", "bedrock")
+KINDS = ("openai", "anthropic", "google", "ollama", "azure", "bedrock", "vertex")
 ALIASES = {**{kind: f"{kind}-m" for kind in KINDS}, "urlcreds": "urlcreds-m",
            "azuretoken": "azuretoken-m"}
 UPSTREAM_OF = {"urlcreds": "openai", "azuretoken": "azure"}
@@ -64,7 +66,8 @@ def upstreams() -> Iterator[dict[str, FakeUpstream]]:
             "azure": FakeAzure(name="az", key=CANARIES["CANARY_API_KEY"], deployments=("m",),
                                tokens={CANARIES["CANARY_AD_TOKEN"]}),
             "bedrock": FakeBedrock(name="br", keys={CANARIES["AWS_ACCESS_KEY_ID"]:
-                                                   CANARIES["AWS_SECRET_ACCESS_KEY"]})}
+                                                   CANARIES["AWS_SECRET_ACCESS_KEY"]}),
+            "vertex": FakeVertex(name="vx")}
     for upstream in made.values():
         upstream.start()
     yield made
@@ -74,8 +77,14 @@ def upstreams() -> Iterator[dict[str, FakeUpstream]]:
 
 @pytest.fixture
 def canary_gateway(start_gateway: Callable[..., GatewayProcess],
-                   upstreams: dict[str, FakeUpstream]) -> GatewayProcess:
+                   upstreams: dict[str, FakeUpstream], tmp_path: Path) -> GatewayProcess:
     providers = {kind: _entry(kind, upstream.base_url) for kind, upstream in upstreams.items()}
+    # Vertex's credentials are a key file and the access tokens minted from it.
+    vertex = upstreams["vertex"]
+    assert isinstance(vertex, FakeVertex)
+    key_file = tmp_path / "vertex-account.json"
+    vertex.trust(EMAIL, service_account(key_file, vertex.token_uri, vertex.project))
+    providers["vertex"] |= {"project": vertex.project, "credentials": str(key_file)}
     # Credentials in the URL instead of a key: the client sends them as Basic auth.
     with_credentials = upstreams["openai"].base_url.replace(
         "http://", f"http://canaryuser:{CANARIES['CANARY_URL_PASS']}@")
@@ -120,7 +129,7 @@ def test_no_canary_leaves_through_answers_streams_logs_status_or_the_cli(
     seen: list[str] = []
     for name, alias in ALIASES.items():
         for story, mode, stream in SCENARIOS:
-            if name == "google" and mode.message in ("open", "mid"):
+            if name in ("google", "vertex") and mode.message in ("open", "mid"):
                 continue  # Gemini's fake has no error events; its error bodies are covered
             upstreams[UPSTREAM_OF.get(name, name)].set_mode(mode)
             answer = _post(canary_gateway, alias, stream)
@@ -146,8 +155,13 @@ def test_no_canary_leaves_through_answers_streams_logs_status_or_the_cli(
     assert "debug: " in seen[0] and "***" in seen[0]  # the echo reached the client, redacted
     assert "x-org-token=***" in seen[0].lower()
     assert "debug: " in cli[1].stdout  # check quoted the upstream's echo, redacted
+    vertex = upstreams["vertex"]
+    assert isinstance(vertex, FakeVertex) and vertex.tokens_minted()
+    key = json.loads((tmp_path / "vertex-account.json").read_text())["private_key"]
+    minted = [*vertex.tokens_minted(), *key.splitlines()[1:-1]]  # tokens, the key's lines
     for text in [*seen, canary_gateway.logs(), *(r.stdout + r.stderr for r in cli)]:
         assert not _leaks(text), text[:2000]
+        assert not [secret for secret in minted if secret in text], text[:2000]
 
 
 @pytest.mark.parametrize(("text", "masked"), [

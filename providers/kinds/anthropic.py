@@ -300,6 +300,17 @@ def checked_answer(payload: bytes, shape: type[msgspec.Struct]) -> bytes:
     return payload
 
 
+def chat_reply(payload: bytes, upstream_model: str) -> Reply:
+    """The chat completion, with its usage, for a whole Messages answer (Anthropic's own, or
+    Vertex AI's `rawPredict`)."""
+    try:
+        message = msgspec.json.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ProviderUnavailable(f"response is not JSON: {exc}") from None
+    answer = to_chat_completion(message, upstream_model)
+    return Reply(msgspec.json.encode(answer), usage=msgspec.convert(answer["usage"], Usage))
+
+
 class AnthropicProvider(Provider):
     """Anthropic's Messages API behind the OpenAI chat-completions interface."""
 
@@ -353,13 +364,7 @@ class AnthropicProvider(Provider):
         if request.endpoint == "messages":
             message = msgspec.json.decode(checked_answer(payload, _Message), type=_Message)
             return Reply(payload, usage=msgspec.convert(usage_of(message.usage), Usage))
-        try:
-            message = msgspec.json.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise ProviderUnavailable(f"response is not JSON: {exc}") from None
-        answer = to_chat_completion(message, upstream_model)
-        usage = msgspec.convert(answer["usage"], Usage)
-        return Reply(msgspec.json.encode(answer), usage=usage)
+        return chat_reply(payload, upstream_model)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         chunks = self.http.stream(self._url, self._body(request, upstream_model),

@@ -345,6 +345,31 @@ def from_batch_embed(payload: bytes, texts: list[str], model: str,
                                      embeddings.estimated_tokens(texts), encoding_format)
 
 
+def request_body(request: Outgoing, spec: ProviderSpec) -> bytes:
+    """The `generateContent` body for `request`, with the provider's `drop_params` and `params`
+    (merged one level deep: `generationConfig` too). Vertex AI's Gemini takes the same."""
+    body = to_gemini(request.json())
+    for name in spec.drop_params:
+        body.pop(name, None)
+    for name, value in spec.params.items():
+        both = isinstance(value, dict) and isinstance(body.get(name), dict)
+        body[name] = {**body[name], **value} if both else value
+    return msgspec.json.encode(body)
+
+
+def chat_reply(payload: bytes, upstream_model: str) -> Reply:
+    """The chat completion, with its usage, for a whole `generateContent` answer."""
+    try:
+        answer = msgspec.json.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise BadUpstreamResponse(f"response is not JSON: {exc}") from None
+    if not isinstance(answer, dict):
+        raise BadUpstreamResponse("response is not a JSON object")
+    completion = to_chat_completion(answer, upstream_model)
+    return Reply(msgspec.json.encode(completion),
+                 usage=msgspec.convert(completion["usage"], Usage))
+
+
 @contextmanager
 def _key_rejections() -> Iterator[None]:
     try:
@@ -378,13 +403,7 @@ class GoogleProvider(Provider):
         return f"{self._base_url}/{quote(name, safe='/')}:{method}"
 
     def _body(self, request: Outgoing) -> bytes:
-        body = to_gemini(request.json())
-        for name in self.spec.drop_params:
-            body.pop(name, None)
-        for name, value in self.spec.params.items():  # one level deep: generationConfig too
-            both = isinstance(value, dict) and isinstance(body.get(name), dict)
-            body[name] = {**body[name], **value} if both else value
-        return msgspec.json.encode(body)
+        return request_body(request, self.spec)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         if request.endpoint == "embeddings":
@@ -392,15 +411,7 @@ class GoogleProvider(Provider):
         with _key_rejections():
             payload, _ = await self.http.post(self._url(upstream_model, "generateContent"),
                                               self._body(request))
-        try:
-            answer = msgspec.json.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise BadUpstreamResponse(f"response is not JSON: {exc}") from None
-        if not isinstance(answer, dict):
-            raise BadUpstreamResponse("response is not a JSON object")
-        completion = to_chat_completion(answer, upstream_model)
-        usage = msgspec.convert(completion["usage"], Usage)
-        return Reply(msgspec.json.encode(completion), usage=usage)
+        return chat_reply(payload, upstream_model)
 
     async def _embed(self, request: Outgoing, upstream_model: str) -> Reply:
         body = request.json()
