@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from litestar.types import ASGIApp
 
 import providers
 from gateway.accounts.database import IN_MEMORY, Database
-from gateway.accounts.ledger import RedisLedger
+from gateway.accounts.ledger import FileLedger, RedisLedger
 from gateway.accounts.service import Accounts
 from gateway.edge import admin, admin_accounts, auth, openapi, status_page, stored_responses
 from gateway.edge.front import Front
@@ -36,7 +37,7 @@ from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.pipeline import router
 from gateway.pipeline.record import request_id
 from gateway.state import config, discovery, reload
-from gateway.state.config import BIND_ENV, Snapshot
+from gateway.state.config import BIND_ENV, WORKERS_ENV, Snapshot, state_dir
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime, model_card
 from gateway.stores.cache import ResponseCache
@@ -264,10 +265,11 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         idempotency = IdempotencyStore(remembered.max_bytes, remembered.max_entry_bytes, redis,
                                        state.prefix)
         ledger = RedisLedger(redis, state.prefix) if redis is not None else None
+        machine = _machine_ledger(snapshot) if ledger is None else None
         accounts = Accounts(Database(snapshot.database.url or IN_MEMORY), snapshot.database,
                             lambda provider, alias: runtime.price_of(provider, alias),
                             lambda alias, provider: runtime.route_of(alias, provider),
-                            ledger)
+                            ledger or machine)
         await accounts.start()
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
@@ -303,10 +305,22 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 if ledger is not None:
                     await ledger.flush()
                 await accounts.close()
+                if machine is not None:
+                    machine.close()
             except Exception:
                 get_logger().exception("shutdown_cleanup_failed")
             if tracing is not None:  # the spans still queued are exported
                 await tracing.close()
+
+
+def _machine_ledger(snapshot: Snapshot) -> FileLedger | None:
+    """With several workers and no Redis, the budgets' counts they share: a file in the state
+    directory, one per accounts database; None for one worker (its memory is enough)."""
+    workers = os.environ.get(WORKERS_ENV, "1")
+    if not workers.isdigit() or int(workers) <= 1 or snapshot.database.url is None:
+        return None
+    name = hashlib.sha256(snapshot.database.url.encode()).hexdigest()[:16]
+    return FileLedger(state_dir(os.environ) / f"budgets-{name}.sqlite3")
 
 
 def _tracing(snapshot: Snapshot) -> Tracing | None:

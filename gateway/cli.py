@@ -26,6 +26,7 @@ from gateway.state.config import (
     BIND_ENV,
     CONFIG_ENV,
     OPEN_ENV,
+    WORKERS_ENV,
     ConfigError,
     Snapshot,
     is_loopback,
@@ -119,6 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
     path, snapshot = _load(args.config)
     check_kinds(snapshot, providers.load_kinds())
     os.environ[CONFIG_ENV] = str(path.resolve())  # the app factory in each worker reads it
+    os.environ[WORKERS_ENV] = str(args.workers)  # budgets shared between them (accounts)
     if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # Each worker writes its metrics here; /metrics on any worker sums them all.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llms-gateway-metrics-")

@@ -3,8 +3,9 @@
 A request reserves its worst-case cost against every budget it falls under, all or none, before
 it is sent; when it ends its hold is settled: the real cost is added to the spent, the hold
 released. Concurrent requests can therefore never together pass a budget: each sees what the
-others hold. `LocalLedger` keeps the counts in this process (one worker); `RedisLedger` keeps
-them in Redis, reserved by one script, so every worker and replica shares them. A hold carries a
+others hold. `LocalLedger` keeps the counts in this process (one worker); `FileLedger` in a
+SQLite file the workers of one machine share; `RedisLedger` in Redis, reserved by one script,
+so every worker and replica shares them. A hold carries a
 deadline: one whose request never settled (its process died) is released by the next reservation
 that looks at its budget.
 
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from redis.asyncio import Redis
@@ -270,3 +273,96 @@ class RedisLedger:
                 return False
             self.pending.popleft()
         return True
+
+
+class FileLedger:
+    """Budgets counted in a SQLite file that the workers of one machine share (several workers
+    and no Redis): each reservation and settlement is one short immediate transaction, so the
+    workers' holds are checked against each other's. The file lives in the state directory, is
+    never the accounts database, and holds only counts and holds."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit: the transactions below are written out, `BEGIN IMMEDIATE` taking the lock.
+        self.db = sqlite3.connect(path, timeout=5, isolation_level=None,
+                                  check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=OFF")  # counts a crash may lose to the database's
+        self.db.execute("CREATE TABLE IF NOT EXISTS counts (entry TEXT PRIMARY KEY, "
+                        "spent INTEGER NOT NULL, reserved INTEGER NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS holds (id TEXT, entry TEXT, "
+                        "amount INTEGER NOT NULL, deadline REAL NOT NULL, "
+                        "PRIMARY KEY (id, entry))")
+        self.windows = Windows()
+
+    async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
+                      now: float) -> Hold | Over:
+        """All scopes held in one transaction, or none."""
+        entries = self.windows.entries(scopes, now)
+        hold = Hold(_new_id(), tuple((scope.id, start) for scope, start, _ in entries), amount,
+                    0.0)
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            remaining = []
+            for scope, start, end in entries:
+                entry = f"{scope.id}@{int(start)}"
+                db.execute("INSERT OR IGNORE INTO counts VALUES (?, ?, 0)",
+                           (entry, round(known(scope.id, start) * NANO)))
+                spent, reserved = db.execute("SELECT spent, reserved FROM counts WHERE entry = ?",
+                                             (entry,)).fetchone()
+                limit = round(scope.budget.usd * NANO)
+                if spent + reserved + amount > limit:
+                    reserved -= self._expire(entry, now)
+                    if spent + reserved + amount > limit:
+                        db.execute("COMMIT")  # the expired holds stay released
+                        return Over(scope, (spent + reserved) / NANO, end)
+                remaining.append(limit - spent - reserved - amount)
+            for scope_id, start in hold.entries:
+                key = f"{scope_id}@{int(start)}"
+                db.execute("UPDATE counts SET reserved = reserved + ? WHERE entry = ?",
+                           (amount, key))
+                db.execute("INSERT INTO holds VALUES (?, ?, ?, ?)",
+                           (hold.id, key, amount, now + HOLD_TTL))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        hold.remaining = min(remaining, default=0) / NANO
+        return hold
+
+    def _expire(self, entry: str, now: float) -> int:
+        released = self.db.execute("SELECT COALESCE(SUM(amount), 0) FROM holds WHERE entry = ? "
+                                   "AND deadline <= ?", (entry, now)).fetchone()[0]
+        if released:
+            self.db.execute("DELETE FROM holds WHERE entry = ? AND deadline <= ?", (entry, now))
+            self.db.execute("UPDATE counts SET reserved = reserved - ? WHERE entry = ?",
+                            (released, entry))
+        return int(released)
+
+    def settle(self, hold: Hold, cost: int) -> None:
+        if hold.settled:
+            return
+        hold.settled = True
+        db = self.db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:  # the hold expires by itself; the spend row still counts
+            get_logger().warning("budget_settle_failed", error=type(exc).__name__)
+            return
+        try:
+            for scope_id, start in hold.entries:
+                entry = f"{scope_id}@{int(start)}"
+                held = db.execute("SELECT amount FROM holds WHERE id = ? AND entry = ?",
+                                  (hold.id, entry)).fetchone()
+                if held is not None:
+                    db.execute("DELETE FROM holds WHERE id = ? AND entry = ?", (hold.id, entry))
+                db.execute("UPDATE counts SET reserved = reserved - ?, spent = spent + ? "
+                           "WHERE entry = ?", (held[0] if held else 0, cost, entry))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self.db.close()

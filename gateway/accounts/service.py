@@ -11,6 +11,7 @@ buffer (`ended`); a database that is down leaves the rows buffered (bounded) unt
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -23,7 +24,7 @@ from gateway.accounts import pricing
 from gateway.accounts.account import NANO, Account, nano
 from gateway.accounts.database import Database, SchemaTooNew, spend_row
 from gateway.accounts.directory import Directory
-from gateway.accounts.ledger import Hold, LocalLedger, Over, RedisLedger
+from gateway.accounts.ledger import Hold, Ledger, LocalLedger, Over
 from gateway.pipeline.record import Record
 from gateway.state.config import DatabaseConfig, Route
 from providers.contract.errors import (
@@ -47,7 +48,7 @@ class Charge:
     account: Account | None
     parallel: bool = False
     hold: Hold | None = None
-    shared: bool = False  # the hold is in the shared (Redis) ledger
+    shared: bool = False  # the hold is in the shared ledger (Redis, or the machine's file)
     prompt: int = 0  # prompt tokens estimated, for a stream cut before its usage
 
 
@@ -57,7 +58,7 @@ class Accounts:
     def __init__(self, db: Database, settings: DatabaseConfig,
                  price_of: Callable[[str, str], Price | None],
                  route_of: Callable[[str, str], Route | None],
-                 shared: RedisLedger | None = None,
+                 shared: Ledger | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.settings = settings
@@ -211,7 +212,7 @@ class Accounts:
                 held = await self.shared.reserve(charge.account.scopes, amount,
                                                  self.directory.spent, now)
                 charge.shared = True
-            except (RedisError, OSError) as exc:  # this process's counts, until it is back
+            except (RedisError, OSError, sqlite3.Error) as exc:  # this process's, meanwhile
                 get_logger().warning("budget_ledger_unavailable", error=type(exc).__name__)
         if held is None:
             held = await self.local.reserve(charge.account.scopes, amount,

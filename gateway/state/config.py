@@ -61,6 +61,7 @@ CONFIG_ENV = "LLMS_CONFIG"
 BIND_ENV = "LLMS_BIND_HOST"
 OPEN_ENV = "LLMS_ALLOW_UNAUTHENTICATED"
 STATE_DIR_ENV = "LLMS_STATE_DIR"  # where the default accounts database lives
+WORKERS_ENV = "LLMS_WORKERS"  # set by `serve` for its workers: how many share this machine
 CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
 # Why a provider is disabled, as `ls`, `/ready` and the status page say it.
 IN_CONFIG = "disabled in config"  # "enabled": false
