@@ -101,6 +101,8 @@ def test_a_key_made_at_runtime_is_used_listed_without_its_secret_and_revoked(
     actions = [(a["action"], a["target"], a["actor"])
                for a in admin.call("GET", "/admin/audit").json()["data"]]
     assert ("key_revoked", made["id"], "local") in actions
+    # A refused key spends nothing, and a flood of them writes no spend row.
+    assert set(admin.spend()) == {made["id"]}
     assert ("key_created", made["id"], "local") in actions
 
 

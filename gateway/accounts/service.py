@@ -38,6 +38,7 @@ from providers.contract.log import get_logger
 from providers.contract.usage import Price
 
 PRUNE_EVERY = 3600.0
+UNAUTHENTICATED = 401
 BATCH = 5_000  # spend rows per insert
 
 
@@ -244,6 +245,8 @@ class Accounts:
         self._row(record, cost)
 
     def _row(self, record: Record, cost: float | None) -> None:
+        if record.status == UNAUTHENTICATED:  # nobody's spend: a flood of them fills no table
+            return
         usage = record.usage
         route = self.route_of(record.alias, record.provider) \
             if record.alias is not None and record.provider is not None else None
