@@ -9,10 +9,11 @@ OpenAI and Anthropic SDKs spend them against fake upstreams that bill real usage
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from gateway.accounts.database import engine_url
 from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
+from tests.postgres_server import PostgresServer
 from tests.upstream import FakeUpstream, ok, stream_cut
 
 # Dollars per million tokens: a request of a few dozen tokens costs about a thousandth of a
@@ -73,9 +78,48 @@ def upstream(upstream_factory: Callable[[str], FakeUpstream]) -> FakeUpstream:
     return upstream_factory("billing")
 
 
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer | None]:
+    """One PostgreSQL server for the module; each story gets a database of its own."""
+    if not PostgresServer.available():
+        yield None
+        return
+    server = PostgresServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path,
+             postgres: PostgresServer | None) -> str:
+    """Each story on SQLite (the default's own file) and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state' / 'llms-gateway' / 'gateway.db'}"
+    if postgres is None:
+        pytest.skip("PostgreSQL's binaries are not installed")
+    return postgres.database(f"story_{os.urandom(6).hex()}")
+
+
+def on(database: str) -> dict[str, Any]:
+    return {"database": {"url": database}}
+
+
+def rows(database: str, query: str) -> list[dict[str, Any]]:
+    """What a table holds, read from the database itself (not through the gateway)."""
+    async def read() -> list[dict[str, Any]]:
+        engine = create_async_engine(engine_url(database))
+        try:
+            async with engine.connect() as conn:
+                return [dict(r) for r in (await conn.execute(sa.text(query))).mappings()]
+        finally:
+            await engine.dispose()
+    return asyncio.run(read())
+
+
 def test_a_key_made_at_runtime_is_used_listed_without_its_secret_and_revoked(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m"))
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", **on(database)))
     admin = Admin(gateway)
     made = admin.key(name="alice-laptop", metadata={"owner": "alice"})
     secret = made["key"]
@@ -87,8 +131,10 @@ def test_a_key_made_at_runtime_is_used_listed_without_its_secret_and_revoked(
 
     listed = admin.call("GET", "/admin/keys").text
     assert made["id"] in listed and secret not in listed
-    database = (Path(gateway.workdir) / "state" / "llms-gateway" / "gateway.db").read_bytes()
-    assert secret.encode() not in database  # only its hash is kept
+    stored = rows(database, "SELECT * FROM keys")
+    assert len(stored) == 1 and secret not in str(stored)  # only its hash is kept
+    if database.startswith("sqlite"):  # not in the file's free pages either
+        assert secret.encode() not in Path(database.removeprefix("sqlite:///")).read_bytes()
 
     # Once a virtual key exists the gateway is no longer open to anyone.
     assert chat(gateway, "sk-llms-guessed").status_code == 401
@@ -107,8 +153,9 @@ def test_a_key_made_at_runtime_is_used_listed_without_its_secret_and_revoked(
 
 
 def test_a_key_limited_to_one_alias_gets_403_for_any_other_known_or_not(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m", "other"))
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", "other", **on(database)))
     secret = Admin(gateway).key(models=["m"])["key"]
     assert chat(gateway, secret).status_code == 200
     for model in ("other", "no-such-model"):
@@ -120,8 +167,8 @@ def test_a_key_limited_to_one_alias_gets_403_for_any_other_known_or_not(
 
 
 def test_an_expired_key_is_refused(start_gateway: Callable[..., GatewayProcess],
-                                   upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m"))
+                                   upstream: FakeUpstream, database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", **on(database)))
     secret = Admin(gateway).key(expires_at="2020-01-01T00:00:00Z")["key"]
     refused = chat(gateway, secret)
     assert refused.status_code == 401 and "expired" in refused.json()["error"]["message"]
@@ -130,8 +177,9 @@ def test_an_expired_key_is_refused(start_gateway: Callable[..., GatewayProcess],
 @pytest.mark.parametrize("workers", [1, 2], ids=["one worker", "two workers, no Redis"])
 def test_fifty_concurrent_streams_never_overshoot_a_one_cent_budget(
         start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
-        workers: int) -> None:
-    gateway = start_gateway(priced(upstream, "m"), extra_args=("--workers", str(workers)))
+        workers: int, database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", **on(database)),
+                            extra_args=("--workers", str(workers)))
     admin = Admin(gateway)
     made = admin.key(budget={"usd": 0.01, "period": "month"})
     client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=made["key"], max_retries=0)
@@ -162,8 +210,9 @@ def test_fifty_concurrent_streams_never_overshoot_a_one_cent_budget(
 
 
 def test_answers_carry_the_budget_left_and_a_spent_key_never_gets_another_answer(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m"))
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", **on(database)))
     secret = Admin(gateway).key(budget={"usd": 0.004, "period": "day"})["key"]
     left = []
     while (answer := chat(gateway, secret)).status_code == 200:
@@ -178,8 +227,9 @@ def test_answers_carry_the_budget_left_and_a_spent_key_never_gets_another_answer
 
 
 def test_a_team_budget_caps_two_keys_together(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m"))
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", **on(database)))
     admin = Admin(gateway)
     admin.team(name="research", budget={"usd": 0.004, "period": "month"})
     first, second = (admin.key(name=n, team="research")["key"] for n in ("a", "b"))
@@ -196,8 +246,9 @@ def test_a_team_budget_caps_two_keys_together(
 
 
 def test_spend_by_key_and_by_model_adds_up_to_what_each_answer_cost(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m", "other"))
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", "other", **on(database)))
     admin = Admin(gateway)
     keys = [admin.key(name=f"k{i}") for i in range(2)]
     costs: dict[str, float] = {}
@@ -215,8 +266,9 @@ def test_spend_by_key_and_by_model_adds_up_to_what_each_answer_cost(
 
 
 def test_every_endpoint_is_charged_and_a_cut_stream_too(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m", "embed"))
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", "embed", **on(database)))
     admin = Admin(gateway)
     made = admin.key(budget={"usd": 5.0, "period": "total"})
     secret, headers = made["key"], {"Authorization": f"Bearer {made['key']}"}
@@ -234,39 +286,34 @@ def test_every_endpoint_is_charged_and_a_cut_stream_too(
         assert b"error" in b"".join(cut.iter_bytes())
     upstream.set_mode(ok())
 
-    rows = spend_rows(gateway, made["id"])
-    charged = {row["endpoint"]: row["cost"] for row in rows}
+    Admin(gateway).spend()  # the gateway writes what it holds before it answers
+    charged = {row["endpoint"]: row["cost"] for row in rows(
+        database, f"SELECT * FROM spend WHERE key_id = '{made['id']}'")}
     assert set(charged) == {"responses", "embeddings", "completions", "messages",
                             "chat/completions"}
     assert all(cost > 0 for cost in charged.values()), charged
 
 
-def spend_rows(gateway: GatewayProcess, key_id: str) -> list[dict[str, Any]]:
-    """The spend table's rows for one key, read from the database file itself."""
-    Admin(gateway).spend()  # the gateway writes what it holds before it answers
-    path = Path(gateway.workdir) / "state" / "llms-gateway" / "gateway.db"
-    with sqlite3.connect(path) as db:
-        db.row_factory = sqlite3.Row
-        return [dict(r) for r in db.execute("SELECT * FROM spend WHERE key_id = ?", (key_id,))]
-
-
 def test_a_second_replica_refuses_a_revoked_key_within_a_second(
         start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
-        tmp_path: Path) -> None:
-    doc = priced(upstream, "m")
+        database: str) -> None:
+    doc = priced(upstream, "m", **on(database))
     first = start_gateway(doc)
-    second = start_gateway(doc)  # the same state directory: the same database
+    second = start_gateway(doc)  # another replica on the same database
     made = Admin(first).key()
     wait_until(lambda: chat(second, made["key"]).status_code == 200, within=2)
     Admin(first).call("DELETE", f"/admin/keys/{made['id']}")
     wait_until(lambda: chat(second, made["key"]).status_code == 401, within=1.5)
+    audit = Admin(second).call("GET", "/admin/audit").json()["data"]
+    assert [a["action"] for a in audit[:2]] == ["key_revoked", "key_created"]
 
 
 def test_admin_routes_check_what_they_are_sent_and_who_sends_it(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
     gateway = start_gateway(config({"main": provider(upstream.base_url, {"m": "m"})},
                                    server={"admin_keys": ["admin-secret-1"],
-                                           "api_keys": ["client-secret-1"]}))
+                                           "api_keys": ["client-secret-1"]}, **on(database)))
     admin = Admin(gateway, "admin-secret-1")
     bad = admin.call("POST", "/admin/keys", json={"name": "x", "rpm": "lots"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "rpm"
@@ -304,9 +351,11 @@ def test_a_database_from_a_newer_gateway_refuses_to_start(tmp_path: Path) -> Non
 
 
 def test_the_audit_log_names_who_disabled_a_provider_and_that_the_config_was_reloaded(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
     doc = config({"main": provider(upstream.base_url, {"m": "m"})},
-                 server={"admin_keys": [{"key": "admin-secret-2", "id": "ops-oncall"}]})
+                 server={"admin_keys": [{"key": "admin-secret-2", "id": "ops-oncall"}]},
+                 **on(database))
     gateway = start_gateway(doc)
     admin = Admin(gateway, "admin-secret-2")
     assert admin.call("POST", "/admin/providers/main/disable").status_code == 200
@@ -323,8 +372,9 @@ def test_the_audit_log_names_who_disabled_a_provider_and_that_the_config_was_rel
 
 
 def test_a_limited_key_lists_only_its_aliases_and_cannot_probe_the_others(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
-    gateway = start_gateway(priced(upstream, "m", "other", "third"))
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", "other", "third", **on(database)))
     secret = Admin(gateway).key(models=["m", "third"])["key"]
     client = openai.OpenAI(base_url=gateway.base_url, api_key=secret, max_retries=0)
     assert sorted(m.id for m in client.models.list()) == ["m", "third"]
