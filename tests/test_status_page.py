@@ -17,6 +17,8 @@ import pytest
 from tests import browser
 from tests.fake_gpu import install_fakes
 from tests.gateway_process import GatewayProcess, config, free_port, provider, wait_until
+from tests.test_teams import Admin, priced
+from tests.test_teams import chat as teams_chat
 from tests.upstream import FakeUpstream, slow_first_token
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -245,3 +247,80 @@ def ask(gateway: GatewayProcess, model: str) -> httpx.Response:
 def status(gateway: GatewayProcess) -> dict[str, Any]:
     found: dict[str, Any] = httpx.get(f"{gateway.url}/status.json").json()
     return found
+
+
+@pytest.fixture
+def billed(start_gateway: Callable[..., GatewayProcess],
+           upstream_factory: Callable[[str], FakeUpstream]) -> tuple[GatewayProcess, str, float]:
+    """A priced gateway whose status is public, with a virtual key that spent 90% of its
+    month's budget; the key's id and what it spent."""
+    gateway = start_gateway(priced(upstream_factory("billing"), "m",
+                                   server={"admin_keys": [KEY], "api_keys": [CLIENT_KEY],
+                                           "public_paths": ["/status.json"]}))
+    accounts = Admin(gateway, KEY)
+    made = accounts.key(name="alice-laptop")
+    spent = sum(float(teams_chat(gateway, made["key"]).headers["x-llms-cost"])
+                for _ in range(2))
+    changed = accounts.call("PATCH", f"/admin/keys/{made['id']}",
+                            json={"budget": {"usd": spent / 0.9, "period": "month"}})
+    assert changed.status_code == 200, changed.text
+    return gateway, made["id"], spent
+
+
+def test_status_json_shows_spend_and_the_database_to_a_reader_allowed_details(
+        billed: tuple[GatewayProcess, str, float]) -> None:
+    gateway, key_id, spent = billed
+
+    seen = httpx.get(f"{gateway.url}/status.json",
+                     headers={"Authorization": f"Bearer {KEY}"}).json()
+    public = httpx.get(f"{gateway.url}/status.json").json()
+
+    assert seen["database"]["up"] is True and seen["database"]["keys"] == 1
+    spend = seen["spend"]
+    assert spend["available"] is True
+    assert spend["today"] == spend["month"] == {"requests": 2,
+                                                "cost": pytest.approx(spent, abs=1e-9)}
+    assert spend["top_keys"] == [{"key": key_id, "name": "alice-laptop", "requests": 2,
+                                  "cost": pytest.approx(spent, abs=1e-9)}]
+    [near] = spend["near_limit"]
+    assert (near["scope"], near["name"], near["period"]) == ("key", key_id, "month")
+    assert near["used"] == pytest.approx(0.9) and near["spent"] == pytest.approx(spent)
+    assert "spend" not in public, "keys and dollars are details: a public reader sees none"
+    assert public["database"]["up"] is True
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_spend_panel_shows_a_key_s_spend_and_its_budget_near_the_limit(
+        billed: tuple[GatewayProcess, str, float], tmp_path: Path) -> None:
+    gateway, key_id, spent = billed
+
+    with browser.launched(tmp_path) as port:
+        seen = asyncio.run(spend_panel(gateway.url, port))
+
+    assert not seen["anonymous"], "the public page shows no spend"
+    assert f"${spent:.4f}" in seen["today"] and "2 requests" in seen["today"]
+    assert seen["top"] == [key_id]
+    assert f"alice-laptop ({key_id}): ${spent:.4f}, 2 requests" in seen["top_text"]
+    assert seen["near"] == [["key", key_id]]
+    assert "90%" in seen["near_text"] and "per month" in seen["near_text"]
+
+
+async def spend_panel(url: str, port: int) -> dict[str, Any]:
+    """Open the public page, then paste the admin key; what the Spend panel showed."""
+    async with browser.open_page(port) as page:
+        await page.goto(f"{url}/")
+        await page.wait_for("document.body.dataset.loaded === 'true'")
+        seen: dict[str, Any] = {"anonymous": await page.evaluate(
+            "document.querySelectorAll('#spend-top li[data-key]').length")}
+        await page.evaluate(f"sessionStorage.setItem('llms-gateway-key', {KEY!r})")
+        await page.wait_for("document.querySelectorAll('#spend-top li[data-key]').length")
+        seen["today"] = await page.text("#spend-today")
+        seen["today"] += " " + await page.text("#spend-today-requests")
+        seen["top"] = await page.evaluate(
+            "[...document.querySelectorAll('#spend-top li')].map(li => li.dataset.key)")
+        seen["top_text"] = await page.text("#spend-top")
+        seen["near"] = await page.evaluate(
+            "[...document.querySelectorAll('#spend-near li')].map(li => [li.dataset.scope, "
+            "li.dataset.name])")
+        seen["near_text"] = await page.text("#spend-near")
+        return seen
