@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.accounts.account import Budget, Scope, window
+from gateway.accounts.database import Database, spend_row
+from gateway.accounts.overview import Overview, near_limit
+from gateway.accounts.service import Accounts
+from gateway.state.config import DatabaseConfig
 from tests import browser
 from tests.fake_gpu import install_fakes
 from tests.gateway_process import GatewayProcess, config, free_port, provider, wait_until
@@ -324,3 +330,59 @@ async def spend_panel(url: str, port: int) -> dict[str, Any]:
             "li.dataset.name])")
         seen["near_text"] = await page.text("#spend-near")
         return seen
+
+
+def test_the_spend_section_is_read_at_most_every_ten_seconds_and_says_when_it_cannot_be(
+        tmp_path: Path) -> None:
+    """Many tabs refreshing every two seconds cost the database one read per ten seconds; a
+    database gone is said, and the page keeps its other sections."""
+    path = tmp_path / "gateway.db"
+    clock = [time.time()]
+    accounts = Accounts(Database(f"sqlite:///{path}"), DatabaseConfig(),
+                        lambda provider, alias: None, lambda alias, provider: None,
+                        clock=lambda: clock[0])
+    overview = Overview(accounts, clock=lambda: clock[0])
+
+    def spent(cost: float) -> dict[str, Any]:
+        return spend_row(time=clock[0], request_id="r", key_id="key_a", team=None, alias="m",
+                         provider="p", upstream_model="m", endpoint="chat/completions",
+                         prompt_tokens=3, completion_tokens=4, cached_tokens=0, cost=cost,
+                         latency_ms=1.0, status=200)
+
+    async def story() -> list[dict[str, Any]]:
+        await accounts.start()
+        await accounts.db.write_spend([spent(0.25)])
+        seen = [await overview.view()]
+        await accounts.db.write_spend([spent(0.5)])
+        clock[0] += 9.9
+        seen.append(await overview.view())  # kept
+        clock[0] += 0.1
+        seen.append(await overview.view())  # read again
+        await accounts.db.close()
+        path.unlink()
+        path.mkdir()  # no database can be opened there
+        clock[0] += 10
+        seen.append(await overview.view())
+        await accounts.db.close()
+        return seen
+
+    first, kept, read, gone = asyncio.run(story())
+
+    assert first["month"] == {"requests": 1, "cost": 0.25} and kept == first
+    assert read["month"] == {"requests": 2, "cost": 0.75}
+    assert read["top_keys"] == [{"key": "key_a", "name": None, "requests": 2, "cost": 0.75}]
+    assert gone["available"] is False and "unavailable" in gone["error"]
+
+
+def test_budgets_at_or_past_80_percent_are_listed_fullest_first() -> None:
+    now = time.time()
+    month, day = window("month", now)[0], window("day", now)[0]
+    scopes = [Scope("key", "a", Budget(10.0, "month")), Scope("team", "t", Budget(1.0, "day")),
+              Scope("key", "b", Budget(10.0, "month")), Scope("key", "z", Budget(0.0, "total"))]
+    spent = {("key:a", month): 8.0, ("team:t", day): 1.5, ("key:b", month): 7.99}
+
+    listed = near_limit(scopes, spent, now)
+
+    assert [(r["scope"], r["name"], r["used"]) for r in listed] == [
+        ("team", "t", 1.5), ("key", "z", 1.0), ("key", "a", 0.8)]
+    assert listed[0]["resets_at"] is not None and listed[1]["resets_at"] is None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -30,17 +29,17 @@ def _iso(at: float | None) -> str | None:
 
 def near_limit(scopes: Iterable[Scope], spent: Mapping[tuple[str, float], float], now: float,
                at_least: float = NEAR) -> list[dict[str, Any]]:
-    """The budgets whose current period has used `at_least` of their limit (a zero budget
-    always has), fullest first; `spent` is dollars by (scope id, period start)."""
+    """The budgets whose current period has used `at_least` of their limit (a zero budget is
+    wholly used), fullest first; `spent` is dollars by (scope id, period start)."""
     rows = []
     for scope in scopes:
         start, end = window(scope.budget.period, now)
         used, limit = spent.get((scope.id, start), 0.0), scope.budget.usd
-        share = used / limit if limit > 0 else math.inf
+        share = used / limit if limit > 0 else 1.0
         if share >= at_least:
             rows.append({"scope": scope.kind, "name": scope.name, "spent": round(used, 9),
                          "limit": limit, "period": scope.budget.period,
-                         "used": round(min(share, 1e9), 4), "resets_at": _iso(end)})
+                         "used": round(share, 4), "resets_at": _iso(end)})
     return sorted(rows, key=lambda row: (-row["used"], row["scope"], row["name"]))
 
 
