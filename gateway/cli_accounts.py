@@ -148,8 +148,8 @@ def _refusal(error: urllib.error.HTTPError) -> str:
         message = str(json.load(error)["error"]["message"])
     except (OSError, ValueError, KeyError, TypeError):
         message = f"HTTP {error.code}"
-    if error.code in (401, 403) and "admin" in message.lower():
-        message += f" (pass --admin-key or set ${ADMIN_KEY_ENV})"
+    if error.code in (401, 403):
+        message += f" (an admin key: --admin-key or ${ADMIN_KEY_ENV})"
     return f"the gateway answered {error.code}: {message}"
 
 
