@@ -27,6 +27,7 @@ from litestar.types import ASGIApp
 import providers
 from gateway.accounts.database import IN_MEMORY, Database
 from gateway.accounts.ledger import FileLedger, RedisLedger
+from gateway.accounts.overview import Overview
 from gateway.accounts.service import Accounts
 from gateway.edge import admin, admin_accounts, auth, openapi, status_page, stored_responses
 from gateway.edge.front import Front
@@ -132,9 +133,13 @@ async def status_html() -> Response[bytes]:
 
 @get("/status.json")
 async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """What the status page shows, refreshed every two seconds."""
+    """What the status page shows, refreshed every two seconds; spend only to a request that
+    may read details (`auth.authenticated`): it names keys and dollars."""
     runtime = _reader(request, "/status.json")
-    return _json(runtime, status_page.status(runtime))
+    body = status_page.status(runtime)
+    details = auth.authenticated(request.headers, runtime.live.snapshot, runtime.accounts)
+    body.update(await status_page.accounts_view(runtime, request.app.state.spend, details))
+    return _json(runtime, body)
 
 
 @get("/openapi.json")
@@ -271,6 +276,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                             lambda alias, provider: runtime.route_of(alias, provider),
                             ledger or machine)
         await accounts.start()
+        app.state.spend = Overview(accounts)  # the status page's spend, read every 10 s at most
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
                           idempotency=idempotency, accounts=accounts)

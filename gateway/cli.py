@@ -1,4 +1,4 @@
-"""`llms-gateway`: serve, ls, check, chat, usage."""
+"""`llms-gateway`: serve, ls, check, chat, usage, keys, teams, spend."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from gateway import cli_chat, cli_ls
+from gateway import cli_accounts, cli_chat, cli_ls
 from gateway.edge import openfiles
 from gateway.state import config
 from gateway.state.config import (
@@ -96,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
                                               "from a running gateway")
     usage.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
     usage.set_defaults(run=_usage)
+
+    cli_accounts.add_commands(commands)  # keys, teams, spend: the admin API of a running gateway
     return parser
 
 

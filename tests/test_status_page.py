@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,16 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.accounts.account import Budget, Scope, window
+from gateway.accounts.database import Database, spend_row
+from gateway.accounts.overview import Overview, near_limit
+from gateway.accounts.service import Accounts
+from gateway.state.config import DatabaseConfig
 from tests import browser
 from tests.fake_gpu import install_fakes
 from tests.gateway_process import GatewayProcess, config, free_port, provider, wait_until
+from tests.test_teams import Admin, priced
+from tests.test_teams import chat as teams_chat
 from tests.upstream import FakeUpstream, slow_first_token
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -245,3 +253,136 @@ def ask(gateway: GatewayProcess, model: str) -> httpx.Response:
 def status(gateway: GatewayProcess) -> dict[str, Any]:
     found: dict[str, Any] = httpx.get(f"{gateway.url}/status.json").json()
     return found
+
+
+@pytest.fixture
+def billed(start_gateway: Callable[..., GatewayProcess],
+           upstream_factory: Callable[[str], FakeUpstream]) -> tuple[GatewayProcess, str, float]:
+    """A priced gateway whose status is public, with a virtual key that spent 90% of its
+    month's budget; the key's id and what it spent."""
+    gateway = start_gateway(priced(upstream_factory("billing"), "m",
+                                   server={"admin_keys": [KEY], "api_keys": [CLIENT_KEY],
+                                           "public_paths": ["/status.json"]}))
+    accounts = Admin(gateway, KEY)
+    made = accounts.key(name="alice-laptop")
+    spent = sum(float(teams_chat(gateway, made["key"]).headers["x-llms-cost"])
+                for _ in range(2))
+    changed = accounts.call("PATCH", f"/admin/keys/{made['id']}",
+                            json={"budget": {"usd": spent / 0.9, "period": "month"}})
+    assert changed.status_code == 200, changed.text
+    return gateway, made["id"], spent
+
+
+def test_status_json_shows_spend_and_the_database_to_a_reader_allowed_details(
+        billed: tuple[GatewayProcess, str, float]) -> None:
+    gateway, key_id, spent = billed
+
+    seen = httpx.get(f"{gateway.url}/status.json",
+                     headers={"Authorization": f"Bearer {KEY}"}).json()
+    public = httpx.get(f"{gateway.url}/status.json").json()
+
+    assert seen["database"]["up"] is True and seen["database"]["keys"] == 1
+    spend = seen["spend"]
+    assert spend["available"] is True
+    assert spend["today"] == spend["month"] == {"requests": 2,
+                                                "cost": pytest.approx(spent, abs=1e-9)}
+    assert spend["top_keys"] == [{"key": key_id, "name": "alice-laptop", "requests": 2,
+                                  "cost": pytest.approx(spent, abs=1e-9)}]
+    [near] = spend["near_limit"]
+    assert (near["scope"], near["name"], near["period"]) == ("key", key_id, "month")
+    assert near["used"] == pytest.approx(0.9) and near["spent"] == pytest.approx(spent)
+    assert "spend" not in public, "keys and dollars are details: a public reader sees none"
+    assert public["database"]["up"] is True
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_spend_panel_shows_a_key_s_spend_and_its_budget_near_the_limit(
+        billed: tuple[GatewayProcess, str, float], tmp_path: Path) -> None:
+    gateway, key_id, spent = billed
+
+    with browser.launched(tmp_path) as port:
+        seen = asyncio.run(spend_panel(gateway.url, port))
+
+    assert not seen["anonymous"], "the public page shows no spend"
+    assert f"${spent:.4f}" in seen["today"] and "2 requests" in seen["today"]
+    assert seen["top"] == [key_id]
+    assert f"alice-laptop ({key_id}): ${spent:.4f}, 2 requests" in seen["top_text"]
+    assert seen["near"] == [["key", key_id]]
+    assert "90%" in seen["near_text"] and "per month" in seen["near_text"]
+
+
+async def spend_panel(url: str, port: int) -> dict[str, Any]:
+    """Open the public page, then paste the admin key; what the Spend panel showed."""
+    async with browser.open_page(port) as page:
+        await page.goto(f"{url}/")
+        await page.wait_for("document.body.dataset.loaded === 'true'")
+        seen: dict[str, Any] = {"anonymous": await page.evaluate(
+            "document.querySelectorAll('#spend-top li[data-key]').length")}
+        await page.evaluate(f"sessionStorage.setItem('llms-gateway-key', {KEY!r})")
+        await page.wait_for("document.querySelectorAll('#spend-top li[data-key]').length")
+        seen["today"] = await page.text("#spend-today")
+        seen["today"] += " " + await page.text("#spend-today-requests")
+        seen["top"] = await page.evaluate(
+            "[...document.querySelectorAll('#spend-top li')].map(li => li.dataset.key)")
+        seen["top_text"] = await page.text("#spend-top")
+        seen["near"] = await page.evaluate(
+            "[...document.querySelectorAll('#spend-near li')].map(li => [li.dataset.scope, "
+            "li.dataset.name])")
+        seen["near_text"] = await page.text("#spend-near")
+        return seen
+
+
+def test_the_spend_section_is_read_at_most_every_ten_seconds_and_says_when_it_cannot_be(
+        tmp_path: Path) -> None:
+    """Many tabs refreshing every two seconds cost the database one read per ten seconds; a
+    database gone is said, and the page keeps its other sections."""
+    path = tmp_path / "gateway.db"
+    clock = [time.time()]
+    accounts = Accounts(Database(f"sqlite:///{path}"), DatabaseConfig(),
+                        lambda provider, alias: None, lambda alias, provider: None,
+                        clock=lambda: clock[0])
+    overview = Overview(accounts, clock=lambda: clock[0])
+
+    def spent(cost: float) -> dict[str, Any]:
+        return spend_row(time=clock[0], request_id="r", key_id="key_a", team=None, alias="m",
+                         provider="p", upstream_model="m", endpoint="chat/completions",
+                         prompt_tokens=3, completion_tokens=4, cached_tokens=0, cost=cost,
+                         latency_ms=1.0, status=200)
+
+    async def story() -> list[dict[str, Any]]:
+        await accounts.start()
+        await accounts.db.write_spend([spent(0.25)])
+        seen = [await overview.view()]
+        await accounts.db.write_spend([spent(0.5)])
+        clock[0] += 9.9
+        seen.append(await overview.view())  # kept
+        clock[0] += 0.1
+        seen.append(await overview.view())  # read again
+        await accounts.db.close()
+        path.unlink()
+        path.mkdir()  # no database can be opened there
+        clock[0] += 10
+        seen.append(await overview.view())
+        await accounts.db.close()
+        return seen
+
+    first, kept, read, gone = asyncio.run(story())
+
+    assert first["month"] == {"requests": 1, "cost": 0.25} and kept == first
+    assert read["month"] == {"requests": 2, "cost": 0.75}
+    assert read["top_keys"] == [{"key": "key_a", "name": None, "requests": 2, "cost": 0.75}]
+    assert gone["available"] is False and "unavailable" in gone["error"]
+
+
+def test_budgets_at_or_past_80_percent_are_listed_fullest_first() -> None:
+    now = time.time()
+    month, day = window("month", now)[0], window("day", now)[0]
+    scopes = [Scope("key", "a", Budget(10.0, "month")), Scope("team", "t", Budget(1.0, "day")),
+              Scope("key", "b", Budget(10.0, "month")), Scope("key", "z", Budget(0.0, "total"))]
+    spent = {("key:a", month): 8.0, ("team:t", day): 1.5, ("key:b", month): 7.99}
+
+    listed = near_limit(scopes, spent, now)
+
+    assert [(r["scope"], r["name"], r["used"]) for r in listed] == [
+        ("team", "t", 1.5), ("key", "z", 1.0), ("key", "a", 0.8)]
+    assert listed[0]["resets_at"] is not None and listed[1]["resets_at"] is None

@@ -295,6 +295,27 @@ class Database:
                  "cost": round(float(cost), 9)}
                 for group, requests, prompt, completion, cached, cost in rows]
 
+    async def spend_since(self, starts: Mapping[str, float], top_since: float, top: int
+                          ) -> tuple[dict[str, tuple[int, float]], list[dict[str, Any]]]:
+        """Requests and dollars since each named start, and the `top` keys by dollars since
+        `top_since` (with their names when they are virtual keys), in one transaction."""
+        totals: dict[str, tuple[int, float]] = {}
+        cost = sa.func.coalesce(sa.func.sum(spend.c.cost), 0.0)
+        async with self._tx() as conn:
+            for name, start in starts.items():
+                count, dollars = (await conn.execute(
+                    sa.select(sa.func.count(), cost).where(spend.c.time >= start))).one()
+                totals[name] = (int(count), float(dollars))
+            rows = (await conn.execute(
+                sa.select(spend.c.key_id, keys.c.name, sa.func.count(), cost.label("cost"))
+                .select_from(spend.outerjoin(keys, keys.c.id == spend.c.key_id))
+                .where(spend.c.time >= top_since, spend.c.key_id.is_not(None))
+                .group_by(spend.c.key_id, keys.c.name)
+                .order_by(sa.desc("cost"), spend.c.key_id).limit(top))).all()
+        return totals, [{"key": key_id, "name": name, "requests": int(count),
+                         "cost": round(float(dollars), 9)}
+                        for key_id, name, count, dollars in rows]
+
     async def prune_spend(self, before: float) -> int:
         """Delete spend rows older than `before` (the retention); how many went."""
         async with self._tx() as conn:

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.accounts.overview import Overview
 from gateway.state.runtime import Runtime
 
 
@@ -64,8 +65,6 @@ def status(runtime: Runtime) -> dict[str, Any]:
         "providers": providers_view(runtime),
         # Per alias that hedges: its delay per leading provider, its budget used.
         "hedging": runtime.hedging.view(),
-        # The accounts database: up or not, spend rows waiting for it, keys and teams known.
-        "database": runtime.accounts.status() if runtime.accounts is not None else None,
         "series": series,
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),
@@ -80,3 +79,15 @@ def status(runtime: Runtime) -> dict[str, Any]:
             "p99_ms": window[-1]["p99_ms"] if window else None,
         },
     }
+
+
+async def accounts_view(runtime: Runtime, spend: Overview | None, details: bool
+                        ) -> dict[str, Any]:
+    """`/status.json`'s `database` section (whether it answers, what waits to be written) and,
+    for a request that may read details, its `spend` section."""
+    if runtime.accounts is None:
+        return {}
+    body: dict[str, Any] = {"database": runtime.accounts.status()}
+    if details and spend is not None:
+        body["spend"] = await spend.view()
+    return body

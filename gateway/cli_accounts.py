@@ -1,0 +1,430 @@
+"""`llms-gateway keys | teams | spend`: the running gateway's admin API from a shell.
+
+Each command is one or two calls to `/admin/keys`, `/admin/teams` or `/admin/spend` over HTTP
+(the database belongs to the gateway: the command never opens it). The gateway is found where
+the config says it listens (as `ls` finds it) unless `--url` says otherwise; the admin key is
+`--admin-key`, else `$LLMS_ADMIN_KEY`, else the config's first admin key, else none (with no
+admin key configured the admin routes answer this machine without one). An error answer's
+message is printed and the command exits 1; an option that cannot be read is a usage error (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import math
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import cli_ls
+from gateway.state import config
+from gateway.state.config import ConfigError
+
+ADMIN_KEY_ENV = "LLMS_ADMIN_KEY"
+PERIODS = ("day", "week", "month", "total")
+GROUPS = ("key", "team", "alias", "provider", "model", "day")
+SPEND_COLUMNS = ("group", "requests", "prompt_tokens", "completion_tokens", "cached_tokens",
+                 "cost")
+CLEAR = "none"  # `keys update ID --budget none`: the field is cleared (sent as null)
+
+
+class AdminError(Exception):
+    """The gateway refused a call (its envelope's message), or could not be reached."""
+
+
+# --- options, read by small pure functions --------------------------------------------------
+
+
+def parse_budget(text: str) -> dict[str, Any]:
+    """`20/month`, `5/day`, `3/week`, `100/total`, `$20/month`, or a bare number (a month) as
+    the admin API's budget; ValueError saying what is wrong."""
+    amount, _, period = text.strip().partition("/")
+    period = period.strip().lower() or "month"
+    if period not in PERIODS:
+        raise ValueError(f"the period must be one of {', '.join(PERIODS)}, got {period!r} "
+                         "(e.g. 20/month)")
+    try:
+        usd = float(amount.strip().removeprefix("$"))
+    except ValueError:
+        raise ValueError(f"the amount must be dollars, got {amount.strip()!r} "
+                         "(e.g. 20/month)") from None
+    if not math.isfinite(usd) or usd < 0:
+        raise ValueError(f"the amount must be zero or more dollars, got {amount.strip()!r}")
+    return {"usd": usd, "period": period}
+
+
+def parse_expiry(text: str) -> str:
+    """A date (its midnight, UTC) or a date-time (UTC unless it says its zone) as ISO 8601
+    with its offset; ValueError for anything else."""
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected a date or date-time like 2026-12-31 or "
+                         f"2026-12-31T18:00:00Z, got {text!r}") from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).isoformat()
+
+
+def parse_models(text: str) -> list[str]:
+    """`a,b` as a list of aliases (blanks dropped); ValueError if none is left."""
+    models = [alias.strip() for alias in text.split(",") if alias.strip()]
+    if not models:
+        raise ValueError("expected aliases separated by commas, like gpt-4o,claude")
+    return models
+
+
+def parse_count(text: str) -> int:
+    """A positive whole number."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"expected a whole number of 1 or more, got {text!r}")
+    return int(text)
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """`k=v` as a metadata entry."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"expected key=value, got {text!r}")
+    return key.strip(), value
+
+
+def _option(parse: Callable[[str], Any], clearable: bool) -> Callable[[str], Any]:
+    """`parse` as an argparse type: its ValueError becomes a usage error naming the option;
+    with `clearable`, `none` stands for null (the field is cleared)."""
+    def typed(text: str) -> Any:
+        if clearable and text.strip().lower() == CLEAR:
+            return None
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    typed.__name__ = parse.__name__.removeprefix("parse_")  # what argparse names in errors
+    return typed
+
+
+# --- the admin API over HTTP -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the gateway's admin API answers, and the key it is sent."""
+
+    root: str
+    admin_key: str | None
+    direct: bool  # the config's own address, this machine: past any proxy of the environment
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             query: dict[str, str] | None = None) -> Any:
+        """The JSON answer to one admin call; AdminError with the envelope's message."""
+        url = f"{self.root}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        headers = {"Accept": "application/json"}
+        if self.admin_key:
+            headers["Authorization"] = f"Bearer {self.admin_key}"
+        data = None
+        if body is not None:
+            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        handlers = [urllib.request.ProxyHandler({})] if self.direct else []
+        try:
+            with urllib.request.build_opener(*handlers).open(request, timeout=30) as answer:
+                return json.load(answer)
+        except urllib.error.HTTPError as exc:
+            raise AdminError(_refusal(exc)) from None
+        except (OSError, ValueError) as exc:
+            raise AdminError(f"no gateway answering at {self.root} ({exc}): start it "
+                             "(llms-gateway serve) or point --url at it") from None
+
+
+def _refusal(error: urllib.error.HTTPError) -> str:
+    """What the gateway said: its envelope's message, and for a key it refused, the hint."""
+    try:
+        message = str(json.load(error)["error"]["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        message = f"HTTP {error.code}"
+    if error.code in (401, 403):
+        message += f" (an admin key: --admin-key or ${ADMIN_KEY_ENV})"
+    return f"the gateway answered {error.code}: {message}"
+
+
+def target(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Target:
+    """The gateway and admin key a command uses (see the module's docstring for the order)."""
+    key = args.admin_key or environ.get(ADMIN_KEY_ENV) or None
+    if args.url and (key or args.config is None):
+        snapshot = _config_or_none(args.config) if key is None else None
+    else:
+        snapshot = config.load(config.discover(args.config))
+    if key is None and snapshot is not None and snapshot.admin_keys:
+        key = snapshot.admin_keys[0].secret.reveal()
+    if args.url:
+        return Target(_root(args.url), key, direct=False)
+    assert snapshot is not None
+    return Target(_root(cli_ls.local_url(snapshot)), key, direct=True)
+
+
+def _config_or_none(path: str | None) -> config.Snapshot | None:
+    """The config for its admin key when `--url` names the gateway: none found is no error."""
+    try:
+        return config.load(config.discover(path))
+    except ConfigError:
+        return None
+
+
+def _root(url: str) -> str:
+    return url.rstrip("/").removesuffix("/v1")
+
+
+# --- what each command prints -------------------------------------------------------------
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Left-aligned columns, each as wide as its widest cell."""
+    cells = [list(header), *(list(row) for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)
+                      ).rstrip() for row in cells]
+
+
+def budget_text(budget: dict[str, Any] | None) -> str:
+    """`$20/month`, or `-` for none."""
+    if not budget:
+        return "-"
+    return f"${budget['usd']:g}/{budget['period']}"
+
+
+def _models_text(models: list[str] | None) -> str:
+    return ",".join(models) if models is not None else "*"
+
+
+def _day(iso: str | None) -> str:
+    """An ISO time as its UTC date-time to the minute, or `-`."""
+    if not iso:
+        return "-"
+    when = dt.datetime.fromisoformat(iso).astimezone(dt.UTC)
+    return when.strftime("%Y-%m-%d %H:%M")
+
+
+def key_rows(keys: Iterable[dict[str, Any]]) -> list[str]:
+    """`keys list`: one line per key, never its secret."""
+    return table(("id", "name", "key", "team", "models", "budget", "expires", "revoked"),
+                 [(k["id"], k["name"], k["key_hint"], k["team"] or "-",
+                   _models_text(k["models"]), budget_text(k["budget"]), _day(k["expires_at"]),
+                   _day(k["revoked_at"]) if k["revoked_at"] else "no") for k in keys])
+
+
+def team_rows(teams: Iterable[dict[str, Any]]) -> list[str]:
+    """`teams list`: one line per team."""
+    def limit(value: int | None) -> str:
+        return "-" if value is None else str(value)
+    return table(("name", "models", "budget", "rpm", "tpm", "max parallel"),
+                 [(t["name"], _models_text(t["models"]), budget_text(t["budget"]),
+                   limit(t["rpm"]), limit(t["tpm"]), limit(t["max_parallel"])) for t in teams])
+
+
+def spend_rows(rows: Sequence[dict[str, Any]], group_by: str) -> list[str]:
+    """`spend`: one line per group and a total."""
+    total = sum(float(r["cost"]) for r in rows)
+    lines = table((group_by, "requests", "prompt tokens", "completion tokens", "cached tokens",
+                   "cost ($)"),
+                  [(str(r["group"]) if r["group"] is not None else "(none)",
+                    str(r["requests"]), str(r["prompt_tokens"]), str(r["completion_tokens"]),
+                    str(r.get("cached_tokens", 0)), f"{float(r['cost']):.6f}") for r in rows])
+    return [*lines, f"total: ${total:.6f} over {sum(int(r['requests']) for r in rows)} requests"]
+
+
+def spend_csv(rows: Iterable[dict[str, Any]], out: Any) -> None:
+    """`spend --csv`: a header row, then the rows as the admin API gives them."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(SPEND_COLUMNS)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else row.get(c, 0) for c in SPEND_COLUMNS])
+
+
+# --- the commands ------------------------------------------------------------------------------
+
+# Options a key and a team share: (flags, destination in the API's body, how it is read, help).
+LIMITS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+    ("--models", "models", parse_models, "aliases it may use, comma-separated (default: any)"),
+    ("--budget", "budget", parse_budget, "dollars per period: 20/month, 5/day, 3/week, "
+                                         "100/total; a bare number is per month"),
+    ("--rpm", "rpm", parse_count, "requests per minute"),
+    ("--tpm", "tpm", parse_count, "tokens per minute"),
+    ("--max-parallel", "max_parallel", parse_count, "requests in flight at once"),
+)
+
+
+def _add_connection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="the gateway's config (where it listens, its admin "
+                                         "keys)")
+    parser.add_argument("--url", help="the running gateway (default: the config's server.host "
+                                      "and server.port)")
+    parser.add_argument("--admin-key", help=f"an admin key (default: ${ADMIN_KEY_ENV}, else "
+                                            "the config's first server.admin_keys)")
+
+
+def _add_fields(parser: argparse.ArgumentParser, update: bool, key: bool) -> None:
+    """The options of a key or team; on update, left out is kept and `none` clears."""
+    more = " (none: clear it)" if update else ""
+    if key:
+        parser.add_argument("--team", type=_option(str, update), default=argparse.SUPPRESS,
+                            help="the team it belongs to" + more)
+    for flags, dest, parse, help_text in LIMITS:
+        parser.add_argument(flags, dest=dest, type=_option(parse, update),
+                            default=argparse.SUPPRESS, help=help_text + more)
+    if key:
+        parser.add_argument("--expires", dest="expires_at", type=_option(parse_expiry, update),
+                            default=argparse.SUPPRESS, metavar="WHEN",
+                            help="a date (its midnight UTC) or date-time it stops working" + more)
+    parser.add_argument("--metadata", type=_option(parse_pair, False), nargs="+",
+                        action="extend", default=argparse.SUPPRESS, metavar="K=V",
+                        help="labels kept with it" + (" (replace all of them)" if update
+                                                      else ""))
+
+
+def _fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The body fields the options set (SUPPRESS: an option not given is absent)."""
+    names = ("team", "models", "budget", "rpm", "tpm", "max_parallel", "expires_at")
+    body = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    if hasattr(args, "metadata"):
+        body["metadata"] = dict(args.metadata)
+    return body
+
+
+def add_commands(commands: Any) -> None:
+    """Add `keys`, `teams` and `spend` to the `llms-gateway` command."""
+    keys = commands.add_parser("keys", help="create, list, update and revoke virtual keys")
+    actions = keys.add_subparsers(required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="a new key; its secret is printed once")
+    create.add_argument("--name", required=True, help="who or what holds it")
+    _add_fields(create, update=False, key=True)
+    listed = actions.add_parser("list", help="every key (never a secret)")
+    listed.add_argument("--team", help="only this team's keys")
+    revoke = actions.add_parser("revoke", help="refuse a key from now on")
+    revoke.add_argument("id")
+    update = actions.add_parser("update", help="change a key's team, models, limits, budget, "
+                                               "expiry or metadata")
+    update.add_argument("id")
+    update.add_argument("--name", default=argparse.SUPPRESS)
+    _add_fields(update, update=True, key=True)
+    for parser, run in ((create, _key_create), (listed, _key_list), (revoke, _key_revoke),
+                        (update, _key_update)):
+        _add_connection(parser)
+        parser.set_defaults(run=run)
+
+    teams = commands.add_parser("teams", help="create, list, update and delete teams")
+    actions = teams.add_subparsers(required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="a new team")
+    create.add_argument("name")
+    _add_fields(create, update=False, key=False)
+    listed = actions.add_parser("list", help="every team")
+    update = actions.add_parser("update", help="change a team's models, limits, budget or "
+                                               "metadata")
+    update.add_argument("name")
+    _add_fields(update, update=True, key=False)
+    delete = actions.add_parser("delete", help="delete a team that has no live key")
+    delete.add_argument("name")
+    for parser, run in ((create, _team_create), (listed, _team_list), (update, _team_update),
+                        (delete, _team_delete)):
+        _add_connection(parser)
+        parser.set_defaults(run=run)
+
+    spend = commands.add_parser("spend", help="requests, tokens and dollars from the spend "
+                                              "database, grouped")
+    spend.add_argument("--group-by", choices=GROUPS, default="key")
+    spend.add_argument("--start", help="from this date or date-time (ISO 8601, UTC)")
+    spend.add_argument("--end", help="until this date or date-time, excluded")
+    spend.add_argument("--csv", action="store_true", help="CSV with a header row")
+    _add_connection(spend)
+    spend.set_defaults(run=_spend)
+
+
+def _reported(command: Callable[[argparse.Namespace, Target], None]
+              ) -> Callable[[argparse.Namespace], int]:
+    """A command that prints the gateway's refusal and exits 1 instead of a traceback."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            command(args, target(args))
+        except AdminError as exc:
+            print(f"llms-gateway: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    return run
+
+
+@_reported
+def _key_create(args: argparse.Namespace, gateway: Target) -> None:
+    made = gateway.call("POST", "/admin/keys", {"name": args.name, **_fields(args)})
+    team = f", team {made['team']}" if made.get("team") else ""
+    print(f"Created key {made['id']} ({made['name']}{team}). Its secret is shown this once, "
+          "only its hash is kept: store it now.")
+    print()
+    print(f"    {made['key']}")
+    print()
+
+
+@_reported
+def _key_list(args: argparse.Namespace, gateway: Target) -> None:
+    query = {"team": args.team} if args.team else None
+    for line in key_rows(gateway.call("GET", "/admin/keys", query=query)["data"]):
+        print(line)
+
+
+@_reported
+def _key_revoke(args: argparse.Namespace, gateway: Target) -> None:
+    done = gateway.call("DELETE", f"/admin/keys/{urllib.parse.quote(args.id, safe='')}")
+    print(f"Revoked key {done['id']} ({done['name']}): it is refused from now on.")
+
+
+@_reported
+def _key_update(args: argparse.Namespace, gateway: Target) -> None:
+    body = _fields(args)
+    if hasattr(args, "name"):
+        body["name"] = args.name
+    done = gateway.call("PATCH", f"/admin/keys/{urllib.parse.quote(args.id, safe='')}", body)
+    for line in key_rows([done]):
+        print(line)
+
+
+@_reported
+def _team_create(args: argparse.Namespace, gateway: Target) -> None:
+    made = gateway.call("POST", "/admin/teams", {"name": args.name, **_fields(args)})
+    for line in team_rows([made]):
+        print(line)
+
+
+@_reported
+def _team_list(args: argparse.Namespace, gateway: Target) -> None:
+    for line in team_rows(gateway.call("GET", "/admin/teams")["data"]):
+        print(line)
+
+
+@_reported
+def _team_update(args: argparse.Namespace, gateway: Target) -> None:
+    done = gateway.call("PATCH", f"/admin/teams/{urllib.parse.quote(args.name, safe='')}",
+                        _fields(args))
+    for line in team_rows([done]):
+        print(line)
+
+
+@_reported
+def _team_delete(args: argparse.Namespace, gateway: Target) -> None:
+    gateway.call("DELETE", f"/admin/teams/{urllib.parse.quote(args.name, safe='')}")
+    print(f"Deleted team {args.name}.")
+
+
+@_reported
+def _spend(args: argparse.Namespace, gateway: Target) -> None:
+    query = {"group_by": args.group_by}
+    query.update({k: v for k, v in (("start", args.start), ("end", args.end)) if v})
+    rows = gateway.call("GET", "/admin/spend", query=query)["data"]
+    if args.csv:
+        spend_csv(rows, sys.stdout)
+        return
+    for line in spend_rows(rows, args.group_by):
+        print(line)
