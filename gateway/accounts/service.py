@@ -46,7 +46,7 @@ BATCH = 5_000  # spend rows per insert
 class Charge:
     """What accounts hold for one request: its account, its parallel slot, its budget hold."""
 
-    account: Account | None
+    account: Account
     parallel: bool = False
     hold: Hold | None = None
     shared: bool = False  # the hold is in the shared ledger (Redis, or the machine's file)
@@ -202,8 +202,8 @@ class Accounts:
         """Hold the request's worst-case cost against its budgets; 429 budget_exceeded when
         one cannot take it."""
         charge = record.charge
-        if not isinstance(charge, Charge) or charge.account is None \
-                or not charge.account.scopes or record.endpoint == "messages/count_tokens":
+        if charge is None or not charge.account.scopes \
+                or record.endpoint == "messages/count_tokens":
             return
         amount, charge.prompt = pricing.worst_case(record.endpoint, raw, alias, routes, prices)
         now = self.clock()
@@ -230,11 +230,11 @@ class Accounts:
         cost = 0.0 if record.from_store else record.cost  # the first request paid for it
         if cost is None and record.events and record.provider is not None \
                 and record.alias is not None:
-            cost = pricing.cut_cost(charge.prompt if isinstance(charge, Charge) else 0,
+            cost = pricing.cut_cost(charge.prompt if charge is not None else 0,
                                     record.events, self.price_of(record.provider, record.alias))
-        if isinstance(charge, Charge):
+        if charge is not None:
             account = charge.account
-            if charge.parallel and account is not None:
+            if charge.parallel:
                 self.parallel[account.key_id] -= 1
                 if account.team is not None:
                     self.parallel[f"team:{account.team}"] -= 1

@@ -13,12 +13,15 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from providers.contract.errors import Attempt, Dialect
 from providers.contract.provider import Resumes
 from providers.contract.usage import Price, Usage
 from providers.contract.usage import cost as cost_of
+
+if TYPE_CHECKING:
+    from gateway.accounts.service import Charge
 
 MAX_REQUEST_ID = 128
 MESSAGES_ENDPOINTS = frozenset({"messages", "messages/count_tokens"})
@@ -54,8 +57,7 @@ class Record:
     stream: bool = False
     key_id: str | None = None
     team: str | None = None  # the virtual key's team (`gateway.accounts`)
-    # What accounts hold for it: its parallel slot, its budget hold (`accounts.service.Charge`).
-    charge: Any = None
+    charge: Charge | None = None  # what accounts hold for it: its parallel slot, its budget hold
     budget_remaining: float | None = None  # dollars left in its tightest budget, when one applies
     provider: str | None = None
     cache_hit: bool = False  # answered from the response cache (`provider` said who first did)
