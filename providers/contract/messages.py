@@ -14,9 +14,10 @@ Approximated inbound: `system` messages become chat system messages where they s
 blocks, server tool blocks and other blocks the chat format has no place for are dropped;
 `top_k` and `context_management` are dropped, and `cache_control` too unless the provider
 takes it (`to_chat(cache_control=True)`: Claude behind the `bedrock` or `vertex` kinds), when it
-goes on the matching content part, message (an assistant turn's or a tool result's) or tool; a deferred tool
-(`defer_loading`) is declared once a `tool_reference` has loaded it; a `tool_result`'s images are
-not sent; server tools (web search and the like) are refused with a 400.
+goes on the matching content part, message (an assistant turn's or a tool result's) or tool;
+a deferred tool (`defer_loading`) is declared once a `tool_reference` has loaded it; a
+`tool_result`'s images are not sent; server tools (web search and the like) are refused with a
+400.
 """
 
 from __future__ import annotations
