@@ -15,6 +15,64 @@ OVERLOADED = json.dumps({"type": "error", "error": {"type": "overloaded_error",
                                                     "message": "Overloaded"}})
 # Fields Anthropic refuses ("Extra inputs are not permitted") unless a beta names them.
 BETA_FIELDS = {"context_management": "context-management-"}
+MAX_BREAKPOINTS = 4  # blocks marked `cache_control` Anthropic takes in one request
+TTLS = ("5m", "1h")
+
+
+class PromptCache:
+    """Prefixes cached at breakpoints, as Anthropic's prompt cache keeps them: a request's
+    tokens (one per word of each block's JSON) split into those read from the cache (up to its
+    longest breakpoint already cached), those written to it (from there to its last
+    breakpoint) and the rest; every breakpoint's prefix is cached after it."""
+
+    def __init__(self) -> None:
+        self.prefixes: set[str] = set()
+
+    def clear(self) -> None:
+        self.prefixes.clear()
+
+    def usage(self, blocks: list[tuple[Any, str | None]]) -> dict[str, Any]:
+        """`blocks`: each block (its `cache_control` left out) and the TTL of the breakpoint
+        it ends, if it ends one. Anthropic's usage fields for the prompt."""
+        sizes = [len(json.dumps(block).split()) for block, _ in blocks]
+        ends = [n + 1 for n, (_, ttl) in enumerate(blocks) if ttl is not None]
+        keys = {end: json.dumps([block for block, _ in blocks[:end]]) for end in ends}
+        read = max((end for end in ends if keys[end] in self.prefixes), default=0)
+        last = max(ends, default=0)
+        written = sum(sizes[read:last])
+        self.prefixes.update(keys.values())
+        ttl = blocks[last - 1][1] if last else "5m"
+        return {"input_tokens": sum(sizes[last:]) or 1, "cache_read_input_tokens": sum(
+            sizes[:read]), "cache_creation_input_tokens": written, "cache_creation": {
+            "ephemeral_5m_input_tokens": written if ttl == "5m" else 0,
+            "ephemeral_1h_input_tokens": written if ttl == "1h" else 0}}
+
+
+def marked_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The blocks a Messages body could mark, in the order Anthropic reads them: tools, system,
+    messages."""
+    system = body.get("system")
+    blocks = [*(body.get("tools") or ()), *(system if isinstance(system, list) else ())]
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        blocks += content if isinstance(content, list) else []
+    return [block for block in blocks if isinstance(block, dict)]
+
+
+def cache_problem(body: dict[str, Any]) -> str | None:
+    """What Anthropic would refuse in a body's `cache_control` marks, if anything."""
+    marked = [block for block in marked_blocks(body) if "cache_control" in block]
+    if len(marked) > MAX_BREAKPOINTS:
+        return (f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+                f"Found {len(marked)}.")
+    for block in marked:
+        mark = block["cache_control"]
+        if not isinstance(mark, dict) or mark.get("type") != "ephemeral" \
+                or set(mark) - {"type", "ttl"} or mark.get("ttl", "5m") not in TTLS:
+            return "cache_control: Input tag does not match the expected tag 'ephemeral'"
+        if block.get("type") == "text" and not block.get("text"):
+            return "cache_control cannot be set for empty text blocks"
+    return None
 
 
 def refused(request: web.Request, body: Any) -> web.Response | None:
@@ -25,6 +83,9 @@ def refused(request: web.Request, body: Any) -> web.Response | None:
             error = {"type": "invalid_request_error",
                      "message": f"{name}: Extra inputs are not permitted"}
             return web.json_response({"type": "error", "error": error}, status=400)
+    if isinstance(body, dict) and (problem := cache_problem(body)) is not None:
+        error = {"type": "invalid_request_error", "message": problem}
+        return web.json_response({"type": "error", "error": error}, status=400)
     if (prefill := prefilled(body)) is not None and prefill != prefill.rstrip():
         error = {"type": "invalid_request_error",
                  "message": "messages: final assistant content cannot end with trailing "
@@ -46,7 +107,28 @@ def prefilled(body: Any) -> str | None:
 
 
 class FakeAnthropic(FakeUpstream):
-    """POST /v1/messages, whole or streamed (`event:` + `data:` SSE), with tool use and thinking."""
+    """POST /v1/messages, whole or streamed (`event:` + `data:` SSE), with tool use, thinking
+    and prompt caching (a body with `cache_control` marks reports cache reads and writes)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.cache = PromptCache()
+
+    def reset(self) -> None:
+        """Forget requests and cancels, and what the prompt cache holds."""
+        super().reset()
+        self.cache.clear()
+
+    def prompt_usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The prompt's usage: 10 input tokens, or, for a body with breakpoints, as the prompt
+        cache counts them."""
+        blocks = marked_blocks(body)
+        if not any("cache_control" in block for block in blocks):
+            return {"input_tokens": 10}
+        return self.cache.usage([
+            ({k: v for k, v in block.items() if k != "cache_control"},
+             block["cache_control"].get("ttl", "5m") if "cache_control" in block else None)
+            for block in blocks])
 
     def _routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._messages)
@@ -111,11 +193,12 @@ class FakeAnthropic(FakeUpstream):
         return {"id": "msg_fake", "type": "message", "role": "assistant",
                 "model": body.get("model"), "content": self._blocks(mode),
                 "stop_reason": self._stop_reason(mode), "stop_sequence": None,
-                "usage": {"input_tokens": 10, "output_tokens": 5}}
+                "usage": {**self.prompt_usage(body), "output_tokens": 5}}
 
     def _events(self, mode: Mode, body: dict[str, Any]) -> list[dict[str, Any]]:
-        start = {**self._message(mode, body), "content": [], "stop_reason": None,
-                 "usage": {"input_tokens": 10, "output_tokens": 1}}
+        start = self._message(mode, body)
+        start = {**start, "content": [], "stop_reason": None,
+                 "usage": {**start["usage"], "output_tokens": 1}}
         events: list[dict[str, Any]] = [{"type": "message_start", "message": start},
                                         {"type": "ping"}]
         for index, block in enumerate(self._blocks(mode)):

@@ -26,7 +26,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 
-from tests.fake_anthropic import FakeAnthropic
+from tests.fake_anthropic import MAX_BREAKPOINTS, FakeAnthropic, cache_problem
 from tests.upstream import Mode, _words, echoed, vector
 
 SIGNATURE_MISMATCH = ("The request signature we calculated does not match the signature you "
@@ -126,6 +126,34 @@ def signature_problem(request: web.Request, body: bytes, keys: dict[str, str],
     return None
 
 
+def cache_points(body: dict[str, Any]) -> list[tuple[Any, str | None]]:
+    """A Converse body's blocks in the order Bedrock reads them (tools, system, messages), each
+    with the TTL of the breakpoint it ends if a `cachePoint` follows it."""
+    lists = [(body.get("toolConfig") or {}).get("tools") or [], body.get("system") or [],
+             *(message.get("content") or [] for message in body.get("messages") or ())]
+    blocks: list[tuple[Any, str | None]] = []
+    for listed in lists:
+        for block in listed:
+            if isinstance(block, dict) and "cachePoint" in block:
+                if blocks:
+                    blocks[-1] = (blocks[-1][0], "5m")
+            else:
+                blocks.append((block, None))
+    return blocks
+
+
+def cache_point_problem(model: str, body: dict[str, Any]) -> str | None:
+    """What Bedrock refuses of a body's cache points, if anything."""
+    points = sum(ttl is not None for _, ttl in cache_points(body))
+    if points and "amazon.nova" not in model:
+        return "You invoked an unsupported model or your request did not allow prompt " \
+            "caching. See the documentation for more information."
+    if points > MAX_BREAKPOINTS:
+        return f"The number of cache points ({points}) exceeds the maximum of " \
+            f"{MAX_BREAKPOINTS}."
+    return None
+
+
 def converse_problem(body: Any) -> str | None:
     """What Converse's validation would refuse in a body, if anything."""
     if not isinstance(body, dict):
@@ -160,6 +188,7 @@ class FakeBedrock(FakeAnthropic):
         self.tokens = dict(tokens or {})
         self.api_keys = api_keys  # Bedrock API keys, sent as bearer tokens
         self.refusals: list[str] = []  # the error types of requests refused before any model
+        self.cached: dict[str, int] | None = None  # the last Converse prompt's cache usage
 
     @property
     def url(self) -> str:
@@ -192,8 +221,9 @@ class FakeBedrock(FakeAnthropic):
             return self._titan(body)
         if model.startswith("anthropic."):
             return await self._claude(request, body, mode, streaming)
-        if problem := converse_problem(body):
+        if problem := converse_problem(body) or cache_point_problem(model, body):
             return aws_error(400, "ValidationException", problem)
+        self.cached = self._cache_usage(body)
         if streaming:
             return await self._converse_stream(request, mode)
         return web.json_response(self._converse(mode), headers={
@@ -236,7 +266,20 @@ class FakeBedrock(FakeAnthropic):
     def _text(self, mode: Mode) -> str:
         return "".join(self._pieces(mode))
 
+    def _cache_usage(self, body: dict[str, Any]) -> dict[str, int] | None:
+        """Converse's usage of a prompt with cache points, as the prompt cache counts it."""
+        blocks = cache_points(body)
+        if not any(ttl for _, ttl in blocks):
+            return None
+        found = self.cache.usage(blocks)
+        return {"inputTokens": found["input_tokens"],
+                "cacheReadInputTokens": found["cache_read_input_tokens"],
+                "cacheWriteInputTokens": found["cache_creation_input_tokens"]}
+
     def _usage(self, mode: Mode, output: int) -> dict[str, int]:
+        if self.cached is not None:
+            return {**self.cached, "outputTokens": output,
+                    "totalTokens": sum(self.cached.values()) + output}
         usage = {"inputTokens": 10, "outputTokens": output, "totalTokens": 10 + output}
         if mode.usage:
             usage["cacheReadInputTokens"] = 4
@@ -329,6 +372,8 @@ class FakeBedrock(FakeAnthropic):
             return aws_error(400, "ValidationException", "Malformed input request: #: "
                              f"extraneous key [{sorted(extra)[0]}] is not permitted, please "
                              "reformat your input and try again.")
+        if problem := cache_problem(body):
+            return aws_error(400, "ValidationException", problem)
         if not streaming:
             return web.json_response(self._message(mode, body))
         chunks = []

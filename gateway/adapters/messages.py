@@ -50,21 +50,22 @@ class MessagesBridge(Adapter):
     kind = "messages-bridge"
     endpoints = ENDPOINTS
 
-    @staticmethod
-    def _chat(request: Outgoing) -> Outgoing:
-        return request.with_body("chat/completions", messages.to_chat(request.json()))
+    def _chat(self, request: Outgoing, upstream_model: str) -> Outgoing:
+        # Prompt-cache marks go only where they are read: elsewhere they may be refused.
+        marks = self.inner.takes_cache_control(upstream_model)
+        return request.with_body("chat/completions", messages.to_chat(request.json(), marks))
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         if request.endpoint == "messages/count_tokens":
             counted = {"input_tokens": estimated_tokens(request.json())}
             return Reply(msgspec.json.encode(counted))
-        answer = await self.inner.send(self._chat(request), upstream_model)
+        answer = await self.inner.send(self._chat(request, upstream_model), upstream_model)
         message = messages.to_message(msgspec.json.decode(answer.body), request.model,
                                       request.json())
         return Reply(msgspec.json.encode(message), usage=answer.usage)
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
-        chunks = self.inner.stream(self._chat(request), upstream_model)
+        chunks = self.inner.stream(self._chat(request, upstream_model), upstream_model)
         events = messages.MessageEvents(request.model, request.json())
         reader = sse.Reader()
         try:

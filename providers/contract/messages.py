@@ -12,9 +12,12 @@ checks what it translates, each block by its type, where it reads it.
 
 Approximated inbound: `system` messages become chat system messages where they stand; thinking
 blocks, server tool blocks and other blocks the chat format has no place for are dropped;
-`top_k`, `cache_control` and `context_management` are dropped; a deferred tool
-(`defer_loading`) is declared once a `tool_reference` has loaded it; a `tool_result`'s images are
-not sent; server tools (web search and the like) are refused with a 400.
+`top_k` and `context_management` are dropped, and `cache_control` too unless the provider
+takes it (`to_chat(cache_control=True)`: Claude behind the `bedrock` or `vertex` kinds), when it
+goes on the matching content part, message (an assistant turn's or a tool result's) or tool;
+a deferred tool (`defer_loading`) is declared once a `tool_reference` has loaded it; a
+`tool_result`'s images are not sent; server tools (web search and the like) are refused with a
+400.
 """
 
 from __future__ import annotations
@@ -193,24 +196,29 @@ def image_url(source: Mapping[str, Any]) -> str:
 
 
 def usage_of(anthropic_usage: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Anthropic usage in OpenAI's names; cache reads count as cached prompt tokens."""
+    """Anthropic usage in OpenAI's names: every prompt token counts in `prompt_tokens` (as
+    OpenAI counts them), cache reads as `cached_tokens`, cache writes as `cache_write_tokens`."""
     found = anthropic_usage or {}
     cached = found.get("cache_read_input_tokens") or 0
-    prompt = (found.get("input_tokens") or 0) + cached + \
-        (found.get("cache_creation_input_tokens") or 0)
+    written = found.get("cache_creation_input_tokens") or 0
+    prompt = (found.get("input_tokens") or 0) + cached + written
     completion = found.get("output_tokens") or 0
+    details = {"cached_tokens": cached}
+    if written:
+        details["cache_write_tokens"] = written
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "total_tokens": prompt + completion, "prompt_tokens_details": details}
 
 
 def anthropic_usage(chat_usage: Mapping[str, Any] | None) -> dict[str, Any]:
     """OpenAI usage in Anthropic's names (`usage_of` inverted)."""
     found = chat_usage or {}
-    cached = (found.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {"input_tokens": max(0, (found.get("prompt_tokens") or 0) - cached),
+    details = found.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") or 0
+    written = details.get("cache_write_tokens") or 0
+    return {"input_tokens": max(0, (found.get("prompt_tokens") or 0) - cached - written),
             "output_tokens": found.get("completion_tokens") or 0,
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": written}
 
 
 def effort_for(budget: int | None) -> str:
@@ -228,23 +236,41 @@ def new_id() -> str:
 # -- inbound: a Messages request as a chat completion, and the answer back ----------------------
 
 
-def to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
+def to_chat(body: Mapping[str, Any], cache_control: bool = False) -> dict[str, Any]:
     """The chat-completions body for a Messages body; InvalidRequest names a field the
-    translation cannot read."""
+    translation cannot read. With `cache_control`, prompt-cache marks are kept."""
     checked(body, Translated)
     _check_blocks(body.get("system"), "system")
     for number, message in enumerate(body["messages"]):
         _check_blocks(message["content"], f"messages[{number}].content")
     messages: list[dict[str, Any]] = []
-    if system := _text(body.get("system")):
-        messages.append({"role": "system", "content": system})
+    system = body.get("system")
+    if cache_control and isinstance(system, list) and any(_mark(b) for b in system):
+        messages.append({"role": "system", "content": [
+            _keep_mark({"type": "text", "text": block["text"]}, block)
+            for block in system if block["type"] == "text"]})
+    elif text := _text(system):
+        messages.append({"role": "system", "content": text})
     for number, message in enumerate(body["messages"]):
-        messages += _chat_messages(message["role"], message["content"], f"messages[{number}]")
+        messages += _chat_messages(message["role"], message["content"], f"messages[{number}]",
+                                   cache_control)
     chat: dict[str, Any] = {"model": body["model"], "messages": messages, **_settings(body)}
     if body.get("tools"):
         chat.update(_chat_tools(body["tools"], body.get("tool_choice"),
-                                _loaded(body["messages"])))
+                                _loaded(body["messages"]), cache_control))
     return chat
+
+
+def _mark(block: Mapping[str, Any]) -> dict[str, Any] | None:
+    found = block.get("cache_control")
+    return found if isinstance(found, dict) else None
+
+
+def _keep_mark(target: dict[str, Any], block: Mapping[str, Any]) -> dict[str, Any]:
+    """`target` with `block`'s prompt-cache mark, if it has one."""
+    if (found := _mark(block)) is not None:
+        target["cache_control"] = found
+    return target
 
 
 def _settings(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,11 +313,12 @@ def _text(content: Any) -> str:
     return "\n\n".join(block["text"] for block in content or () if block["type"] == "text")
 
 
-def _chat_messages(role: str, content: str | list[dict[str, Any]], where: str
-                   ) -> list[dict[str, Any]]:
+def _chat_messages(role: str, content: str | list[dict[str, Any]], where: str,
+                   marks: bool = False) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: a system message where it stands, an assistant turn
     with its tool calls, or a user turn's tool results (each its own `tool` message, first) and
-    then what the user said."""
+    then what the user said; with `marks`, the blocks' `cache_control` on their parts (or, for
+    an assistant turn or a tool result, on the message: its last block)."""
     if role == "system":
         text = _text(content)
         return [{"role": "system", "content": text}] if text else []
@@ -307,15 +334,18 @@ def _chat_messages(role: str, content: str | list[dict[str, Any]], where: str
         answer: dict[str, Any] = {"role": "assistant", "content": _text(content) or None}
         if calls:
             answer["tool_calls"] = calls
+        for block in content if marks else ():
+            _keep_mark(answer, block)
         return [answer]
-    results = [{"role": "tool", "tool_call_id": block["tool_use_id"],
-                "content": ("Error: " if block.get("is_error") else "")
-                + _text(block.get("content"))}
+    results = [_keep_mark({"role": "tool", "tool_call_id": block["tool_use_id"],
+                           "content": ("Error: " if block.get("is_error") else "")
+                           + _text(block.get("content"))}, block if marks else {})
                for block in content if block["type"] == "tool_result"]
-    parts = [part for block in content if (part := _part(block)) is not None]
+    parts = [_keep_mark(part, block if marks else {}) for block in content
+             if (part := _part(block)) is not None]
     if not parts:
         return results
-    if all(part["type"] == "text" for part in parts):
+    if all(part["type"] == "text" and "cache_control" not in part for part in parts):
         return [*results, {"role": "user", "content": "".join(str(p["text"]) for p in parts)}]
     return [*results, {"role": "user", "content": parts}]
 
@@ -346,9 +376,10 @@ def _loaded(messages: Iterable[Mapping[str, Any]]) -> set[str]:
 
 
 def _chat_tools(tools: Sequence[Mapping[str, Any]], choice: Mapping[str, Any] | None,
-                loaded: set[str]) -> dict[str, Any]:
+                loaded: set[str], marks: bool = False) -> dict[str, Any]:
     # A deferred tool is not shown to an Anthropic model until a tool search loads it.
-    functions = [_function(tool, n) for n, tool in enumerate(tools)
+    functions = [_keep_mark(_function(tool, n), tool if marks else {})
+                 for n, tool in enumerate(tools)
                  if not tool.get("defer_loading") or tool.get("name") in loaded]
     if not functions:
         return {}

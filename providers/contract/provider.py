@@ -195,6 +195,12 @@ class Provider(ABC):
         `continue_final_message`, or, when it can do neither, an `instruction` in words."""
         return "instruction"
 
+    def takes_cache_control(self, upstream_model: str) -> bool:
+        """Whether chat `cache_control` marks reach `upstream_model` as prompt-cache
+        breakpoints (Anthropic's models), so a bridge keeps them in the chat it sends; an
+        upstream that does not know them may refuse them."""
+        return False
+
     @property
     def embedding_batch_limit(self) -> int | None:
         """The most inputs one upstream embeddings call may carry."""
@@ -226,6 +232,9 @@ class Adapter(Provider):
 
     def continues(self) -> str:
         return self.inner.continues()
+
+    def takes_cache_control(self, upstream_model: str) -> bool:
+        return self.inner.takes_cache_control(upstream_model)
 
     @property
     def embedding_batch_limit(self) -> int | None:

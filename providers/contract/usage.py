@@ -15,6 +15,7 @@ Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
 class _Details(msgspec.Struct):
     reasoning_tokens: Tokens | None = None
     cached_tokens: Tokens | None = None
+    cache_write_tokens: Tokens | None = None  # prompt tokens written to a prompt cache
 
 
 class Usage(msgspec.Struct):
@@ -52,13 +53,20 @@ class Usage(msgspec.Struct):
         details = self.prompt_tokens_details
         return (details.cached_tokens or 0) if details else 0
 
+    @property
+    def cache_write_tokens(self) -> int:
+        details = self.prompt_tokens_details
+        return (details.cache_write_tokens or 0) if details else 0
+
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """US dollars per million tokens."""
+    """US dollars per million tokens: `cached_input` for prompt tokens read from a prompt
+    cache, `cache_write` for those written to one (Anthropic charges a premium for writes)."""
 
     input: float = 0.0
     output: float = 0.0
     cached_input: float | None = None
+    cache_write: float | None = None
 
 
 class _Response(msgspec.Struct):
@@ -80,9 +88,11 @@ def from_payload(payload: bytes) -> Usage | None:
 
 
 def cost(usage: Usage, price: Price) -> float:
-    """Dollars for this usage; cached prompt tokens at the cached price when one is given."""
+    """Dollars for this usage; prompt tokens read from or written to a prompt cache at the
+    cached and cache-write prices when they are given, at the input price when not."""
     cached = usage.cached_tokens if price.cached_input is not None else 0
-    fresh = usage.prompt_tokens - cached
+    written = usage.cache_write_tokens if price.cache_write is not None else 0
+    fresh = max(0, usage.prompt_tokens - cached - written)
     dollars = (fresh * price.input + cached * (price.cached_input or 0.0)
-               + usage.completion_tokens * price.output)
+               + written * (price.cache_write or 0.0) + usage.completion_tokens * price.output)
     return dollars / 1_000_000

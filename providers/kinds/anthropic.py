@@ -3,6 +3,10 @@
 Translation is pure (`to_messages`, `to_chat_completion`, `StreamTranslator`); the provider only
 sends. Approximated: `response_format` becomes an instruction in the system prompt (the Messages
 API has no JSON mode), `n` > 1 and `logprobs` are not available, `seed` and penalties are dropped.
+
+Prompt caching: a `cache_control` on a content part, on a message (its last block: LiteLLM's
+convention) or on a tool goes on the matching block; past Anthropic's limit of
+`MAX_BREAKPOINTS` per request, the earliest are dropped (`limit_breakpoints`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from providers.wire.http import HttpUpstream, scrub
 API_VERSION = "2023-06-01"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_MAX_TOKENS = 4096
+# Anthropic refuses a request with more blocks marked `cache_control` than this (a 400).
+MAX_BREAKPOINTS = 4
 
 
 def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
@@ -41,9 +47,11 @@ def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
         or DEFAULT_MAX_TOKENS,
     }
     if schema := format_instruction(body.get("response_format")):
-        system.append(schema)
-    if system:
-        request["system"] = "\n\n".join(system)
+        system.append({"type": "text", "text": schema})
+    if any("cache_control" in block for block in system):
+        request["system"] = system
+    elif system:
+        request["system"] = "\n\n".join(block["text"] for block in system)
     for name in ("temperature", "top_p", "top_k", "stream"):
         if body.get(name) is not None:
             request[name] = body[name]
@@ -59,21 +67,57 @@ def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
         request.pop("temperature", None)  # extended thinking requires the default temperature
     if body.get("user"):
         request["metadata"] = {"user_id": str(body["user"])}
+    return limit_breakpoints(request)
+
+
+def limit_breakpoints(request: dict[str, Any]) -> dict[str, Any]:
+    """`request` with at most `MAX_BREAKPOINTS` blocks marked `cache_control`: those nearest
+    the end (tools, then system, then messages, as Anthropic reads them) are kept, as each
+    cached prefix holds everything before it, so a late breakpoint caches the most."""
+    system = request.get("system")
+    marked = [block for block in (
+        *(request.get("tools") or ()), *(system if isinstance(system, list) else ()),
+        *(block for message in request["messages"] for block in message["content"]))
+        if "cache_control" in block]
+    for block in marked[:-MAX_BREAKPOINTS]:
+        del block["cache_control"]
     return request
 
 
-def _conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
-    """System text, and the turns as alternating user/assistant content blocks."""
-    system: list[str] = []
+def cache_control(part: Any) -> dict[str, Any] | None:
+    """A part's, message's or tool's `cache_control`, if it has one of the right shape."""
+    found = part.get("cache_control") if isinstance(part, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def _marked(block: dict[str, Any], part: Any) -> dict[str, Any]:
+    if (found := cache_control(part)) is not None:
+        block["cache_control"] = found
+    return block
+
+
+def _mark_last(blocks: list[dict[str, Any]], message: Any) -> list[dict[str, Any]]:
+    """A message's `cache_control` goes on its last block, where its prefix ends."""
+    if blocks:
+        _marked(blocks[-1], message)
+    return blocks
+
+
+def _conversation(chat: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """System text blocks, and the turns as alternating user/assistant content blocks."""
+    system: list[dict[str, Any]] = []
     messages: list[dict[str, Any]] = []
     for message in chat:
         role = message.get("role")
         if role in ("system", "developer"):
-            system.append(content_text(message.get("content")))
+            system += _mark_last(_system_blocks(message.get("content")), message)
         elif role == "tool":
             block = {"type": "tool_result", "tool_use_id": message.get("tool_call_id", ""),
                      "content": content_text(message.get("content"))}
-            _append(messages, "user", [block])
+            for part in message.get("content") if isinstance(message.get("content"), list) \
+                    else ():
+                _marked(block, part)
+            _append(messages, "user", _mark_last([block], message))
         elif role == "assistant":
             blocks = _blocks(message.get("content"))
             for call in message.get("tool_calls") or ():
@@ -81,10 +125,19 @@ def _conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
                 blocks.append({"type": "tool_use", "id": call.get("id", ""),
                                "name": function.get("name", ""),
                                "input": _json_or_empty(function.get("arguments"))})
-            _append(messages, "assistant", blocks)
+            _append(messages, "assistant", _mark_last(blocks, message))
         else:
-            _append(messages, "user", _blocks(message.get("content")))
+            _append(messages, "user", _mark_last(_blocks(message.get("content")), message))
     return system, messages
+
+
+def _system_blocks(content: Any) -> list[dict[str, Any]]:
+    """A system message as text blocks: one, unless its parts mark where a cache ends."""
+    if isinstance(content, list) and any(cache_control(part) for part in content):
+        return [_marked({"type": "text", "text": str(part["text"])}, part) for part in content
+                if isinstance(part, dict) and part.get("type") == "text" and part.get("text")]
+    text = content_text(content)
+    return [{"type": "text", "text": text}] if text else []
 
 
 def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
@@ -103,10 +156,11 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     blocks = []
     for part in content:
         if part.get("type") == "text":
-            blocks.append({"type": "text", "text": part.get("text", "")})
+            blocks.append(_marked({"type": "text", "text": part.get("text", "")}, part))
         elif part.get("type") == "image_url":
             image = part.get("image_url") or ""
-            blocks.append(image_block(image if isinstance(image, str) else image.get("url", "")))
+            blocks.append(_marked(image_block(image if isinstance(image, str)
+                                              else image.get("url", "")), part))
     return blocks
 
 
@@ -125,7 +179,7 @@ def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
                 "input_schema": function.get("parameters") or {"type": "object"}}
     if function.get("description"):
         declared["description"] = function["description"]
-    return declared
+    return _marked(declared, tool)
 
 
 def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
@@ -321,6 +375,9 @@ class AnthropicProvider(Provider):
     def continues(self) -> str:
         """A trailing assistant turn is a prefill the Messages API continues."""
         return "prefill"
+
+    def takes_cache_control(self, upstream_model: str) -> bool:
+        return True
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)

@@ -89,6 +89,13 @@ def is_anthropic(model_id: str) -> bool:
     return model_id.startswith("anthropic.") or ".anthropic." in model_id
 
 
+def caches_prompts(model_id: str) -> bool:
+    """Whether a Bedrock model takes prompt-cache breakpoints: Claude (`cache_control`) and
+    Nova (Converse's `cachePoint`); others refuse them."""
+    return is_anthropic(model_id) or model_id.startswith("amazon.nova") \
+        or ".amazon.nova" in model_id
+
+
 def anthropic_body(body: Mapping[str, Any], model_id: str) -> dict[str, Any]:
     """The InvokeModel body for Claude: the Messages request, its version in the body, its
     model in the URL, and no `stream` (streaming is another operation)."""
@@ -137,6 +144,9 @@ class BedrockProvider(Provider):
                                  self._api_key, transport, spec.link_for(self._base_url))
         self._credentials: Credentials | None = None
         self._resolving = asyncio.Lock()
+
+    def takes_cache_control(self, upstream_model: str) -> bool:
+        return caches_prompts(upstream_model)
 
     # -- credentials and signing --------------------------------------------------------------
 
@@ -200,7 +210,7 @@ class BedrockProvider(Provider):
     def _chat_body(self, request: Outgoing, model_id: str) -> bytes:
         body = request.json()
         translated = anthropic_body(body, model_id) if is_anthropic(model_id) \
-            else to_converse(body)
+            else to_converse(body, cache_points=caches_prompts(model_id))
         for name in self.spec.drop_params:
             translated.pop(name, None)
         translated.update(self.spec.params)

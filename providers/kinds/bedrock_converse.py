@@ -6,7 +6,9 @@
 Messages streams Bedrock wraps in the same framing. Approximated: images must be data URIs
 (Converse fetches no URL), `tool_choice: "none"` sends the tools with no choice (Converse has no
 "none"), `response_format` becomes an instruction in the system prompt, `n`, `seed`, penalties
-and `logprobs` are dropped.
+and `logprobs` are dropped. A `cache_control` (on a part, a message or a tool, as the `anthropic`
+kind reads it) becomes a `cachePoint` after its block, for models that take them
+(`cache_points`); its `ttl` is not sent, and past `MAX_BREAKPOINTS` the earliest are dropped.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from providers.contract.errors import (
     ProviderUnavailable,
 )
 from providers.contract.messages import usage_of
-from providers.kinds.anthropic import format_instruction
+from providers.kinds.anthropic import MAX_BREAKPOINTS, cache_control, format_instruction
 from providers.wire import sse
 from providers.wire.http import scrub
 
@@ -44,42 +46,78 @@ IMAGE_FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg",
 # Exceptions a stream may carry instead of its next event; a throttle is a rate limit, every
 # other one (modelStreamErrorException, internalServerException, …) the provider's failure.
 RATE_LIMITED = frozenset({"throttlingException", "ThrottlingException"})
+CACHE_POINT = {"cachePoint": {"type": "default"}}
 
 
 # -- the request ---------------------------------------------------------------------------------
 
 
-def to_converse(body: Mapping[str, Any]) -> dict[str, Any]:
+def to_converse(body: Mapping[str, Any], cache_points: bool = False) -> dict[str, Any]:
     """The Converse body for an OpenAI chat-completions body (the model goes in the URL);
-    InvalidRequest names a field of the wrong type or an image Converse cannot take."""
+    InvalidRequest names a field of the wrong type or an image Converse cannot take. With
+    `cache_points`, prompt-cache marks become `cachePoint` blocks."""
     checked(body, ChatRequest)  # what follows reads only fields of the types checked here
     system, messages = conversation(body.get("messages") or ())
     request: dict[str, Any] = {"messages": messages}
     if instruction := format_instruction(body.get("response_format")):
-        system.append(instruction)
+        system.append({"text": instruction})
     if system:
-        request["system"] = [{"text": text} for text in system]
+        request["system"] = system
     if config := inference_config(body):
         request["inferenceConfig"] = config
     if tools := tool_config(body.get("tools"), body.get("tool_choice")):
         request["toolConfig"] = tools
+    return limit_cache_points(request) if cache_points else without_cache_points(request)
+
+
+def _places(request: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The lists a `cachePoint` may stand in, in the order Bedrock reads them."""
+    return [(request.get("toolConfig") or {}).get("tools") or [], request.get("system") or [],
+            *(message["content"] for message in request["messages"])]
+
+
+def limit_cache_points(request: dict[str, Any]) -> dict[str, Any]:
+    """At most `MAX_BREAKPOINTS` cache points, those nearest the end kept (as `anthropic`
+    keeps its breakpoints)."""
+    points = sum(block == CACHE_POINT for blocks in _places(request) for block in blocks)
+    extra = max(0, points - MAX_BREAKPOINTS)
+    for blocks in _places(request):
+        while extra and CACHE_POINT in blocks:
+            blocks.remove(CACHE_POINT)
+            extra -= 1
     return request
 
 
-def conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
-    """System texts, and the turns as alternating user/assistant content blocks."""
-    system: list[str] = []
+def without_cache_points(request: dict[str, Any]) -> dict[str, Any]:
+    """No cache point: the model would refuse them."""
+    for blocks in _places(request):
+        blocks[:] = [block for block in blocks if block != CACHE_POINT]
+    return request
+
+
+def _cached(blocks: list[dict[str, Any]], mark: Any) -> list[dict[str, Any]]:
+    """`blocks` with a cache point after them if `mark` (a part, a message) carries one."""
+    if blocks and cache_control(mark) is not None and blocks[-1] != CACHE_POINT:
+        blocks.append(dict(CACHE_POINT))
+    return blocks
+
+
+def conversation(chat: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """System blocks, and the turns as alternating user/assistant content blocks, with cache
+    points where the chat marks a cache's end."""
+    system: list[dict[str, Any]] = []
     messages: list[dict[str, Any]] = []
     for message in chat:
         role = message.get("role")
         if role in ("system", "developer"):
-            if text := content_text(message.get("content")):
-                system.append(text)
+            system += _cached(_system_blocks(message.get("content")), message)
         elif role == "tool":
             text = content_text(message.get("content"))  # a blank text block is refused
             result = {"toolUseId": message.get("tool_call_id", ""),
                       "content": [{"text": text}] if text else []}
-            _append(messages, "user", [{"toolResult": result}])
+            parts = message.get("content") if isinstance(message.get("content"), list) else []
+            marked = next((part for part in parts if cache_control(part)), message)
+            _append(messages, "user", _cached([{"toolResult": result}], marked))
         elif role == "assistant":
             blocks = _blocks(message.get("content"))
             for call in message.get("tool_calls") or ():
@@ -87,10 +125,25 @@ def conversation(chat: Any) -> tuple[list[str], list[dict[str, Any]]]:
                 blocks.append({"toolUse": {"toolUseId": call.get("id", ""),
                                            "name": function.get("name", ""),
                                            "input": _json_object(function.get("arguments"))}})
-            _append(messages, "assistant", blocks)
+            _append(messages, "assistant", _cached(blocks, message))
         else:
-            _append(messages, "user", _blocks(message.get("content")))
+            _append(messages, "user", _cached(_blocks(message.get("content")), message))
     return system, messages
+
+
+def _system_blocks(content: Any) -> list[dict[str, Any]]:
+    """A system message as text (a system prompt takes no image): one block, or one per run
+    of parts ending at a part that marks a cache's end, each followed by its cache point."""
+    if not isinstance(content, list):
+        return [{"text": text}] if (text := content_text(content)) else []
+    blocks: list[dict[str, Any]] = []
+    pending = ""
+    for part in content:
+        pending += str(part.get("text", "")) if isinstance(part, dict) else ""
+        if pending and cache_control(part) is not None:
+            blocks += [{"text": pending}, dict(CACHE_POINT)]
+            pending = ""
+    return [*blocks, {"text": pending}] if pending else blocks
 
 
 def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
@@ -114,6 +167,9 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
             image = part.get("image_url") or ""
             blocks.append(image_block(image if isinstance(image, str) else
                                       str(image.get("url", ""))))
+        else:
+            continue
+        _cached(blocks, part)  # after the part's own block
     return blocks
 
 
@@ -158,7 +214,7 @@ def inference_config(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def tool_config(tools: Any, choice: Any) -> dict[str, Any] | None:
     """`toolConfig`: the functions as tool specs and the client's choice among them."""
-    specs = []
+    specs: list[dict[str, Any]] = []
     for tool in tools if isinstance(tools, list) else ():
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
             continue
@@ -168,6 +224,7 @@ def tool_config(tools: Any, choice: Any) -> dict[str, Any] | None:
         if function.get("description"):
             spec["description"] = function["description"]
         specs.append({"toolSpec": spec})
+        _cached(specs, tool)
     if not specs:
         return None
     config: dict[str, Any] = {"tools": specs}

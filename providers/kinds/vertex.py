@@ -155,6 +155,10 @@ class VertexProvider(Provider):
     endpoints = frozenset({"chat/completions", "embeddings"})
     embedding_batch = MAX_EMBEDDING_BATCH
 
+    def takes_cache_control(self, upstream_model: str) -> bool:
+        """Claude's prompt-cache marks reach it (Gemini's caching is another API)."""
+        return is_claude(upstream_model)
+
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)
         settings = read_settings(spec.raw)
