@@ -139,8 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
               f'["$LLMS_GATEWAY_KEY"] with that variable set), bind 127.0.0.1, or pass '
               f"--allow-unauthenticated.", file=sys.stderr)
         return 2
-    if (refused := _migrate(snapshot)) is not None:
-        print(f"llms-gateway: {refused}", file=sys.stderr)
+    if not _migrate(snapshot):
         return 2
     open_files = openfiles.raise_limit()
     # Half: the default max_concurrency is a safety valve, not a sizing, and a hard limit of
@@ -156,21 +155,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _migrate(snapshot: Snapshot) -> str | None:
-    """Move the accounts database's schema forward once, before the workers start; why not,
-    when it cannot be (a newer schema; a database that is down is the workers' to retry)."""
+def _migrate(snapshot: Snapshot) -> bool:
+    """Move the accounts database's schema forward once, before the workers start; False when
+    it must not be served (a newer schema: said on stderr). It runs in a child process, so the
+    server's own process never holds the database libraries (a database that is down is the
+    workers' to retry)."""
+    if snapshot.database.url is None:
+        return True
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's end is its exit status
+        os._exit(_migrate_here(snapshot.database.url))
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status) != 2
+
+
+def _migrate_here(url: str) -> int:
     from gateway.accounts.database import Database, SchemaTooNew
 
-    if snapshot.database.url is None:
-        return None
     try:
-        Database(snapshot.database.url).migrate_now()
+        Database(url).migrate_now()
     except SchemaTooNew as exc:
-        return str(exc)
+        print(f"llms-gateway: {exc}", file=sys.stderr, flush=True)
+        return 2
     except Exception as exc:  # down or unreachable: served on static keys until it is back
         print(f"llms-gateway: the accounts database cannot be migrated now "
-              f"({type(exc).__name__}); the workers will retry", file=sys.stderr)
-    return None
+              f"({type(exc).__name__}); the workers will retry", file=sys.stderr, flush=True)
+    return 0
 
 
 def _ls(args: argparse.Namespace) -> int:

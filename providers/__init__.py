@@ -7,7 +7,7 @@ plug-in would use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from importlib import import_module
 from importlib.metadata import entry_points
 
@@ -28,10 +28,33 @@ _BUILTIN = {"openai": "providers.kinds.openai:OpenAIProvider",
 
 
 def load_kinds() -> Mapping[str, type[Provider]]:
-    """Every provider kind available: built-ins plus installed plug-ins (which may override)."""
+    """Every provider kind available: built-ins plus installed plug-ins (which may override),
+    each imported when first used, so a gateway carries only the kinds its config names."""
     targets = dict(_BUILTIN)
     targets.update({ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)})
-    return {name: _resolve(target) for name, target in targets.items()}
+    return Kinds(targets)
+
+
+class Kinds(Mapping[str, type[Provider]]):
+    """Kind names to their classes, each module imported on its first lookup."""
+
+    def __init__(self, targets: Mapping[str, str]) -> None:
+        self._targets = dict(targets)
+        self._loaded: dict[str, type[Provider]] = {}
+
+    def __getitem__(self, name: str) -> type[Provider]:
+        if name not in self._loaded:
+            self._loaded[name] = _resolve(self._targets[name])
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._targets
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._targets)
+
+    def __len__(self) -> int:
+        return len(self._targets)
 
 
 def _resolve(target: str) -> type[Provider]:
