@@ -172,9 +172,11 @@ class Body(Protocol):
     def set_exception(self, exc: BaseException) -> None: ...
 
 
-async def read_stream(response: Body, deadline: Deadline) -> AsyncIterator[bytes]:
-    """Yield the body as it arrives, enforcing first-token, idle and total timeouts."""
-    watchdog = Watchdog(response, deadline)
+async def read_stream(response: Body, deadline: Deadline, binary: bool = False
+                      ) -> AsyncIterator[bytes]:
+    """Yield the body as it arrives, enforcing first-token, idle and total timeouts; with
+    `binary` (audio) every byte is progress, not only data events."""
+    watchdog = Watchdog(response, deadline, binary)
     try:
         while chunk := await response.readany():
             watchdog.got_chunk(chunk)
@@ -194,11 +196,12 @@ class Watchdog:
     only while the gateway waits on the upstream, not while the client is slow to take a chunk.
     """
 
-    __slots__ = ("_deadline", "_handle", "_idle_from", "_loop", "_reader", "_started", "_tail",
-                 "_waiting")
+    __slots__ = ("_binary", "_deadline", "_handle", "_idle_from", "_loop", "_reader", "_started",
+                 "_tail", "_waiting")
 
-    def __init__(self, reader: Body, deadline: Deadline) -> None:
+    def __init__(self, reader: Body, deadline: Deadline, binary: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
+        self._binary = binary
         self._reader = reader
         self._deadline = deadline
         self._started = False  # no data event yet: the first-token limit applies
@@ -211,7 +214,7 @@ class Watchdog:
         self._waiting = False
         seen = self._tail + chunk if self._tail else chunk
         self._tail = chunk[-4:]
-        if b"data:" not in seen:
+        if not self._binary and b"data:" not in seen:
             return
         self._idle_from = None
         if not self._started:  # from the first-token limit to the idle one: re-arm, once
@@ -275,6 +278,12 @@ class HttpUpstream:
         # them); streams ask for none (`compressed=False`).
         self._headers = dict(headers)
 
+    def credentials(self) -> Mapping[str, str]:
+        """The headers every request carries but its body type: credentials, configured
+        headers (what `/passthrough` sends with a client's request)."""
+        return {name: value for name, value in self._headers.items()
+                if name.lower() != "content-type"}
+
     def post(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
              ) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
         """A whole 2xx answer and its headers, within `total` (to await); `extra` headers
@@ -334,6 +343,39 @@ class HttpUpstream:
                     raise error(f"no complete answer within {limit:g}s") from None
                 raise AnsweredWhole(payload)
             async for chunk in read_stream(response, deadline):
+                yield chunk
+        finally:
+            response.close()
+
+    async def flow(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
+                   ) -> tuple[Mapping[str, str], AsyncGenerator[bytes, None]]:
+        """A 2xx answer's headers, and its body (bytes of any kind: audio) as it arrives,
+        within all four timeouts and `max_answer_bytes`."""
+        deadline = Deadline(self.timeouts)
+        limit, error = deadline.first_token()
+        try:
+            async with asyncio.timeout(limit):
+                response = await self._transport.request(
+                    "POST", url, headers={**self._headers, **extra} if extra else self._headers,
+                    body=body, link=self._link,
+                    connect_timeout=self.timeouts.connect, compressed=False)
+        except TimeoutError:
+            raise error(f"no response headers within {limit:g}s") from None
+        if not 200 <= response.status < 300:
+            try:
+                await self._raise_for_status(response, deadline)
+            finally:
+                response.close()
+        return response.headers, self._bounded(response, deadline)
+
+    async def _bounded(self, response: HttpResponse, deadline: Deadline
+                       ) -> AsyncGenerator[bytes, None]:
+        most, size = self._link.max_answer_bytes, 0
+        try:
+            async for chunk in read_stream(response, deadline, binary=True):
+                size += len(chunk)
+                if size > most:
+                    raise BadUpstreamResponse(f"answer larger than max_answer_bytes ({most})")
                 yield chunk
         finally:
             response.close()
