@@ -5,9 +5,9 @@
 `gateway.adapters.native`) are the data plane: the relay (`gateway.pipeline.relay`) needs none
 of Litestar's per-request work (routing, its Request object, response conversion), so `Front` reads
 the request from the scope, asks the relay for an answer, and turns that framework-free value into
-ASGI messages here, and only here. `/passthrough/...` is plain ASGI too (`passthrough`). The request's in-flight slot is taken and given back here too,
-once, however the answer ends. Only `scope`, `receive` and `send` are touched, so any ASGI server
-runs it.
+ASGI messages here, and only here. The request's in-flight slot is taken and given back here too,
+once, however the answer ends. `/passthrough/...` is served as plain ASGI too (`passthrough`).
+Only `scope`, `receive` and `send` are touched, so any ASGI server runs it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ from providers.contract.stream import close_quietly
 _ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
               "messages/count_tokens", *native.ENDPOINTS)
 # With and without the /v1 prefix, as vLLM and LiteLLM answer them.
-RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS}}
+# Cohere's v2 client reranks at /v2/rerank (vLLM answers it there too, in the same shape).
+RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS},
+               "/v2/rerank": "rerank"}
 
 
 class RawRequest:
