@@ -15,9 +15,20 @@ import msgspec
 from gateway.pipeline import schemas
 from providers.contract.messages import CountTokensRequest, MessagesRequest
 
+# Uploads (`multipart/form-data`): the head's text fields, and its files as binary parts.
+FORMS: dict[str, type[schemas.FormHead]] = {
+    "/v1/audio/transcriptions": schemas.TranscriptionHead,
+    "/v1/audio/translations": schemas.TranscriptionHead,
+    "/v1/images/edits": schemas.ImageEditHead}
 ROUTES = {"/v1/chat/completions": schemas.ChatHead, "/v1/completions": schemas.CompletionHead,
           "/v1/responses": schemas.ResponsesHead, "/v1/embeddings": schemas.EmbeddingsHead,
-          "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest}
+          "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest,
+          "/v1/moderations": schemas.ModerationsHead, "/v1/rerank": schemas.RerankHead,
+          "/v1/images/generations": schemas.ImagesHead, "/v1/audio/speech": schemas.SpeechHead,
+          **FORMS}
+# What the answers are when they are not JSON: audio bytes; a transcript as text.
+MEDIA = {"/v1/audio/speech": "audio/*", "/v1/audio/transcriptions": "text/plain",
+         "/v1/audio/translations": "text/plain"}
 # The Messages API routes answer errors in Anthropic's shape.
 ANTHROPIC_ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 REF = "#/components/schemas/{name}"
@@ -54,21 +65,35 @@ def document() -> dict[str, Any]:
     heads = list(ROUTES.values())
     (*refs, _, _), components = msgspec.json.schema_components(
         [*heads, ErrorEnvelope, AnthropicErrorEnvelope], ref_template=REF)
-    paths = {path: {"post": _operation(path, ref)} for (path, _), ref in zip(ROUTES.items(), refs,
-                                                                            strict=True)}
+    paths = {path: {"post": _operation(path, _body(path, ref, components))}
+             for (path, _), ref in zip(ROUTES.items(), refs, strict=True)}
     return {"openapi": "3.1.0",
             "info": {"title": "llms-gateway relay routes", "version": "1"},
             "paths": paths, "components": {"schemas": components}}
 
 
-def _operation(path: str, ref: dict[str, Any]) -> dict[str, Any]:
+def _body(path: str, ref: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """A route's request body: JSON as its head says, or an upload with its files."""
+    form = FORMS.get(path)
+    if form is None:
+        return {"application/json": {"schema": ref}}
+    schema = dict(components[ref["$ref"].rsplit("/", 1)[-1]])
+    binary = {"type": "string", "format": "binary"}
+    schema["properties"] = {**schema.get("properties", {}), **dict.fromkeys(form.files, binary)}
+    schema["required"] = [*schema.get("required", ()), *form.files]
+    return {"multipart/form-data": {"schema": schema}}
+
+
+def _operation(path: str, body: dict[str, Any]) -> dict[str, Any]:
     error = _error("AnthropicErrorEnvelope", "Anthropic's") if path in ANTHROPIC_ROUTES \
         else _error("ErrorEnvelope", "OpenAI's")
     answer = {"description": "The answer (JSON), or a server-sent event stream with "
                              "`stream: true`",
               "content": {"application/json": {"schema": {"type": "object"}},
                           "text/event-stream": {"schema": {"type": "string"}}}}
+    if path in MEDIA:
+        answer["content"][MEDIA[path]] = {"schema": {"type": "string", "format": "binary"}}
     return {"operationId": path.removeprefix("/v1/").replace("/", "_"),
-            "requestBody": {"required": True, "content": {"application/json": {"schema": ref}}},
+            "requestBody": {"required": True, "content": body},
             "responses": {"200": answer, **{status: error for status in (
                 "400", "401", "404", "413", "429", "502", "503", "504")}}}
