@@ -26,7 +26,7 @@ from gateway.pipeline.record import Outcome, Record, request_id
 from gateway.state.runtime import Runtime
 from providers.contract.errors import GatewayError, NotFound, TotalTimeout
 from providers.contract.provider import Provider
-from providers.contract.redact import mask_credentials
+from providers.contract.redact import MIN_SECRET, mask_credentials
 
 PREFIX = "/passthrough/"
 ENDPOINT = "passthrough"
@@ -119,9 +119,12 @@ async def _relayed(request: Incoming, provider: Provider, path: str, record: Rec
                 response.close()
     except TimeoutError:
         raise TotalTimeout(f"no complete answer within {total:g}s") from None
+    # The key, and what the kind sends with it or the config added (an org token): masked
+    # byte for byte, in answers that are not text too.
     secrets = [spec.api_key.reveal()] if spec.api_key is not None else []
     secrets += [value for name, value in provider.credentials().items()
-                if name.lower() in _CREDENTIALS and value]
+                if name.lower() in _CREDENTIALS or name in spec.headers]
+    secrets = [s for s in secrets if len(s.strip()) >= MIN_SECRET]
     answer_headers = {**record.headers(), **{
         name: _redacted(value.encode("latin-1"), secrets, runtime).decode("latin-1")
         for name in _KEPT if (value := response.headers.get(name)) is not None}}
