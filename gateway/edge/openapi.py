@@ -87,12 +87,12 @@ def _body(path: str, ref: dict[str, Any], components: dict[str, Any]) -> dict[st
 def _operation(path: str, body: dict[str, Any]) -> dict[str, Any]:
     error = _error("AnthropicErrorEnvelope", "Anthropic's") if path in ANTHROPIC_ROUTES \
         else _error("ErrorEnvelope", "OpenAI's")
-    answer = {"description": "The answer (JSON), or a server-sent event stream with "
-                             "`stream: true`",
-              "content": {"application/json": {"schema": {"type": "object"}},
-                          "text/event-stream": {"schema": {"type": "string"}}}}
+    content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}},
+                               "text/event-stream": {"schema": {"type": "string"}}}
     if path in MEDIA:
-        answer["content"][MEDIA[path]] = {"schema": {"type": "string", "format": "binary"}}
+        content[MEDIA[path]] = {"schema": {"type": "string", "format": "binary"}}
+    answer = {"description": "The answer (JSON), or a server-sent event stream with "
+                             "`stream: true`", "content": content}
     return {"operationId": path.removeprefix("/v1/").replace("/", "_"),
             "requestBody": {"required": True, "content": body},
             "responses": {"200": answer, **{status: error for status in (
