@@ -32,6 +32,7 @@ MEDIA = {"/v1/audio/speech": "audio/*", "/v1/audio/transcriptions": "text/plain"
 # The Messages API routes answer errors in Anthropic's shape.
 ANTHROPIC_ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 REF = "#/components/schemas/{name}"
+PASSTHROUGH = "/passthrough/{provider}/{path}"
 
 
 class ErrorBody(msgspec.Struct):
@@ -61,15 +62,31 @@ def _error(name: str, shape: str) -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document for the relay routes."""
+    """The OpenAPI 3.1 document for the relay routes and the passthrough."""
     heads = list(ROUTES.values())
     (*refs, _, _), components = msgspec.json.schema_components(
         [*heads, ErrorEnvelope, AnthropicErrorEnvelope], ref_template=REF)
     paths = {path: {"post": _operation(path, _body(path, ref, components))}
              for (path, _), ref in zip(ROUTES.items(), refs, strict=True)}
+    paths[PASSTHROUGH] = _passthrough()
     return {"openapi": "3.1.0",
             "info": {"title": "llms-gateway relay routes", "version": "1"},
             "paths": paths, "components": {"schemas": components}}
+
+
+def _passthrough() -> dict[str, Any]:
+    """`/passthrough/{provider}/{path}`: any method, relayed as it is to the paths a provider
+    allows (`path` may hold slashes)."""
+    described = {"description": "The upstream's answer as it came (status, body), redacted",
+                 "content": {"*/*": {"schema": {}}}}
+    operation = {"responses": {"200": described, **{status: _error("ErrorEnvelope", "OpenAI's")
+                                                    for status in ("401", "404", "413", "502",
+                                                                   "504")}}}
+    parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in ("provider", "path")]
+    return {"parameters": parameters,
+            **{method: {**operation, "operationId": f"passthrough_{method}"}
+               for method in ("get", "post", "put", "patch", "delete")}}
 
 
 def _body(path: str, ref: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
