@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gateway.accounts.account import NANO
+from gateway.adapters.native import UPLOADS
 from gateway.pipeline import sizing
 from gateway.state.config import Route
 from providers.contract.usage import Price, Usage, cost
@@ -25,6 +26,8 @@ def estimate(endpoint: str, raw: bytes) -> tuple[int, int]:
     """(prompt tokens, output tokens asked for; 0 when unsaid) of a request body."""
     if endpoint == EMBEDDINGS:
         return (len(raw) + 3) // 4, 0
+    if endpoint in UPLOADS:  # audio or an image, not text: its bytes are no token count
+        return 0, 0
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError:
