@@ -16,6 +16,7 @@ import base64
 import socket
 from collections.abc import Iterator
 
+import cohere
 import httpx
 import openai
 import pytest
@@ -24,9 +25,11 @@ from tests import fake_native
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.openapi import validate
+from tests.test_key_limits import away_from_a_minute_boundary
 from tests.upstream import FakeUpstream, echo_headers, held_mid, status
 
 KEY = "client-key-0001"
+LIMITED = "limited-key-0001"  # one request a minute
 PROVIDER_KEY = "sk-test-secret-123456"  # `provider()`'s key: the fakes see it, clients never
 MAX_BODY = 256 * 1024
 MODELS = {"omni-moderation-latest": "omni-up", "rerank-m": "bge-reranker-up",
@@ -51,7 +54,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory,
         "claude": {"type": "anthropic", "base_url": fakes["claude"].base_url.removesuffix("/v1"),
                    "api_key": "an-key-000000", "models": {"claude-only": "claude-x"},
                    "passthrough": ["/v1/models"]},
-    }, server={"api_keys": [KEY], "max_body_bytes": MAX_BODY},
+    }, server={"api_keys": [KEY, {"key": LIMITED, "id": "limited", "requests_per_minute": 1}],
+               "max_body_bytes": MAX_BODY},
         defaults={"circuit": {"enabled": False}})
     process = GatewayProcess(tmp_path_factory.mktemp("endpoints"), doc).start()
     yield process
@@ -145,6 +149,17 @@ def test_an_alias_whose_providers_lack_the_endpoint_is_refused_cleanly(
     assert not fakes["claude"].requests
 
 
+def test_a_key_s_limits_hold_on_these_endpoints_too(gateway: GatewayProcess,
+                                                   fakes: dict[str, FakeUpstream]) -> None:
+    away_from_a_minute_boundary()
+    limited = openai.OpenAI(base_url=gateway.base_url, api_key=LIMITED, max_retries=0)
+    limited.moderations.create(input="first")
+    with pytest.raises(openai.RateLimitError):
+        limited.audio.transcriptions.create(model="whisper-1", file=("a.wav", b"second"))
+
+    assert len(fakes["primary"].requests) == 1
+
+
 # -- rerank -------------------------------------------------------------------------------------
 
 DOCS = ["Paris is the capital of France", "The cat sat on the mat",
@@ -174,7 +189,6 @@ def test_rerank_refuses_a_body_without_documents_before_any_upstream(
 
 
 def test_rerank_through_cohere_s_sdk(gateway: GatewayProcess) -> None:
-    cohere = pytest.importorskip("cohere")
     co = cohere.Client(api_key=KEY, base_url=gateway.url)
     ranked = co.rerank(model="rerank-m", query="capital of France", documents=DOCS, top_n=2)
 
