@@ -263,6 +263,8 @@ def test_speech_fails_over_before_its_first_byte_and_answers_whole(
     assert response.headers["x-llms-provider"] == "secondary"
     assert response.headers["content-type"] == "audio/wav"
     assert response.content == fake_native.speech_bytes(body)
+    plain = client(gateway).audio.speech.create(model="tts-1", input="short", voice="alloy")
+    assert plain.content == fake_native.speech_bytes(body)
 
 
 def test_speech_past_the_provider_s_max_answer_bytes_is_cut_not_ended_as_whole(
