@@ -319,6 +319,8 @@ class Worker:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):  # as vLLM serves it
+            app.router.add_post(path, self.rerank)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/fake/metrics", self.set_metrics)
         app.router.add_post("/fake/fault", self.set_fault)
@@ -384,6 +386,27 @@ class Worker:
         tokens = sum(len(str(t).split()) for t in texts)
         return web.json_response({"object": "list", "model": body.get("model"), "data": data,
                                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        """A pooling runner's rerank (the Cohere/Jina shape): documents by the share of the
+        query's words they have, best first, `top_n` of them."""
+        if self.args.runner != "pooling":
+            return new_error(400, "The model does not support Rerank (Score) API",
+                             "BadRequestError")
+        body = await request.json()
+        query, documents = body.get("query"), body.get("documents")
+        if not isinstance(query, str) or not isinstance(documents, list) or not documents:
+            return new_error(400, "query and documents are required", "BadRequestError")
+        texts = [d.get("text", "") if isinstance(d, dict) else str(d) for d in documents]
+        words = set(query.lower().split())
+        scores = [len(words & set(t.lower().split())) / max(1, len(words)) for t in texts]
+        ranked = sorted(range(len(texts)), key=lambda i: -scores[i])[:body.get("top_n")
+                                                                     or len(texts)]
+        tokens = sum(len(t.split()) for t in [query, *texts])
+        return web.json_response({
+            "id": "rerank-fake", "model": body.get("model"), "usage": {"total_tokens": tokens},
+            "results": [{"index": i, "document": {"text": texts[i]},
+                         "relevance_score": scores[i]} for i in ranked]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.complete(request, _CompletionShape(), "prompt")

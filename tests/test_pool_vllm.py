@@ -362,6 +362,31 @@ def test_an_embedding_model_runs_vllm_s_pooling_runner_and_answers_embeddings(
     assert answer.headers["x-llms-provider"] == "local"
 
 
+def test_a_rerank_model_runs_vllm_s_pooling_runner_and_answers_rerank(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    port = free_ports(2)
+    entry = pool_entry(port)
+    entry["models"] = {"reranker": {"source": "BAAI/bge-reranker-v2-m3", "task": "rerank",
+                                    "tensor_parallel_size": 1, "gpus": [0]}}
+    gateway = GatewayProcess(tmp_path, config({"local": entry}), env=env.vars).start()
+    try:
+        wait_for_workers(gateway, "ready")
+        answer = httpx.post(f"{gateway.base_url}/rerank", timeout=20, json={
+            "model": "reranker", "query": "red apple",
+            "documents": ["a green pear", "a red apple", "red wine"], "top_n": 2})
+    finally:
+        gateway.stop()
+
+    (start,) = env.starts()
+    assert start["argv"] == [
+        "serve", "BAAI/bge-reranker-v2-m3", "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", "reranker", "--tensor-parallel-size", "1",
+        "--runner", "pooling", "--shutdown-timeout", "3"]
+    assert answer.status_code == 200, answer.text
+    assert [r["index"] for r in answer.json()["results"]] == [1, 2]
+    assert answer.headers["x-llms-provider"] == "local"
+
+
 def test_check_asks_the_running_gateway_for_its_pool(tmp_path: Path) -> None:
     env = Env(tmp_path)
     doc = config({"local": pool_entry(free_ports(2))})

@@ -85,6 +85,7 @@ def canary_gateway(start_gateway: Callable[..., GatewayProcess],
     key_file = tmp_path / "vertex-account.json"
     vertex.trust(EMAIL, service_account(key_file, vertex.token_uri, vertex.project))
     providers["vertex"] |= {"project": vertex.project, "credentials": str(key_file)}
+    providers["openai"]["passthrough"] = ["/v1/vector_stores/*"]
     # Credentials in the URL instead of a key: the client sends them as Basic auth.
     with_credentials = upstreams["openai"].base_url.replace(
         "http://", f"http://canaryuser:{CANARIES['CANARY_URL_PASS']}@")
@@ -136,6 +137,10 @@ def test_no_canary_leaves_through_answers_streams_logs_status_or_the_cli(
             assert not _leaks(answer), f"{name}: {story}: {answer}"
             seen.append(answer)
     seen.append(_post(canary_gateway, "proxied-m", False))
+    echoed = httpx.get(f"{canary_gateway.url}/passthrough/openai/v1/vector_stores/echo",
+                       headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
+    assert "x-org-token=***" in echoed.text.lower(), "the passthrough's echo, redacted"
+    seen.append(f"{echoed.status_code} {echoed.headers} {echoed.text}")
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     for path in ("/status.json", "/ready", "/admin/providers", "/metrics"):
         seen.append(httpx.get(f"{canary_gateway.url}{path}", headers=admin).text)

@@ -24,10 +24,15 @@ from typing import Any, ClassVar, NoReturn
 
 from aiohttp import web
 
+from tests import fake_native
+
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
                401: "authentication_error", 403: "authentication_error", 429: "rate_limit_error"}
 NOT_JSON = b'{"id": "x", "choices": ['
 DONE = b"data: [DONE]\n\n"
+# OpenAI's endpoints besides chat the fake answers (`tests.fake_native`); uploads among them.
+FORMS = ("images/edits", "audio/transcriptions", "audio/translations")
+NATIVE = ("moderations", "rerank", "images/generations", "audio/speech", *FORMS)
 MAX_CHOICES = 128  # a fuzzed `n` must not make the fake build millions of choices
 
 
@@ -100,6 +105,11 @@ def held(then: Mode | None = None) -> Mode:
     """Send nothing until the test calls `release()`, then behave like `then` (default: ok).
     Each request held is recorded on arrival, so `requests` is the order they started in."""
     return Mode("held", then=then or ok())
+
+
+def held_mid() -> Mode:
+    """Send an answer's first chunk (speech audio), then nothing until `release()`."""
+    return Mode("held_mid")
 
 
 def slow_first_token(seconds: float, then: Mode | None = None) -> Mode:
@@ -331,6 +341,10 @@ class FakeUpstream:
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._list_models)
+        for endpoint in NATIVE:
+            app.router.add_post(f"/v1/{endpoint}", self._native)
+        for path in ("/v1/fine_tuning/jobs", "/v1/vector_stores/{store}"):
+            app.router.add_route("*", path, self._resource)
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -387,6 +401,64 @@ class FakeUpstream:
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._answer(request, _EmbeddingShape())
+
+    async def _native(self, request: web.Request) -> web.StreamResponse:
+        """Moderations, rerank, images and audio (`tests.fake_native`), with the same modes."""
+        endpoint = request.path.removeprefix("/v1/")
+        parsed = await self._record(request)
+        raw = self.requests[-1].body
+        mode = self._next_mode()
+        if mode.kind in ("slow", "held"):
+            await (asyncio.sleep(mode.seconds) if mode.kind == "slow" else self._until_released())
+            mode = mode.then or ok()
+        if mode.kind == "hang":
+            await _forever()
+        if mode.kind == "status":
+            return _error(mode.code, mode.message, mode.retry_after, mode.body)
+        if mode.kind == "echo":
+            return _error(mode.code, f"debug: {echoed(request)}")
+        if mode.kind == "invalid_json":
+            return web.Response(body=NOT_JSON, content_type="application/json")
+        try:
+            return await self._native_answer(request, endpoint, parsed, raw, mode)
+        except fake_native.Refused as refused:
+            envelope = {"error": {"message": str(refused), "type": "invalid_request_error",
+                                  "param": refused.param, "code": None}}
+            return web.json_response(envelope, status=400)
+
+    async def _resource(self, request: web.Request) -> web.Response:
+        """An API the gateway does not model (reached through `/passthrough`): what came, and
+        for a store named `echo` the request's headers, as a debugging upstream quotes them."""
+        await self._record(request)
+        mode = self._next_mode()
+        if mode.kind == "status":
+            return _error(mode.code, mode.message, mode.retry_after, mode.body)
+        answer: dict[str, Any] = {"object": "list", "method": request.method,
+                                  "path": request.path, "query": request.query_string,
+                                  "received": len(self.requests[-1].body), "data": []}
+        if request.match_info.get("store") == "echo":
+            answer["debug"] = echoed(request)
+        return web.json_response(answer, headers={"X-Echo": echoed(request)}
+                                 if request.match_info.get("store") == "echo" else None)
+
+    async def _native_answer(self, request: web.Request, endpoint: str, parsed: Any, raw: bytes,
+                             mode: Mode) -> web.StreamResponse:
+        if endpoint in FORMS:
+            fields, files = fake_native.form_of(raw, request.headers.get("Content-Type", ""))
+            if endpoint == "images/edits":
+                sources = files.get("image") or files.get("image[]")
+                if not sources:
+                    raise fake_native.Refused("'image' is a required property", "image")
+                return web.json_response(fake_native.images(fields, sources[0]))
+            return fake_native.transcript(fields, files, endpoint == "audio/translations")
+        if not isinstance(parsed, dict):
+            raise fake_native.Refused("request body is not a JSON object")
+        if endpoint == "audio/speech":
+            pause = self._until_released if mode.kind == "held_mid" else None
+            return await fake_native.speech(request, parsed, pause)
+        answers = {"moderations": fake_native.moderation, "rerank": fake_native.rerank,
+                   "images/generations": fake_native.images}
+        return web.json_response(answers[endpoint](parsed))
 
     async def _answer(self, request: web.Request, shape: _Shape) -> web.StreamResponse:
         body = await self._record(request)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gateway.accounts.account import NANO
+from gateway.adapters.native import UPLOADS
 from gateway.state.config import Route
 from providers.contract.usage import Price, Usage, cost
 
@@ -37,6 +38,8 @@ def estimate(endpoint: str, raw: bytes) -> tuple[int, int]:
     prompt = (len(raw) + 3) // 4
     if endpoint == EMBEDDINGS:
         return prompt, 0
+    if endpoint in UPLOADS:  # audio or an image, not text: its bytes are no token count
+        return 0, 0
     try:
         asked = _ASKED.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):

@@ -6,6 +6,8 @@ Messages bridge and `/v1/responses` through the Responses bridge; an embeddings 
 than a provider takes is split (`Batched`); whole chat and completion answers are gathered from
 streams (`Assembled`) where the provider allows it; broken chat streams of aliases with
 `resume` are continued (`Resuming`), below the bridges and the assembly, so all of them resume.
+Moderations, rerank, images and audio are served as they are, by the providers that have them
+(`native`).
 Next: idempotency.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from gateway.adapters import native
 from gateway.adapters.assemble import Assembled, assembles
 from gateway.adapters.embeddings import Batched
 from gateway.adapters.messages import MessagesBridge
@@ -24,7 +27,7 @@ from gateway.stores.responses import ResponseStore
 from providers.contract.provider import Adapter, Provider
 
 ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
-             "messages/count_tokens")
+             "messages/count_tokens", *native.ENDPOINTS)
 
 Adapted = Mapping[str, Mapping[str, Provider]]
 
@@ -53,8 +56,8 @@ def adapt(endpoint: str, provider: Provider, store: ResponseStore,
         return Assembled(provider) if assembles(provider, endpoint) else provider
     if endpoint == "embeddings":
         return Batched(provider)
-    if provider.supports(endpoint):
-        return provider
+    if provider.supports(endpoint) or endpoint in native.ENDPOINTS:
+        return provider  # a native endpoint: only providers that have it are candidates
     if endpoint == "responses":
         return ResponsesBridge(resuming(provider), store)
     return MessagesBridge(resuming(provider))

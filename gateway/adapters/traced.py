@@ -136,7 +136,8 @@ class _Attempt:
             self.whole(answer, captures)
             return answer
         if isinstance(answer, Opened):
-            return _Opened(answer.head, self._stream(answer, captures), answer.watch, self)
+            return _Opened(answer.head, self._stream(answer, captures), answer.watch,
+                           answer.media_type, self)
         return _Gathering(answer, self, captures)
 
     def whole(self, reply: Reply, captures: bool) -> None:

@@ -1,12 +1,13 @@
 """The one ASGI adapter: the relay routes served as plain ASGI, everything else by Litestar.
 
-`POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/embeddings`, `/v1/messages`
-and `/v1/messages/count_tokens` are the data plane: the relay (`gateway.pipeline.relay`) needs none
+`POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/embeddings`, `/v1/messages`,
+`/v1/messages/count_tokens` and the native endpoints (moderations, rerank, images, audio:
+`gateway.adapters.native`) are the data plane: the relay (`gateway.pipeline.relay`) needs none
 of Litestar's per-request work (routing, its Request object, response conversion), so `Front` reads
 the request from the scope, asks the relay for an answer, and turns that framework-free value into
 ASGI messages here, and only here. The request's in-flight slot is taken and given back here too,
-once, however the answer ends. Only `scope`, `receive` and `send` are touched, so any ASGI server
-runs it.
+once, however the answer ends. `/passthrough/...` is served as plain ASGI too (`passthrough`).
+Only `scope`, `receive` and `send` are touched, so any ASGI server runs it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from litestar import Litestar
 from litestar.enums import ScopeType
 from litestar.types import Message, Receive, Scope, Send
 
+from gateway.adapters import native
+from gateway.edge import passthrough
 from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.edge.drain import Drain
 from gateway.pipeline import relay
@@ -38,9 +41,11 @@ from providers.contract.errors import (
 from providers.contract.stream import close_quietly
 
 _ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
-              "messages/count_tokens")
+              "messages/count_tokens", *native.ENDPOINTS)
 # With and without the /v1 prefix, as vLLM and LiteLLM answer them.
-RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS}}
+# Cohere's v2 client reranks at /v2/rerank (vLLM answers it there too, in the same shape).
+RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS},
+               "/v2/rerank": "rerank"}
 
 
 class RawRequest:
@@ -91,12 +96,15 @@ class Front:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = RELAY_PATHS.get(scope["path"]) if scope["type"] == ScopeType.HTTP else None
         if endpoint is None:
+            if scope["type"] == ScopeType.HTTP and scope["path"].startswith(passthrough.PREFIX):
+                await self._pass(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         runtime: Runtime = self.app.state.runtime
         runtime.stage("request")
-        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes,
-                             runtime.queue.ticket())
+        limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
+        request = RawRequest(scope, receive, limit, runtime.queue.ticket())
         if (method := scope.get("method")) != "POST":
             error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
             headers = {"allow": "POST", "x-request-id": request_id(request.headers)}
@@ -112,6 +120,16 @@ class Front:
                     await self._answer(request, endpoint, runtime, send)
         finally:
             runtime.leave(request.ticket)
+
+    async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime: Runtime = self.app.state.runtime
+        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes,
+                             runtime.queue.ticket())  # no slot: it is not a model's request
+        answer = await passthrough.handle(request, runtime)
+        try:
+            await send_whole(answer, send)
+        finally:
+            answer.record.end(answer.outcome)
 
     @staticmethod
     async def _answer(request: RawRequest, endpoint: str, runtime: Runtime,

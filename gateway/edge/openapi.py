@@ -15,12 +15,24 @@ import msgspec
 from gateway.pipeline import schemas
 from providers.contract.messages import CountTokensRequest, MessagesRequest
 
+# Uploads (`multipart/form-data`): the head's text fields, and its files as binary parts.
+FORMS: dict[str, type[schemas.FormHead]] = {
+    "/v1/audio/transcriptions": schemas.TranscriptionHead,
+    "/v1/audio/translations": schemas.TranscriptionHead,
+    "/v1/images/edits": schemas.ImageEditHead}
 ROUTES = {"/v1/chat/completions": schemas.ChatHead, "/v1/completions": schemas.CompletionHead,
           "/v1/responses": schemas.ResponsesHead, "/v1/embeddings": schemas.EmbeddingsHead,
-          "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest}
+          "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest,
+          "/v1/moderations": schemas.ModerationsHead, "/v1/rerank": schemas.RerankHead,
+          "/v1/images/generations": schemas.ImagesHead, "/v1/audio/speech": schemas.SpeechHead,
+          **FORMS}
+# What the answers are when they are not JSON: audio bytes; a transcript as text.
+MEDIA = {"/v1/audio/speech": "audio/*", "/v1/audio/transcriptions": "text/plain",
+         "/v1/audio/translations": "text/plain"}
 # The Messages API routes answer errors in Anthropic's shape.
 ANTHROPIC_ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 REF = "#/components/schemas/{name}"
+PASSTHROUGH = "/passthrough/{provider}/{path}"
 
 
 class ErrorBody(msgspec.Struct):
@@ -50,25 +62,55 @@ def _error(name: str, shape: str) -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document for the relay routes."""
+    """The OpenAPI 3.1 document for the relay routes and the passthrough."""
     heads = list(ROUTES.values())
     (*refs, _, _), components = msgspec.json.schema_components(
         [*heads, ErrorEnvelope, AnthropicErrorEnvelope], ref_template=REF)
-    paths = {path: {"post": _operation(path, ref)} for (path, _), ref in zip(ROUTES.items(), refs,
-                                                                            strict=True)}
+    paths = {path: {"post": _operation(path, _body(path, ref, components))}
+             for (path, _), ref in zip(ROUTES.items(), refs, strict=True)}
+    paths[PASSTHROUGH] = _passthrough()
     return {"openapi": "3.1.0",
             "info": {"title": "llms-gateway relay routes", "version": "1"},
             "paths": paths, "components": {"schemas": components}}
 
 
-def _operation(path: str, ref: dict[str, Any]) -> dict[str, Any]:
+def _passthrough() -> dict[str, Any]:
+    """`/passthrough/{provider}/{path}`: any method, relayed as it is to the paths a provider
+    allows (`path` may hold slashes)."""
+    described = {"description": "The upstream's answer as it came (status, body), redacted",
+                 "content": {"*/*": {"schema": {}}}}
+    operation = {"responses": {"200": described, **{status: _error("ErrorEnvelope", "OpenAI's")
+                                                    for status in ("401", "404", "413", "502",
+                                                                   "504")}}}
+    parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in ("provider", "path")]
+    return {"parameters": parameters,
+            **{method: {**operation, "operationId": f"passthrough_{method}"}
+               for method in ("get", "post", "put", "patch", "delete")}}
+
+
+def _body(path: str, ref: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """A route's request body: JSON as its head says, or an upload with its files."""
+    form = FORMS.get(path)
+    if form is None:
+        return {"application/json": {"schema": ref}}
+    schema = dict(components[ref["$ref"].rsplit("/", 1)[-1]])
+    binary = {"type": "string", "format": "binary"}
+    schema["properties"] = {**schema.get("properties", {}), **dict.fromkeys(form.files, binary)}
+    schema["required"] = [*schema.get("required", ()), *form.files]
+    return {"multipart/form-data": {"schema": schema}}
+
+
+def _operation(path: str, body: dict[str, Any]) -> dict[str, Any]:
     error = _error("AnthropicErrorEnvelope", "Anthropic's") if path in ANTHROPIC_ROUTES \
         else _error("ErrorEnvelope", "OpenAI's")
+    content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}},
+                               "text/event-stream": {"schema": {"type": "string"}}}
+    if path in MEDIA:
+        content[MEDIA[path]] = {"schema": {"type": "string", "format": "binary"}}
     answer = {"description": "The answer (JSON), or a server-sent event stream with "
-                             "`stream: true`",
-              "content": {"application/json": {"schema": {"type": "object"}},
-                          "text/event-stream": {"schema": {"type": "string"}}}}
+                             "`stream: true`", "content": content}
     return {"operationId": path.removeprefix("/v1/").replace("/", "_"),
-            "requestBody": {"required": True, "content": {"application/json": {"schema": ref}}},
+            "requestBody": {"required": True, "content": body},
             "responses": {"200": answer, **{status: error for status in (
                 "400", "401", "404", "413", "429", "502", "503", "504")}}}

@@ -20,7 +20,7 @@ from litestar.types import Receive
 
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
-from gateway.adapters import embeddings
+from gateway.adapters import embeddings, native
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.stack import bare
 from gateway.edge import auth
@@ -42,6 +42,13 @@ HEADS: Mapping[str, type[Any]] = {
     "embeddings": schemas.EmbeddingsHead,
     "messages": MessagesRequest,
     "messages/count_tokens": CountTokensRequest,
+    "moderations": schemas.ModerationsHead,
+    "rerank": schemas.RerankHead,
+    "images/generations": schemas.ImagesHead,
+    "images/edits": schemas.ImageEditHead,
+    "audio/speech": schemas.SpeechHead,
+    "audio/transcriptions": schemas.TranscriptionHead,
+    "audio/translations": schemas.TranscriptionHead,
 }
 
 
@@ -87,7 +94,8 @@ async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted
     turn = turn_of(request.headers, key.limits if key is not None else None,
                    live.snapshot.server.queue_timeout)
     runtime.queue.check_room(turn)
-    head, raw = schemas.parse(await request.body(), HEADS[endpoint])
+    head, raw = schemas.parse(await request.body(), HEADS[endpoint],
+                              request.headers.get("content-type"))
     record.model, record.stream = head.model, bool(getattr(head, "stream", False))
     alias = _alias(live.snapshot, head.model, account, accounts)
     routes = ordered(runtime, endpoint, alias)
@@ -132,6 +140,8 @@ def ordered(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:
     routes = router.candidates(live.snapshot, alias)
     if endpoint == embeddings.ENDPOINT:
         routes = embeddings.embedding_routes(alias, routes, live.providers)
+    elif endpoint in native.ENDPOINTS:
+        routes = native.able_routes(endpoint, alias, routes, live.providers)
     return strategy.ordered(alias, routes, live.snapshot.policy(alias).routing,
                             runtime.spread, runtime.latencies)
 

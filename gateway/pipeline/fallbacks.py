@@ -19,8 +19,6 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import msgspec
-
 from gateway.pipeline import router, sizing
 from gateway.pipeline.router import Routing, Served
 from gateway.state.config import Route, Snapshot
@@ -158,10 +156,7 @@ def _next(rest: list[str], chain: Chain) -> tuple[str, tuple[Route, ...]] | None
 def as_alias(request: Outgoing, alias: str) -> Outgoing:
     """The request as `alias` sends it, its body's `model` too (a kind sends the body as it is
     when the names agree); answers the gateway writes name the alias serving."""
-    if request.model == alias:
-        return request
-    body = {**request.json(), "model": alias}
-    return dataclasses.replace(request, raw=msgspec.json.encode(body), model=alias, _json=body)
+    return request if request.model == alias else request.renamed(alias)
 
 
 def _failure(model: str, failed: list[Attempt], refused: UpstreamClientError | None,

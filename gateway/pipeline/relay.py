@@ -1,6 +1,7 @@
 """The pipeline of one relayed request, top to bottom: admit, look up the cache, route, deliver.
 
-Shared by every relay route (chat, completions, responses, embeddings, messages): endpoint
+Shared by every relay route (chat, completions, responses, embeddings, messages, moderations,
+rerank, images, audio): endpoint
 differences live in the request heads (`schemas`), the adapters built per config snapshot
 (`adapters.stack`) and the provider kinds, not here. The request's record (`record`) is filled on
 the way and ended once, by whoever delivers its last byte.
@@ -24,7 +25,8 @@ from gateway.pipeline.delivery import (
     internal_error,
 )
 from gateway.pipeline.record import Outcome, Record, request_id
-from gateway.pipeline.streaming import relay
+from gateway.pipeline.schemas import FormHead
+from gateway.pipeline.streaming import relay, relay_bytes
 from gateway.state.runtime import Live, Runtime
 from providers.contract.errors import GatewayError
 from providers.contract.provider import Gathering, Outgoing, Reply
@@ -74,7 +76,9 @@ async def _serve(request: Incoming, admitted: Admitted, record: Record, runtime:
                             record.request_id, client_wants_usage=wants_usage,
                             key_id=record.key_id, choices=getattr(head, "n", None) or 1,
                             betas=request.headers.get("anthropic-beta"),
-                            priority=admitted.priority)
+                            priority=admitted.priority,
+                            content_type=request.headers.get("content-type")
+                            if isinstance(head, FormHead) else None)
         outgoing = fallbacks.as_alias(outgoing, alias)
         record.resumes = outgoing.resumes
         policy = live.snapshot.policy(alias)
@@ -102,6 +106,11 @@ async def _serve(request: Incoming, admitted: Admitted, record: Record, runtime:
     record.hedged, record.hedge_won = served.hedged, served.hedge_won
     price = live.prices.get((served.provider, record.alias))
     answer = served.answer
+    if isinstance(answer, Opened) and answer.media_type is not None:  # audio bytes, as they come
+        record.first_token()
+        return Streamed(relay_bytes(answer, served.provider, record),
+                        {**record.headers(), **STREAM_HEADERS}, record,
+                        media_type=answer.media_type)
     if isinstance(answer, Opened):
         record.first_token()
         streamed = Streamed(relay(answer, served.provider, record, live.redactor, price,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
+from providers.contract import form
 from providers.contract.chat import (
     Message,
     NonEmptyStr,
@@ -160,6 +161,63 @@ class EmbeddingsHead(msgspec.Struct):
                                               f"`$.input[{number}]`")
 
 
+class ModerationsHead(msgspec.Struct):
+    """A moderations body: what routing reads (OpenAI's default model when none is named)."""
+
+    input: str | list[Any]
+    model: NonEmptyStr = "omni-moderation-latest"
+
+
+class RerankHead(msgspec.Struct):
+    """A rerank body in the Cohere/Jina shape (vLLM's `/v1/rerank`)."""
+
+    model: NonEmptyStr
+    query: str
+    documents: Annotated[list[str | dict[str, Any]], msgspec.Meta(min_length=1)]
+    top_n: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    return_documents: bool | None = None
+
+
+class ImagesHead(msgspec.Struct):
+    """An image generation body (OpenAI's default model when none is named)."""
+
+    prompt: NonEmptyStr
+    model: NonEmptyStr = "dall-e-2"
+    n: Annotated[int, msgspec.Meta(ge=1, le=10)] | None = None
+    response_format: Literal["url", "b64_json"] | None = None
+
+
+class SpeechHead(msgspec.Struct):
+    """A text-to-speech body; its answer is audio bytes, relayed as they come."""
+
+    model: NonEmptyStr
+    input: NonEmptyStr
+    voice: str | dict[str, Any]
+    speed: Annotated[float, msgspec.Meta(ge=0.25, le=4.0)] | None = None
+
+
+class FormHead(msgspec.Struct):
+    """What routing reads of a `multipart/form-data` upload: its text fields, the file fields
+    it must carry (`files`); the body itself is relayed as its bytes came."""
+
+    model: NonEmptyStr
+    files: ClassVar[tuple[str, ...]] = ()
+
+
+class TranscriptionHead(FormHead):
+    """`/v1/audio/transcriptions` and `/translations`: an audio `file` and its model."""
+
+    files: ClassVar[tuple[str, ...]] = ("file",)
+
+
+class ImageEditHead(FormHead, kw_only=True):
+    """`/v1/images/edits`: one or more `image` files (`image[]` from the SDK), a prompt."""
+
+    prompt: NonEmptyStr
+    model: NonEmptyStr = "dall-e-2"
+    files: ClassVar[tuple[str, ...]] = ("image",)
+
+
 # What the bridge needs of each input item type (`gateway.adapters.responses.request`).
 _ITEM_NEEDS = {"message": ("role",), "function_call": ("call_id", "name"),
                "function_call_output": ("call_id",)}
@@ -187,9 +245,12 @@ def _check_unread(raw: bytes) -> None:
         raw.decode("utf-8")  # UnicodeDecodeError: answered as a 400 by `parse`
 
 
-def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
+def parse(raw: bytes, head: type[Head], content_type: str | None = None
+          ) -> tuple[Head, bytes]:
     """Decode and check `raw` as `head`, returning the body to forward (extra_body merged);
-    InvalidRequest names the field that is wrong."""
+    InvalidRequest names the field that is wrong. An upload (`FormHead`) is read as one."""
+    if issubclass(head, FormHead):
+        return parse_form(raw, head, content_type), raw
     if not raw.strip():
         raise InvalidRequest("Request body is empty; expected a JSON object")
     check_numbers(raw)  # before anything decodes the body untyped and takes a big int as it is
@@ -208,3 +269,21 @@ def parse(raw: bytes, head: type[Head]) -> tuple[Head, bytes]:
     except RecursionError:
         # msgspec stops at the interpreter's recursion limit (about 1,000 levels).
         raise InvalidRequest("Request body is nested too deeply") from None
+
+
+Form = TypeVar("Form", bound=FormHead)
+
+
+def parse_form(raw: bytes, head: type[Form], content_type: str | None) -> Form:
+    """An upload's text fields checked as `head`, and the files it must carry there."""
+    fields = form.fields(raw, content_type)
+    uploaded = form.files(raw, content_type)
+    for name in head.files:
+        if name not in uploaded and f"{name}[]" not in uploaded:
+            raise InvalidRequest(f"Invalid request: Object missing required field `{name}`",
+                                 param=name)
+    known = {f: fields[f] for f in head.__struct_fields__ if f in fields}
+    try:
+        return msgspec.convert(known, head)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest.from_msgspec(exc) from None

@@ -80,6 +80,30 @@ async def relay(opened: Opened, provider: str, record: Record, redactor: Redacto
         record.end(outcome, watch.usage, price)
 
 
+class StreamCut(Exception):
+    """A byte stream (audio) that broke after its first bytes: it has no in-band error, so the
+    connection is cut rather than ended as if the answer were whole."""
+
+
+async def relay_bytes(opened: Opened, provider: str, record: Record
+                      ) -> AsyncGenerator[bytes, None]:
+    """Pass an answer that is not an event stream (`Opened.media_type`: audio) through as it
+    comes; one that breaks is cut (`StreamCut`), never ended as if it were whole."""
+    outcome = Outcome.CLIENT_LEFT
+    try:
+        yield opened.head
+        async for chunk in opened.rest:
+            yield chunk
+        outcome = Outcome.COMPLETED
+    except ProviderError as exc:
+        outcome = Outcome.ERROR
+        get_logger().warning("byte_stream_cut", provider=provider, reason=exc.reason)
+        raise StreamCut(exc.reason) from None
+    finally:
+        await close_quietly(opened.rest)
+        record.end(outcome)
+
+
 def _own_line(sent: bytes) -> bytes:
     """What starts the gateway's own event on a line of its own, after what was relayed last
     (half an upstream line the gateway could not yet judge, when the upstream lied)."""

@@ -9,12 +9,13 @@ it talked to.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import msgspec
 
+from providers.contract import form
 from providers.contract.errors import InvalidRequest
 from providers.contract.lasting import Lasting
 from providers.contract.numbers import check_numbers
@@ -38,7 +39,7 @@ class Resumes:
 class Outgoing:
     """A client request on its way to one provider: the raw body, and what the gateway parsed."""
 
-    endpoint: str  # "chat/completions", "completions", "responses", "embeddings", "messages"
+    endpoint: str  # "chat/completions", "embeddings", "messages", "audio/speech", ...
     raw: bytes
     model: str
     stream: bool
@@ -52,13 +53,27 @@ class Outgoing:
     # Its priority in the gateway's queue (`x-llms-priority`, higher first): a provider with a
     # line of its own (the bundled pool, vLLM's scheduler) orders it the same way.
     priority: int = 0
+    # A body that is not JSON (a multipart upload: `providers.contract.form`), its
+    # Content-Type with the boundary; None for JSON.
+    content_type: str | None = None
     _json: dict[str, Any] | None = None
 
     def json(self) -> dict[str, Any]:
-        """The body as a dict, decoded once; callers copy before changing it."""
+        """The body as a dict, decoded once; callers copy before changing it. An upload's
+        are its text fields."""
         if self._json is None:
-            self._json = decode_body(self.raw)
+            self._json = decode_body(self.raw) if self.content_type is None \
+                else dict(form.fields(self.raw, self.content_type))
         return self._json
+
+    def renamed(self, model: str) -> Outgoing:
+        """The same request naming `model`, in its body too (an upload's `model` field
+        rewritten in place, the rest of its bytes as they came)."""
+        if self.content_type is not None:
+            raw = form.with_field(self.raw, self.content_type, "model", model)
+            return replace(self, raw=raw, model=model, _json=None)
+        body = {**self.json(), "model": model}
+        return replace(self, raw=msgspec.json.encode(body), model=model, _json=body)
 
     def asking(self, stream: bool) -> Outgoing:
         """The same request asking for a stream, or for the whole answer (a stream's usage is
@@ -184,6 +199,11 @@ class Provider(ABC):
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
 
+    def credentials(self) -> Mapping[str, str]:
+        """The headers that carry this provider's credentials, as its kind sends them (for
+        `/passthrough`); none for a kind that has none or signs each request."""
+        return {}
+
     def streams_whole_answers(self) -> bool:
         """Whether a whole-answer request may go upstream as a stream, for early failover
         (`stream_upstream`); a kind whose streams lose something (usage) says no."""
@@ -229,6 +249,9 @@ class Adapter(Provider):
 
     def streams_whole_answers(self) -> bool:
         return self.inner.streams_whole_answers()
+
+    def credentials(self) -> Mapping[str, str]:
+        return self.inner.credentials()
 
     def continues(self) -> str:
         return self.inner.continues()

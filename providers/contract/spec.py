@@ -108,6 +108,14 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     # Whether a whole-answer request goes upstream as a stream (for early failover); absent:
     # `defaults.stream_upstream`.
     stream_upstream: bool | None = None
+    # Paths `/passthrough/{provider}/{path}` may relay (fnmatch patterns), read from `raw` by
+    # `gateway.edge.passthrough`; typed here so a wrong one is a config error.
+    passthrough: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for pattern in self.passthrough:
+            if not pattern.startswith("/"):
+                raise ValueError(f"passthrough path {pattern!r} must start with '/'")
 
 
 class Secret:

@@ -172,6 +172,9 @@ class Opened:
     head: bytes
     rest: AsyncIterator[bytes]
     watch: SSEWatch
+    # An answer that is not a chat's event stream (audio bytes): its media type; it is relayed
+    # as it comes, unread (`flowing`), and its watch sees nothing.
+    media_type: str | None = None
 
     async def close(self) -> None:
         """Stop reading: the upstream request is closed, even while being cancelled."""
@@ -203,6 +206,19 @@ async def peek(chunks: AsyncIterator[bytes], choices: int = 1) -> Opened:
     head, watch = await open_stream(chunks, choices)
     assert isinstance(watch, SSEWatch)
     return Opened(head, chunks, watch)
+
+
+async def flowing(chunks: AsyncIterator[bytes], media_type: str) -> Opened:
+    """`chunks` (bytes of any kind: audio) read to their first non-empty chunk, so a failure
+    until then is still a failover; an empty body is a bad answer."""
+    try:
+        async for chunk in chunks:
+            if chunk:
+                return Opened(chunk, chunks, SSEWatch(), media_type)
+        raise BadUpstreamResponse("answer ended before its first byte")
+    except BaseException:
+        await close_quietly(chunks)
+        raise
 
 
 def event_object(data: bytes) -> dict[str, Any] | None:

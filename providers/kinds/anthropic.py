@@ -393,6 +393,9 @@ class AnthropicProvider(Provider):
                                  "anthropic-beta")
         self._configured_betas = headers.get(self._beta_header, "")
 
+    def credentials(self) -> Mapping[str, str]:
+        return self.http.credentials()
+
     def _body(self, request: Outgoing, upstream_model: str) -> bytes:
         if request.endpoint in NATIVE:
             body = {**request.json(), "model": upstream_model}

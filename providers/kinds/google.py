@@ -397,6 +397,9 @@ class GoogleProvider(Provider):
         self.http = HttpUpstream(spec.name, spec.timeouts, headers, secret, transport,
                                  spec.link_for(self._base_url))
 
+    def credentials(self) -> Mapping[str, str]:
+        return self.http.credentials()
+
     def _url(self, upstream_model: str, method: str) -> str:
         # "gemini-2.5-flash" and "models/gemini-2.5-flash" alike; a tuned model keeps its prefix.
         name = upstream_model if "/" in upstream_model else f"models/{upstream_model}"

@@ -14,8 +14,9 @@ import msgspec
 
 from providers.contract import embeddings
 from providers.contract.answer import check_json
-from providers.contract.provider import Outgoing, Provider, Reply, decode_body
+from providers.contract.provider import Answer, Outgoing, Provider, Reply, decode_body
 from providers.contract.spec import ProviderSpec
+from providers.contract.stream import flowing
 from providers.contract.transport import Transport
 from providers.kinds.compat import (
     OpenAIOptions,
@@ -38,6 +39,9 @@ def asks_stream_usage(request: Outgoing, options: OpenAIOptions) -> bool:
 def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec,
                options: OpenAIOptions) -> bytes:
     """The upstream body: the client's bytes untouched unless something must change."""
+    if request.content_type is not None:  # an upload: only its model field is rewritten
+        return request.raw if upstream_model == request.model \
+            else request.renamed(upstream_model).raw
     add_usage = asks_stream_usage(request, options)
     translate = request.endpoint == "chat/completions" and needs_translation(request.raw,
                                                                             options)
@@ -65,11 +69,23 @@ def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
     return headers
 
 
+# OpenAI's endpoints besides chat (rerank: the Cohere/Jina shape vLLM serves at /v1/rerank),
+# relayed as they are; `audio/speech` answers audio bytes, relayed as they come.
+NATIVE = frozenset({"moderations", "rerank", "images/generations", "images/edits",
+                    "audio/speech", "audio/transcriptions", "audio/translations"})
+SPEECH = "audio/speech"
+
+
+def _typed(request: Outgoing) -> Mapping[str, str] | None:
+    """An upload's own Content-Type (its boundary) in place of JSON's."""
+    return {"Content-Type": request.content_type} if request.content_type is not None else None
+
+
 class OpenAIProvider(Provider):
     """An upstream that speaks OpenAI's HTTP API."""
 
     kind = "openai"
-    endpoints = frozenset({"chat/completions", "completions", "embeddings"})
+    endpoints = frozenset({"chat/completions", "completions", "embeddings", *NATIVE})
     embedding_batch = embeddings.MAX_INPUTS
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
@@ -97,13 +113,29 @@ class OpenAIProvider(Provider):
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         body, headers = await self.http.post(
             self.url(request.endpoint, upstream_model),
-            build_body(request, upstream_model, self.spec, self.options))
+            build_body(request, upstream_model, self.spec, self.options), _typed(request))
+        content_type = headers.get("Content-Type", "application/json")
+        if request.endpoint in NATIVE and not content_type.startswith("application/json"):
+            return Reply(body, content_type)  # a transcript as text, SRT or VTT; audio
         usage = check_json(body)
         if request.endpoint == "embeddings":
             embeddings.check_list(body, len(embeddings.inputs(request.json())))
         elif request.endpoint == "chat/completions":
             body = normalize_reply(body, self._legacy(request))
-        return Reply(body, headers.get("Content-Type", "application/json"), usage)
+        return Reply(body, content_type, usage)
+
+    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
+        """Speech is audio bytes, relayed as they come (its first bytes before the try
+        counts as answered); every other endpoint as any kind answers it."""
+        if request.endpoint != SPEECH:
+            return await super().answer(request, upstream_model)
+        headers, chunks = await self.http.flow(
+            self.url(SPEECH, upstream_model),
+            build_body(request, upstream_model, self.spec, self.options))
+        return await flowing(chunks, headers.get("Content-Type", "application/octet-stream"))
+
+    def credentials(self) -> Mapping[str, str]:
+        return self.http.credentials()
 
     async def list_models(self) -> list[str]:
         listing = await self.http.get_json(f"{self._base_url}/models")

@@ -141,6 +141,7 @@ def error_for_status(provider: str, status: int, body: bytes, headers: Mapping[s
 
 TimeoutKind = type[ProviderTimeout]
 DATA = b"data:"  # what starts a server-sent event's data: progress in an SSE stream
+EVERY_CHUNK = b""  # a binary answer's mark (audio): every chunk is progress
 
 
 class Deadline:
@@ -288,6 +289,12 @@ class HttpUpstream:
         # them); streams ask for none (`compressed=False`).
         self._headers = dict(headers)
 
+    def credentials(self) -> Mapping[str, str]:
+        """The headers every request carries but its body type: credentials, configured
+        headers (what `/passthrough` sends with a client's request)."""
+        return {name: value for name, value in self._headers.items()
+                if name.lower() != "content-type"}
+
     def post(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
              ) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
         """A whole 2xx answer and its headers, within `total` (to await); `extra` headers
@@ -347,6 +354,39 @@ class HttpUpstream:
                     raise error(f"no complete answer within {limit:g}s") from None
                 raise AnsweredWhole(payload)
             async for chunk in read_stream(response, deadline, progress):
+                yield chunk
+        finally:
+            response.close()
+
+    async def flow(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
+                   ) -> tuple[Mapping[str, str], AsyncGenerator[bytes, None]]:
+        """A 2xx answer's headers, and its body (bytes of any kind: audio) as it arrives,
+        within all four timeouts and `max_answer_bytes`."""
+        deadline = Deadline(self.timeouts)
+        limit, error = deadline.first_token()
+        try:
+            async with asyncio.timeout(limit):
+                response = await self._transport.request(
+                    "POST", url, headers={**self._headers, **extra} if extra else self._headers,
+                    body=body, link=self._link,
+                    connect_timeout=self.timeouts.connect, compressed=False)
+        except TimeoutError:
+            raise error(f"no response headers within {limit:g}s") from None
+        if not 200 <= response.status < 300:
+            try:
+                await self._raise_for_status(response, deadline)
+            finally:
+                response.close()
+        return response.headers, self._bounded(response, deadline)
+
+    async def _bounded(self, response: HttpResponse, deadline: Deadline
+                       ) -> AsyncGenerator[bytes, None]:
+        most, size = self._link.max_answer_bytes, 0
+        try:
+            async for chunk in read_stream(response, deadline, EVERY_CHUNK):
+                size += len(chunk)
+                if size > most:
+                    raise BadUpstreamResponse(f"answer larger than max_answer_bytes ({most})")
                 yield chunk
         finally:
             response.close()

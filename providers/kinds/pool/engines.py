@@ -147,6 +147,10 @@ def plan(pool: str, settings: PoolSettings, engine: str, host: Host,
     return plans
 
 
+# Tasks vLLM's pooling runner serves (embeddings; rerank and score for a cross-encoder).
+POOLING = frozenset({"embed", "rerank"})
+
+
 def vllm_argv(vllm: str, weights: Weights, alias: str, model: ModelSettings,
               settings: PoolSettings, port: int) -> tuple[str, ...]:
     """`vllm serve` with the model's options, on its own port."""
@@ -162,9 +166,9 @@ def vllm_argv(vllm: str, weights: Weights, alias: str, model: ModelSettings,
     argv += _option("--tool-call-parser", model.tool_call_parser)
     if model.enable_auto_tool_choice:
         argv.append("--enable-auto-tool-choice")
-    if model.task == "embed":
+    if model.task in POOLING:
         argv += ["--runner", "pooling"]
-    if model.task != "embed" and not any(a.startswith(SCHEDULING_FLAG) for a in model.args):
+    if model.task not in POOLING and not any(a.startswith(SCHEDULING_FLAG) for a in model.args):
         # The gateway's priorities (`x-llms-priority`) order the worker's own queue too; with
         # every priority equal, vLLM's priority policy is first come first served.
         argv += [SCHEDULING_FLAG, "priority"]
@@ -183,6 +187,9 @@ def schedules_by_priority(argv: Sequence[str]) -> bool:
 def llamacpp_argv(weights: Weights, alias: str, model: ModelSettings, settings: PoolSettings,
                   port: int) -> tuple[str, ...]:
     """llama-cpp-python's OpenAI server on the CPU, serving the GGUF under the model's name."""
+    if model.task == "rerank":
+        raise ValueError(f"models.{alias}: llama.cpp serves no /v1/rerank; a rerank model "
+                         "needs vLLM workers")
     if not weights.is_local:
         raise ValueError(f"models.{alias}: llama.cpp needs a local GGUF file or a package that "
                          f"ships one, not the hub id {weights.location!r}")

@@ -62,6 +62,9 @@ class PoolProvider(Provider):
         self._models = {served_name(alias, m): m for alias, m in self.settings.models.items()}
         if any(m.task == "embed" for m in self.settings.models.values()):
             self.endpoints = self.endpoints | {"embeddings"}
+        if any(m.task == "rerank" for m in self.settings.models.values()):
+            # vLLM's pooling runner serves /v1/rerank (llama.cpp workers refuse the task).
+            self.endpoints = self.endpoints | {"rerank"}
         # Workers are this deployment's own (most on loopback): the environment's proxy is not
         # for them; a "proxy" or "tls" on the pool's entry applies to every worker.
         self.link = spec.link_for(None)
@@ -306,7 +309,8 @@ class _Held:
     @classmethod
     def keeping(cls, opened: Opened, pool: Pool, slot: Slot) -> Opened:
         """`opened`, its slot given back when its rest is done."""
-        return Opened(opened.head, cls(opened.rest, pool, slot), opened.watch)
+        return Opened(opened.head, cls(opened.rest, pool, slot), opened.watch,
+                      opened.media_type)
 
     def __aiter__(self) -> _Held:
         return self

@@ -46,8 +46,9 @@ class ModelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enable_auto_tool_choice: bool = False
     chat_format: str | None = None  # llama.cpp: the prompt template (e.g. "gemma")
     # "embed": the workers serve /v1/embeddings (vLLM's pooling runner; llama.cpp in embedding
-    # mode, its token vectors mean-pooled by the pool).
-    task: Literal["generate", "embed"] = "generate"
+    # mode, its token vectors mean-pooled by the pool); "rerank": /v1/rerank (vLLM's pooling
+    # runner, a cross-encoder or reranker model; llama.cpp has no rerank endpoint).
+    task: Literal["generate", "embed", "rerank"] = "generate"
     threads: int | None = None  # llama.cpp: CPU threads per worker
     args: tuple[str, ...] = ()  # anything else, appended to the worker's command line
     env: dict[str, str] = {}
