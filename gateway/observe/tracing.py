@@ -98,8 +98,8 @@ class Tracing:
     # (one the specification does not name) decides every trace.
     head: Head | None = None
 
-    @contextlib.contextmanager
-    def serving(self, headers: Mapping[str, str], endpoint: str) -> Iterator[None]:
+    def serving(self, headers: Mapping[str, str], endpoint: str
+                ) -> contextlib.AbstractContextManager[None]:
         """The request's server span, current while the edge serves it (its answer, a stream
         included): a client's `traceparent` is continued, anything else starts a trace.
 
@@ -108,17 +108,15 @@ class Tracing:
         upstream calls carry (`traceparent`, sampled flag off) are made current. One the
         gateway starts makes no span at all (`head`); a client's goes through the SDK."""
         client = not self.fields.isdisjoint(headers)
-        parent = propagate.extract(headers) if client else None
         if not client and self.head is not None:
             trace_id = self.head.draw()
             if not self.head.kept(trace_id):
-                passing = UNSAMPLED.set(self.head.passed(trace_id))
-                try:
-                    yield
-                finally:
-                    UNSAMPLED.reset(passing)
-                return
+                return _Passing(self.head.passed(trace_id))
             self.head.ids.drawn = trace_id  # the root's id, taken by the SDK's next call
+        return self._spanned(propagate.extract(headers) if client else None, endpoint)
+
+    @contextlib.contextmanager
+    def _spanned(self, parent: context.Context | None, endpoint: str) -> Iterator[None]:
         operation = OPERATIONS.get(endpoint, endpoint)
         span = self.tracer.start_span(operation, parent, SpanKind.SERVER,
                                       {"gen_ai.operation.name": operation,
@@ -126,11 +124,8 @@ class Tracing:
         if not span.is_recording():  # the client's trace, not sampled: passed on as such
             carrier: dict[str, str] = {}
             propagate.inject(carrier, trace.set_span_in_context(span, parent))
-            passing = UNSAMPLED.set(carrier)
-            try:
+            with _Passing(carrier):
                 yield
-            finally:
-                UNSAMPLED.reset(passing)
             return
         state = RequestTrace(span)
         token = context.attach(trace.set_span_in_context(span, parent))
@@ -157,6 +152,22 @@ class Tracing:
     async def close(self) -> None:
         """Export what is still queued and stop (the exporter's own timeout bounds it)."""
         await asyncio.to_thread(self.provider.shutdown)
+
+
+class _Passing:
+    """While a request not sampled is served: the headers its upstream calls carry
+    (`TracedTransport`). A class, not a generator: it is what most requests pay."""
+
+    __slots__ = ("headers", "token")
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self.headers = headers
+
+    def __enter__(self) -> None:
+        self.token = UNSAMPLED.set(self.headers)
+
+    def __exit__(self, *_: object) -> None:
+        UNSAMPLED.reset(self.token)
 
 
 def configure(telemetry: Telemetry, environ: Mapping[str, str]) -> Tracing | None:
