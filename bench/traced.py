@@ -187,6 +187,10 @@ def rows(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
             cpu = sorted(r[cpu_key] for r in data["rounds"])
             measured += f"; by the gateway's CPU a request {statistics.median(cpu):.2f}x " \
                         f"({', '.join(f'{r:.2f}' for r in cpu)})"
+            side_us = key.replace("_ratio", "_cpu_us")
+            if f"{side_us}_median" in data:
+                measured += f", {data[f'{side_us}_median']:,.0f} µs against " \
+                            f"{data['without_cpu_us_median']:,.0f}"
         found.append((f"{what}: {side}", f"≥ {needed:.2f}x" if needed else "reported",
                       measured, median >= needed if needed else None))
     return found
