@@ -247,6 +247,21 @@ def test_a_client_trace_not_sampled_is_passed_upstream_unsampled_and_records_not
     assert not [s for s in fresh.receiver.spans if s.trace_id == trace_id]
 
 
+def test_a_client_trace_not_sampled_keeps_its_tracestate_and_baggage_up_to_the_upstream(
+        fresh: Traced) -> None:
+    trace_id, parent = "5bf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8"
+
+    answer = fresh.post("unsampled-state", headers={
+        "traceparent": f"00-{trace_id}-{parent}-00", "tracestate": "vendor=opaque-1",
+        "baggage": "tenant=blue"})
+    assert answer.status_code == 200
+    sent = fresh.first.requests[-1].headers
+    assert sent["traceparent"].split("-")[1] == trace_id
+    assert int(sent["traceparent"].split("-")[3], 16) & 1 == 0, "not sampled"
+    assert sent["tracestate"] == "vendor=opaque-1"
+    assert sent["baggage"] == "tenant=blue"
+
+
 def test_the_standard_environment_alone_turns_tracing_on(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:

@@ -118,7 +118,7 @@ class Head:
         """Whether the trace is sampled: the rule of `TraceIdRatioBased`."""
         return trace_id & LOW_BITS < self.bound
 
-    def passed(self, trace_id: int) -> Mapping[str, str]:
+    def passed(self, trace_id: int) -> dict[str, str]:
         """What each upstream call of a trace not kept carries: its `traceparent`, a span id
         of its own, sampled flag off, as the SDK would write it (through the configured
         propagators when they are not the W3C ones)."""

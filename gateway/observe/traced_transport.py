@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Coroutine, Mapping
-from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry import propagate, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from providers.contract.errors import GatewayError
 from providers.contract.redact import mask_credentials
 from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 
-# The headers every upstream call of the request not sampled that runs here carries (set by
-# `Tracing.serving`); None outside one.
-UNSAMPLED: ContextVar[Mapping[str, str] | None] = ContextVar("llms_unsampled", default=None)
+# The key, in OpenTelemetry's context, of the headers every upstream call of a request not
+# sampled carries (set by `Tracing.serving`); absent outside one.
+UNSAMPLED = context.create_key("llms-unsampled")
 
 
 class TracedTransport(Transport):
@@ -40,8 +39,8 @@ class TracedTransport(Transport):
                 body: bytes | None = None, link: Link = DIRECT, connect_timeout: float = 10.0,
                 compressed: bool = True) -> Coroutine[Any, Any, HttpResponse]:
         # Not a coroutine itself: a call with no span is the inner transport's, one frame less.
-        passed = UNSAMPLED.get()
-        if passed is not None:  # a request not sampled: its trace passed on, no span
+        passed = context.get_value(UNSAMPLED)
+        if isinstance(passed, dict):  # a request not sampled: its trace passed on, no span
             return self.inner.request(method, url, headers={**headers, **passed}, body=body,
                                       link=link, connect_timeout=connect_timeout,
                                       compressed=compressed)
