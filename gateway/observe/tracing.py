@@ -113,12 +113,15 @@ class Tracing:
             trace_id = self.head.draw()
             if not self.head.kept(trace_id):
                 return _Passing(self.head.passed(trace_id))
-            self.head.ids.drawn = trace_id  # the root's id, taken by the SDK's next call
+            return self._spanned(None, endpoint, trace_id)
         return self._spanned(propagate.extract(headers) if client else None, endpoint)
 
     @contextlib.contextmanager
-    def _spanned(self, parent: context.Context | None, endpoint: str) -> Iterator[None]:
+    def _spanned(self, parent: context.Context | None, endpoint: str,
+                 drawn: int = 0) -> Iterator[None]:
         operation = OPERATIONS.get(endpoint, endpoint)
+        if drawn and self.head is not None:  # the root's id, taken by the SDK's next call
+            self.head.ids.drawn = drawn
         span = self.tracer.start_span(operation, parent, SpanKind.SERVER,
                                       {"gen_ai.operation.name": operation,
                                        "http.route": f"/v1/{endpoint}"})
