@@ -1,68 +1,85 @@
-"""What tracing costs: req/s at 50 clients of the gateway without any tracing code (the commit
-before it came), with tracing off, and with tracing on exporting to a local OTLP receiver
-(1% of traces sampled, the target; a tenth and every request, reported).
+"""What tracing costs: req/s and CPU a request at 50 clients, of the same code with no tracing
+code path, with tracing off, and with tracing on exporting to a local OTLP receiver (1% of
+traces sampled, the target; a tenth and every request, reported).
+
+Every side is this tree's code, in the same run. "Without" is a copy of it with the one line of
+tracing a request passes with tracing off cut out (the edge's check for `runtime.tracing`,
+`gateway/edge/front.py`): no tracing code path at all. It used to be the main line's commit
+before tracing was merged, a base that drifts as the main line moves on and counted every later
+feature as tracing's cost. Off, the gateway imports no tracing module
+(tests/test_tracing.py checks it), so off against without is the same code but that check:
+it reads the noise of the run as much as anything.
 
 The gateways run in turn on core 0, round by round, each round starting with the next one
 (drift on a shared machine touches every side alike); the upstream, the receiver and the load
-generator share core 1.
-The code without tracing is the main line's commit before `gateway/observe/tracing.py` came
-(before the merge that brought it), unpacked from git into the run's work folder. Tracing on
-uses the SDK's batch processor with its defaults (`OTEL_BSP_*`): a queue that drops spans when
-full rather than slowing requests.
+generator share core 1. Beside req/s, each side's CPU time a request (its processes' user +
+system time over the round, from /proc) is compared: it moves less when other work takes the
+core. Tracing on uses the SDK's batch processor with its defaults (`OTEL_BSP_*`): a queue that
+drops spans when full rather than slowing requests.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import statistics
-import subprocess
-import tarfile
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from harness import BENCH, PY, ROOT, free_port, gateway_config, spawn, stop, wait_for_port
+from harness import (
+    BENCH,
+    PY,
+    ROOT,
+    cpu_seconds,
+    free_port,
+    gateway_config,
+    spawn,
+    stop,
+    wait_for_port,
+)
 
 CLIENTS = 50
 # The share of requests traced with tracing on, the target's setting: a gateway busy enough
 # for tracing's cost to matter serves thousands of requests a second per worker, and 1% of
 # them is still tens of traces a second (OTEL_TRACES_SAMPLER=parentbased_traceidratio); a
 # client's sampled `traceparent` is followed whatever the ratio. A sampled request costs the
-# SDK about twice an untraced one, so a tenth, and every request, are reported beside it.
+# SDK several times an untraced one, so a tenth, and every request, are reported beside it.
 SAMPLED = 0.01
 REPORTED = 0.1
 SIDES = ("off", "on", "tenth", "every")
-TRACING_MODULE = "gateway/observe/tracing.py"
+EDGE = Path("gateway/edge/front.py")
+# The edge's tracing branch: the request answered inside the server span when tracing is on.
+_BRANCH = re.compile(r"( +)if runtime\.tracing is None:\n\1    (await self\._answer\(.*\))\n"
+                     r"\1else:.*\n\1    with runtime\.tracing\.serving\(.*\):\n"
+                     r"\1        await self\._answer\(.*\)\n")
 
 
-def without_tracing(work: Path) -> tuple[str, Path]:
-    """The commit before tracing came, unpacked (gateway and providers) into `work`: on the
-    main line (`--first-parent`), the one before tracing was merged, with every other feature
-    merged until then; not the tracing branch's own base, older by whatever main merged
-    meanwhile, which would count that work as tracing's."""
-    added = subprocess.run(["git", "log", "--first-parent", "--diff-filter=A", "--format=%H",
-                            "--", TRACING_MODULE], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    ref = f"{added[-1]}^" if added else "HEAD"
-    archive = subprocess.run(["git", "archive", "--format=tar", ref, "gateway", "providers"],
-                             cwd=ROOT, capture_output=True, check=True).stdout
+def without_tracing(work: Path) -> Path:
+    """This tree's gateway and providers, copied into `work` with the edge's tracing branch
+    cut out: what a request runs with no tracing code path."""
     folder = work / "without-tracing"
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(folder, filter="data")
-    commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
-    return commit, folder
+    for package in ("gateway", "providers"):
+        shutil.copytree(ROOT / package, folder / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    edge = folder / EDGE
+    text, cut = _BRANCH.subn(r"\1\2\n", edge.read_text())
+    if cut != 1 or "tracing" in text.split('"""', 2)[2]:
+        raise SystemExit(f"bench/traced.py: {EDGE} no longer has the tracing branch it cuts "
+                         "out; update _BRANCH to its shape")
+    edge.write_text(text)
+    return folder
 
 
 def tracing_cost(work: Path, duration: float, rounds: int,
                  measure: Callable[[str, int, float], float]) -> dict[str, Any]:
-    """`rounds` of the three gateways in turn; `measure(url, clients, seconds)` gives req/s."""
+    """`rounds` of the five gateways in turn; `measure(url, clients, seconds)` gives req/s."""
     upstream_port, sink_port = free_port(), free_port()
     config = work / "llms-traced.json"
     gateway_config(upstream_port, config)
-    commit, base = without_tracing(work)
+    base = without_tracing(work)
     processes = []
     rows: list[dict[str, float]] = []
     try:
@@ -114,37 +131,15 @@ def tracing_cost(work: Path, duration: float, rounds: int,
             stop(process)
     exported = sum(1 for line in (work / "otlp-sink.log").read_text().splitlines()
                    if line.startswith("export"))
-    return {"rounds": rows, "clients": CLIENTS, "without_commit": commit, "exports": exported,
-            "off_ratio_median": statistics.median(r["off_ratio"] for r in rows),
-            "on_ratio_median": statistics.median(r["on_ratio"] for r in rows),
-            "tenth_ratio_median": statistics.median(r["tenth_ratio"] for r in rows),
-            "every_ratio_median": statistics.median(r["every_ratio"] for r in rows),
+    return {"rounds": rows, "clients": CLIENTS, "without": "this tree, the edge's tracing "
+            "branch cut out", "exports": exported,
+            **{f"{side}_ratio_median": statistics.median(r[f"{side}_ratio"] for r in rows)
+               for side in SIDES},
             **{f"{side}_cpu_ratio_median": statistics.median(r[f"{side}_cpu_ratio"]
                                                              for r in rows) for side in SIDES},
+            **{f"{side}_cpu_us_median": statistics.median(r[f"{side}_cpu_us"] for r in rows)
+               for side in ("without", *SIDES)},
             "sampled": SAMPLED, "reported": REPORTED}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a process and its children (granian's worker), so far."""
-    parents: dict[int, int] = {}
-    spent: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        parents[int(entry.name)] = int(fields[1])
-        spent[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    tree, grown = {pid}, True
-    while grown:
-        found = {child for child, parent in parents.items() if parent in tree} - tree
-        tree |= found
-        grown = bool(found)
-    return sum(spent.get(p, 0.0) for p in tree)
 
 
 def sink(port: int) -> None:
@@ -169,8 +164,9 @@ def sink(port: int) -> None:
 
 def rows(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     """The two targets, as `run.figures` lists them."""
-    what = f"non-streaming req/s, {data['clients']} clients, against no tracing code " \
-           f"({data['without_commit']})"
+    base = f"({data['without_commit']})" if "without_commit" in data else \
+        "(the same code, the edge's tracing branch cut out)"  # an older result: another commit
+    what = f"non-streaming req/s, {data['clients']} clients, against no tracing code {base}"
     found = []
     sampled = f"{data.get('sampled', 1):.0%}"
     reported = f"{data.get('reported', 0):.0%}"
@@ -191,6 +187,10 @@ def rows(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
             cpu = sorted(r[cpu_key] for r in data["rounds"])
             measured += f"; by the gateway's CPU a request {statistics.median(cpu):.2f}x " \
                         f"({', '.join(f'{r:.2f}' for r in cpu)})"
+            side_us = key.replace("_ratio", "_cpu_us")
+            if f"{side_us}_median" in data:
+                measured += f", {data[f'{side_us}_median']:,.0f} µs against " \
+                            f"{data['without_cpu_us_median']:,.0f}"
         found.append((f"{what}: {side}", f"≥ {needed:.2f}x" if needed else "reported",
                       measured, median >= needed if needed else None))
     return found

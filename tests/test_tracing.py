@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.observe.traced_sampling import Rule, rule
 from gateway.state.config import ConfigError, Telemetry, parse, secrets
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.otlp_receiver import CLIENT, SERVER, OtlpReceiver, Received, children, one
@@ -246,6 +247,21 @@ def test_a_client_trace_not_sampled_is_passed_upstream_unsampled_and_records_not
     assert not [s for s in fresh.receiver.spans if s.trace_id == trace_id]
 
 
+def test_a_client_trace_not_sampled_keeps_its_tracestate_and_baggage_up_to_the_upstream(
+        fresh: Traced) -> None:
+    trace_id, parent = "5bf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8"
+
+    answer = fresh.post("unsampled-state", headers={
+        "traceparent": f"00-{trace_id}-{parent}-00", "tracestate": "vendor=opaque-1",
+        "baggage": "tenant=blue"})
+    assert answer.status_code == 200
+    sent = fresh.first.requests[-1].headers
+    assert sent["traceparent"].split("-")[1] == trace_id
+    assert int(sent["traceparent"].split("-")[3], 16) & 1 == 0, "not sampled"
+    assert sent["tracestate"] == "vendor=opaque-1"
+    assert sent["baggage"] == "tenant=blue"
+
+
 def test_the_standard_environment_alone_turns_tracing_on(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
@@ -300,6 +316,59 @@ def test_a_trace_not_sampled_records_nothing_yet_is_passed_upstream_as_such(
     assert int(unsampled.headers["traceparent"].split("-")[3], 16) & 1 == 0, "not sampled"
     assert continued.headers["traceparent"].split("-")[1] == sampled.split("-")[1]
     assert {s.trace_id for s in receiver.spans} == {spans[0].trace_id}
+
+
+def test_the_gateway_keeps_its_own_traces_by_their_trace_id_and_passes_each_upstream(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    upstream = upstream_factory("half")
+    count = 16
+    with OtlpReceiver() as receiver:
+        gateway = start_gateway(config({"h": provider(upstream.base_url, {"m": "m"})},
+                                       telemetry={"otlp_endpoint": receiver.endpoint,
+                                                  "sample_ratio": 0.5}), env=FAST_EXPORT)
+        for n in range(count):
+            answer = httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
+                                headers={"x-request-id": f"half-{n}"},
+                                json={"model": "m", "messages": HI})
+            assert answer.status_code == 200
+        sent = [r.headers["traceparent"] for r in upstream.requests[-count:]]
+        kept = {n: parent for n, parent in enumerate(sent) if int(parent[-2:], 16) & 1}
+        exported = {n: receiver.trace(f"half-{n}", until=lambda spans: len(spans) >= 3)
+                    for n in kept}
+    for parent in sent:
+        version, trace_id, span_id, flags = parent.split("-")
+        assert version == "00" and len(trace_id) == 32 and len(span_id) == 16
+        assert int(trace_id, 16) and int(span_id, 16), "valid ids"
+        # The rule of the SDK's TraceIdRatioBased: the low 64 bits under the ratio's share.
+        assert (int(trace_id[16:], 16) < 1 << 63) is bool(int(flags, 16) & 1)
+    assert len({parent.split("-")[1] for parent in sent}) == count, "a trace each"
+    # Kept or not, the other flags are the SDK's own (its "random trace id", from 1.40 on).
+    assert len({int(parent[-2:], 16) & ~1 for parent in sent}) == 1
+    assert 0 < len(kept) < count  # at 0.5, all or none of 16 is one chance in 32,768
+    for n, spans in exported.items():  # a kept trace is the one its upstream was told of
+        assert server_of(spans).trace_id == kept[n].split("-")[1]
+    assert {s.trace_id for s in receiver.spans} == {p.split("-")[1] for p in kept.values()}
+
+
+@pytest.mark.parametrize(("ratio", "environ", "expected"), [
+    (None, {}, Rule(1.0)),
+    (0.25, {"OTEL_TRACES_SAMPLER": "always_off"}, Rule(0.25)),  # llms.json wins
+    (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.01"}, Rule(0.01)),
+    (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "2"}, Rule(1.0)),  # out of range: the SDK's default
+    (None, {"OTEL_TRACES_SAMPLER": "TraceIdRatio", "OTEL_TRACES_SAMPLER_ARG": "0.5"},
+     Rule(0.5, parent_based=False)),
+    (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "x"},
+     Rule(1.0, parent_based=False)),
+    (None, {"OTEL_TRACES_SAMPLER": "always_off"}, Rule(0.0, parent_based=False)),
+    (None, {"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, Rule(0.0)),
+    (None, {"OTEL_TRACES_SAMPLER": "jaeger_remote"}, None),  # the SDK's to run
+])
+def test_the_sampling_rule_is_read_as_the_sdk_reads_it(
+        ratio: float | None, environ: dict[str, str], expected: Rule | None) -> None:
+    assert rule(ratio, environ) == expected
 
 
 def test_every_relay_endpoint_is_traced_through_its_adapters(fresh: Traced) -> None:

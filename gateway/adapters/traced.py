@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -44,10 +45,15 @@ class Traced(Outermost):
         self.private_keys = private_keys
         self.endpoints = inner.endpoints
 
-    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
+    def answer(self, request: Outgoing, upstream_model: str) -> Coroutine[Any, Any, Answer]:
+        # Not a coroutine itself: a try not traced is the inner provider's, one frame less.
         state = current()
         if state is None:  # not traced, or not sampled: no span, nothing built
-            return await self.inner.answer(request, upstream_model)
+            return self.inner.answer(request, upstream_model)
+        return self._traced(request, upstream_model, state)
+
+    async def _traced(self, request: Outgoing, upstream_model: str,
+                      state: RequestTrace) -> Answer:
         tracer = self.tracing.tracer
         hedge = tracer.start_span("llms.hedge") if state.inflight else None
         parent = trace.set_span_in_context(hedge) if hedge is not None else None

@@ -1,24 +1,31 @@
 """The transport with a span per upstream call, and `traceparent` on it: a `Transport` layer.
 
 Used only when tracing is on (the app wraps the process's one transport in it). A call made
-while a span is current (a try's, `gateway.adapters.traced`) gets an HTTP client span under it,
-from the request until the answer is closed, and carries that span's `traceparent`, so an
-upstream that traces (vLLM) continues the trace. Calls outside a traced request (health checks,
+while a sampled request's span is current (a try's, `gateway.adapters.traced`) gets an HTTP
+client span under it, from the request until the answer is closed, and carries that span's
+`traceparent`, so an upstream that traces (vLLM) continues the trace. A call of a request not
+sampled carries the headers `Tracing.serving` made for it once (`UNSAMPLED`: its
+`traceparent`, sampled flag off), and no span. Calls outside a traced request (health checks,
 model discovery) pass through untouched. No URL query, credential or body is recorded.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry import propagate, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from providers.contract.errors import GatewayError
 from providers.contract.redact import mask_credentials
 from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
+
+# The key, in OpenTelemetry's context, of the headers every upstream call of a request not
+# sampled carries (set by `Tracing.serving`); absent outside one.
+UNSAMPLED = context.create_key("llms-unsampled")
 
 
 class TracedTransport(Transport):
@@ -28,22 +35,26 @@ class TracedTransport(Transport):
         self.inner = inner
         self.tracer = tracer
 
-    async def request(self, method: str, url: str, *, headers: Mapping[str, str],
-                      body: bytes | None = None, link: Link = DIRECT,
-                      connect_timeout: float = 10.0, compressed: bool = True) -> HttpResponse:
-        current = trace.get_current_span()
-        if not current.get_span_context().is_valid:
-            return await self.inner.request(method, url, headers=headers, body=body, link=link,
-                                            connect_timeout=connect_timeout,
-                                            compressed=compressed)
-        carrier = dict(headers)
-        if not current.is_recording():  # a trace not sampled: passed on as such, no span
-            propagate.inject(carrier)
-            return await self.inner.request(method, url, headers=carrier, body=body, link=link,
-                                            connect_timeout=connect_timeout,
-                                            compressed=compressed)
+    def request(self, method: str, url: str, *, headers: Mapping[str, str],
+                body: bytes | None = None, link: Link = DIRECT, connect_timeout: float = 10.0,
+                compressed: bool = True) -> Coroutine[Any, Any, HttpResponse]:
+        # Not a coroutine itself: a call with no span is the inner transport's, one frame less.
+        passed = context.get_value(UNSAMPLED)
+        if isinstance(passed, dict):  # a request not sampled: its trace passed on, no span
+            return self.inner.request(method, url, headers={**headers, **passed}, body=body,
+                                      link=link, connect_timeout=connect_timeout,
+                                      compressed=compressed)
+        if not trace.get_current_span().is_recording():  # no traced request: as it is
+            return self.inner.request(method, url, headers=headers, body=body, link=link,
+                                      connect_timeout=connect_timeout, compressed=compressed)
+        return self._traced(method, url, headers, body, link, connect_timeout, compressed)
+
+    async def _traced(self, method: str, url: str, headers: Mapping[str, str],
+                      body: bytes | None, link: Link, connect_timeout: float,
+                      compressed: bool) -> HttpResponse:
         span = self.tracer.start_span(method, kind=SpanKind.CLIENT,
                                       attributes=_url_attributes(method, url))
+        carrier = dict(headers)
         propagate.inject(carrier, trace.set_span_in_context(span))
         try:
             answer = await self.inner.request(method, url, headers=carrier, body=body,

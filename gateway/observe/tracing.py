@@ -15,8 +15,12 @@ adapter, no transport layer and no span. The tree one request makes (docs/observ
     └── llms.hedge                         a second candidate started beside a slow first
         └── chat other-model      CLIENT   its try
 
-The request's `RequestTrace` rides in OpenTelemetry's own context (`opentelemetry.context`), so
-the tries the router starts in tasks of their own (hedges) find it, and their spans are siblings.
+Which requests are traced is decided once, at the server span (`Tracing.serving`): a trace the
+gateway starts is kept or not by its own head sampler (`gateway.observe.traced_sampling`), in
+front of the SDK, so a request not kept costs a random id and a header, and no span at all. A
+sampled request's `RequestTrace` rides in OpenTelemetry's own context (`opentelemetry.context`,
+`current`) beside its span, so the tries the router starts in tasks of their own (hedges) find
+both, and their spans are siblings.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 
 from gateway.observe.observers import CLIENT_CLOSED, status_of
-from gateway.observe.traced_transport import TracedTransport
+from gateway.observe.traced_sampling import DrawnIds, Head, rule, sdk_sampler
+from gateway.observe.traced_transport import UNSAMPLED, TracedTransport
 from gateway.pipeline.record import Listener, Outcome, Record
 from gateway.state.config import Telemetry
 from gateway.stores.cache import Cached, ResponseCache
@@ -47,7 +52,6 @@ TRACES_PATH = "/v1/traces"
 OPERATIONS: Mapping[str, str] = {
     "chat/completions": "chat", "completions": "text_completion", "responses": "chat",
     "embeddings": "embeddings", "messages": "chat", "messages/count_tokens": "count_tokens"}
-_STATE = context.create_key("llms-request-trace")
 
 
 @dataclass(slots=True)
@@ -71,6 +75,9 @@ class RequestTrace:
     inflight: int = 0
 
 
+_STATE = context.create_key("llms-request-trace")
+
+
 def current() -> RequestTrace | None:
     """The sampled request this code runs for, if any."""
     found = context.get_value(_STATE)
@@ -88,26 +95,41 @@ class Tracing:
     # The headers a client's trace context comes in (`OTEL_PROPAGATORS`'), read once.
     fields: frozenset[str] = field(
         default_factory=lambda: frozenset(propagate.get_global_textmap().fields))
+    # The gateway's own traces kept or not before the SDK is asked; None: the SDK's sampler
+    # (one the specification does not name) decides every trace.
+    head: Head | None = None
 
-    @contextlib.contextmanager
-    def serving(self, headers: Mapping[str, str], endpoint: str) -> Iterator[None]:
+    def serving(self, headers: Mapping[str, str], endpoint: str
+                ) -> contextlib.AbstractContextManager[None]:
         """The request's server span, current while the edge serves it (its answer, a stream
         included): a client's `traceparent` is continued, anything else starts a trace.
 
-        Sampling is decided here, once: a trace not sampled makes no other span, so only the
-        span's ids are made current (the upstream still gets a `traceparent`, sampled flag
-        off) and no `RequestTrace`, which is what every other layer looks for."""
-        parent = None if self.fields.isdisjoint(headers) else propagate.extract(headers)
+        Sampling is decided here, once. A trace not sampled makes no other span and no
+        `RequestTrace`, which is what every other layer looks for: only the headers its
+        upstream calls carry (`traceparent`, sampled flag off) are made current. One the
+        gateway starts makes no span at all (`head`); a client's goes through the SDK."""
+        client = not self.fields.isdisjoint(headers)
+        if not client and self.head is not None:
+            trace_id = self.head.draw()
+            if not self.head.kept(trace_id):
+                return _Passing(self.head.passed(trace_id))
+            return self._spanned(None, endpoint, trace_id)
+        return self._spanned(propagate.extract(headers) if client else None, endpoint)
+
+    @contextlib.contextmanager
+    def _spanned(self, parent: context.Context | None, endpoint: str,
+                 drawn: int = 0) -> Iterator[None]:
         operation = OPERATIONS.get(endpoint, endpoint)
+        if drawn and self.head is not None:  # the root's id, taken by the SDK's next call
+            self.head.ids.drawn = drawn
         span = self.tracer.start_span(operation, parent, SpanKind.SERVER,
                                       {"gen_ai.operation.name": operation,
                                        "http.route": f"/v1/{endpoint}"})
-        if not span.is_recording():
-            token = context.attach(trace.set_span_in_context(span, parent))
-            try:
+        if not span.is_recording():  # the client's trace, not sampled: passed on as such
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier, trace.set_span_in_context(span, parent))
+            with _Passing(carrier):
                 yield
-            finally:
-                context.detach(token)
             return
         state = RequestTrace(span)
         token = context.attach(context.set_value(_STATE, state,
@@ -135,6 +157,22 @@ class Tracing:
         await asyncio.to_thread(self.provider.shutdown)
 
 
+class _Passing:
+    """While a request not sampled is served: the headers its upstream calls carry
+    (`TracedTransport`). A class, not a generator: it is what most requests pay."""
+
+    __slots__ = ("headers", "token")
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+
+    def __enter__(self) -> None:
+        self.token = context.attach(context.set_value(UNSAMPLED, self.headers))
+
+    def __exit__(self, *_: object) -> None:
+        context.detach(self.token)
+
+
 def configure(telemetry: Telemetry, environ: Mapping[str, str]) -> Tracing | None:
     """The process's tracing, or None when neither llms.json nor the environment names an
     OTLP endpoint (or `OTEL_SDK_DISABLED` / `OTEL_TRACES_EXPORTER=none` turn it off)."""
@@ -145,7 +183,6 @@ def configure(telemetry: Telemetry, environ: Mapping[str, str]) -> Tracing | Non
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 
     endpoint = None  # the exporter reads the environment's itself, with its rules
     if telemetry.otlp_endpoint:
@@ -153,14 +190,17 @@ def configure(telemetry: Telemetry, environ: Mapping[str, str]) -> Tracing | Non
         if not endpoint.endswith(TRACES_PATH):
             endpoint += TRACES_PATH
     name = telemetry.service_name or environ.get("OTEL_SERVICE_NAME") or SERVICE
-    sampler: Sampler | None = None  # None: OTEL_TRACES_SAMPLER, else parent-based always-on
-    if telemetry.sample_ratio is not None:
-        sampler = ParentBased(TraceIdRatioBased(telemetry.sample_ratio))
-    provider = TracerProvider(sampler=sampler, resource=Resource.create({SERVICE_NAME: name}))
+    ids, found = DrawnIds(), rule(telemetry.sample_ratio, environ)
+    # None: the SDK reads OTEL_TRACES_SAMPLER itself (a sampler of an entry point's).
+    sampler = sdk_sampler(found) if found is not None else None
+    provider = TracerProvider(sampler=sampler, resource=Resource.create({SERVICE_NAME: name}),
+                              id_generator=ids)
     # The schedule delay, queue and batch sizes: OTEL_BSP_* from the environment.
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    fields = frozenset(propagate.get_global_textmap().fields)
+    head = Head(found, ids, fields) if found is not None else None
     return Tracing(provider, provider.get_tracer(SERVICE), telemetry.capture_content,
-                   telemetry.max_content_bytes)
+                   telemetry.max_content_bytes, fields, head)
 
 
 def server_spans() -> Listener:
@@ -169,7 +209,7 @@ def server_spans() -> Listener:
     own task, under the context `Tracing.serving` made."""
     def ended(record: Record) -> None:
         state = current()
-        if state is None or not state.span.is_recording():  # not traced, or not sampled
+        if state is None or not state.span.is_recording():  # not sampled, or ended already
             return
         span, alias = state.span, record.model
         operation = OPERATIONS.get(record.endpoint, record.endpoint)
