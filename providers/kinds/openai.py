@@ -83,6 +83,7 @@ class OpenAIProvider(Provider):
         self.options = read_options(spec.raw)
         if self.options.responses:
             self.endpoints = self.endpoints | {"responses"}
+        self.native_batches = self.options.batches == "native"
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         body, headers = await self.http.post(
@@ -94,6 +95,14 @@ class OpenAIProvider(Provider):
         elif request.endpoint == "chat/completions":
             body = normalize_reply(body, self._legacy(request))
         return Reply(body, headers.get("Content-Type", "application/json"), usage)
+
+    async def batch_api(self, method: str, path: str, body: bytes | None = None,
+                        content_type: str = "application/json") -> bytes:
+        if not self.native_batches:
+            return await super().batch_api(method, path, body, content_type)
+        payload, _ = await self.http.call(method, f"{self._base_url}/{path}", body,
+                                          {"Content-Type": content_type})
+        return payload
 
     async def list_models(self) -> list[str]:
         listing = await self.http.get_json(f"{self._base_url}/models")
