@@ -8,7 +8,9 @@ for a lease it renews while it runs, its result is kept once, and a batch ends i
 transaction. So a gateway restarted mid-batch picks up the requests not yet done (those it was
 running when it stopped were let go; a process that died holds its own until the lease lapses).
 A request the gateway could not take now (its queue full, the key's rate limit) goes back to
-pending for later, not to the error file.
+pending for later, not to the error file; so does one every provider failed (a 5xx or a 429:
+a pool still loading after a restart, an outage), up to `TRIES` times, after its `Retry-After`
+or a backoff that doubles. A 4xx is the request's own: its answer goes to the error file.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from providers.contract.stream import close_quietly
 # waits its turn again instead of failing.
 NOT_NOW = frozenset({"overloaded", "queue_timeout", "rate_limit_exceeded",
                      "database_unavailable", "server_shutting_down"})
+# Answers every provider gave for now (overloaded, down, rate limited): tried again later.
+AGAIN = frozenset({429, 500, 502, 503, 504})
+TRIES = 6  # a request failing so that many times is answered with its last failure
 MAX_BACKOFF = 60.0
 LOWEST = str(-PRIORITY_BOUND)
 
@@ -155,9 +160,12 @@ class Runner:
         finally:
             runtime.leave(request.ticket)
         record = answer.record
-        if record.error_code in NOT_NOW:
-            wait = min(MAX_BACKOFF, max(1.0, _retry_after(answer.headers)))
-            await self.store.release(held.batch_id, held.line, self.clock() + wait)
+        not_now = record.error_code in NOT_NOW
+        failed = not not_now and answer.status in AGAIN and held.tries + 1 < TRIES
+        if not_now or failed:
+            backoff = 2.0 ** held.tries if failed else 1.0
+            wait = min(MAX_BACKOFF, max(backoff, _retry_after(answer.headers)))
+            await self.store.release(held.batch_id, held.line, self.clock() + wait, failed)
             return
         usage = record.usage
         tokens = (usage.prompt_tokens, usage.completion_tokens) if usage is not None else None
@@ -204,4 +212,4 @@ def _retry_after(headers: Mapping[str, str]) -> float:
         if name.lower() == "retry-after":
             with contextlib.suppress(ValueError):
                 return float(value)
-    return 1.0
+    return 0.0

@@ -43,6 +43,7 @@ class Held:
     url: str
     body: bytes
     owner: str
+    tries: int = 0  # failures it was already retried after
 
 
 class Store:
@@ -109,7 +110,7 @@ class Store:
             if lines:
                 await conn.execute(requests.insert(), [
                     {"batch_id": row["id"], "line": r.line, "custom_id": r.custom_id,
-                     "body": r.body, "state": PENDING} for r in lines])
+                     "body": r.body, "state": PENDING, "tries": 0} for r in lines])
 
     async def batch(self, batch_id: str, owner: str) -> dict[str, Any] | None:
         async with self._tx() as conn:
@@ -186,20 +187,22 @@ class Store:
         async with self._tx() as conn:
             rows = (await conn.execute(
                 sa.select(requests.c.batch_id, requests.c.line, requests.c.custom_id,
-                          requests.c.body, batches.c.endpoint, batches.c.owner)
+                          requests.c.body, batches.c.endpoint, batches.c.owner,
+                          requests.c.tries)
                 .join(batches, batches.c.id == requests.c.batch_id)
                 .where(batches.c.status == "in_progress", batches.c.expires_at > now,
                        requests.c.state == PENDING, free)
                 .order_by(batches.c.created_at, requests.c.batch_id, requests.c.line)
                 .limit(most))).all()
             held = []
-            for batch_id, line, custom_id, body, endpoint, owner in rows:
+            for batch_id, line, custom_id, body, endpoint, owner, tries in rows:
                 done = await conn.execute(requests.update().where(
                     requests.c.batch_id == batch_id, requests.c.line == line,
                     requests.c.state == PENDING, free)
                     .values(held_by=me, held_until=now + lease))
                 if done.rowcount:
-                    held.append(Held(batch_id, line, custom_id, endpoint, bytes(body), owner))
+                    held.append(Held(batch_id, line, custom_id, endpoint, bytes(body), owner,
+                                     int(tries or 0)))
         return held
 
     async def renew(self, me: str, until: float) -> None:
@@ -209,12 +212,15 @@ class Store:
                 requests.c.held_by == me, requests.c.state == PENDING)
                 .values(held_until=until))
 
-    async def release(self, batch_id: str, line: int, until: float) -> None:
-        """A request that could not run now (the gateway was full): free again at `until`."""
+    async def release(self, batch_id: str, line: int, until: float, failed: bool) -> None:
+        """A request that could not run now (the gateway full, every provider down): free
+        again at `until`; `failed`: counted as one more failure."""
         async with self._tx() as conn:
             await conn.execute(requests.update().where(
                 requests.c.batch_id == batch_id, requests.c.line == line,
-                requests.c.state == PENDING).values(held_by=None, held_until=until))
+                requests.c.state == PENDING).values(
+                held_by=None, held_until=until,
+                tries=requests.c.tries + (1 if failed else 0)))
 
     async def finish(self, batch_id: str, line: int, state: str, result: bytes,
                      tokens: tuple[int, int] | None) -> bool:
@@ -233,7 +239,7 @@ class Store:
         (`completed`), cancelled or expired with none still running anywhere."""
         pending = sa.select(requests.c.line).where(requests.c.batch_id == batches.c.id,
                                                    requests.c.state == PENDING)
-        running = pending.where(requests.c.held_until.is_not(None),
+        running = pending.where(requests.c.held_by.is_not(None),
                                 requests.c.held_until >= now)
         async with self._tx() as conn:
             done = (await conn.execute(sa.select(batches.c.id).where(

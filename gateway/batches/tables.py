@@ -76,6 +76,7 @@ requests = Table(
     Column("result", LargeBinary, nullable=True),  # its line of the output or error file
     Column("input_tokens", Integer, nullable=True),
     Column("output_tokens", Integer, nullable=True),
+    Column("tries", Integer, nullable=False, default=0),  # failures it was retried after
     Column("held_by", String(64), nullable=True),
     Column("held_until", Float, nullable=True),
     Index("batch_requests_state", "batch_id", "state"),

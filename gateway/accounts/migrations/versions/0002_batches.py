@@ -67,6 +67,7 @@ def upgrade() -> None:
         sa.Column("result", sa.LargeBinary, nullable=True),
         sa.Column("input_tokens", sa.Integer, nullable=True),
         sa.Column("output_tokens", sa.Integer, nullable=True),
+        sa.Column("tries", sa.Integer, nullable=False, server_default="0"),
         sa.Column("held_by", sa.String(64), nullable=True),
         sa.Column("held_until", sa.Float, nullable=True),
     )
