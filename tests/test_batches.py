@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from tests.fake_openai_batches import FakeOpenAIBatches
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.openapi import validate
 from tests.upstream import FakeUpstream, held, ok, status
@@ -274,3 +275,37 @@ def test_a_gateway_restarted_mid_batch_finishes_it_with_every_result_once(
     asked = [r.json["messages"][0]["content"] for r in upstream.requests]
     assert set(asked) == {f"q{n}" for n in range(10)}
     assert len(asked) == 12, "only the two running at the stop were sent again"
+
+
+def test_a_batch_for_a_provider_that_runs_batches_is_relayed_there(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    with FakeOpenAIBatches(name="openai") as native:
+        gateway = start_gateway(keyed({
+            "openai": provider(native.base_url, {"gpt": "gpt-4o-mini"}, batches="native"),
+            "main": provider(upstream.base_url, {"m": "m"})}))
+        alice = sdk(gateway)
+
+        relayed = submit(alice, [chat_line("a", model="gpt"), chat_line("b", model="gpt")])
+        done = finished(alice, relayed.id)
+        run_here = finished(alice, submit(alice, [chat_line("c")]).id)
+
+        # The upstream's own object, relayed as it sent it.
+        assert raw(gateway, f"/batches/{relayed.id}") == native.batches[relayed.id]
+        assert done.status == "completed" and relayed.id in native.batches
+        output = lines_of(alice, done.output_file_id)
+        assert [line["custom_id"] for line in output] == ["a", "b"]
+        assert output[0]["response"]["body"]["choices"][0]["message"]["content"] == \
+            "Hello from openai"
+        uploaded = native.contents[relayed.input_file_id].decode().splitlines()
+        assert {json.loads(line)["body"]["model"] for line in uploaded} == {"gpt-4o-mini"}
+        assert run_here.status == "completed" and run_here.id not in native.batches
+        assert len(upstream.requests) == 1 and native.requests == [], "no request ran here"
+        # The relayed batch and its files are the key's like any other.
+        bob = sdk(gateway, BOB)
+        with pytest.raises(openai.NotFoundError):
+            bob.batches.retrieve(relayed.id)
+        with pytest.raises(openai.NotFoundError):
+            bob.files.content(done.output_file_id or "")
+        cancelled = submit(alice, [chat_line("d", model="gpt")])
+        assert alice.batches.cancel(cancelled.id).status == "cancelling"
+        assert alice.batches.retrieve(cancelled.id).status == "cancelled"

@@ -101,14 +101,16 @@ async def upload(runtime: Runtime, to: Target, row: Mapping[str, Any],
 
 
 async def create_batch(runtime: Runtime, source: Mapping[str, Any], endpoint: str,
-                       window: str, metadata: Mapping[str, str] | None) -> dict[str, Any]:
-    """Create the batch at the file's provider: the row's fields that say where it is."""
+                       window: str, metadata: Mapping[str, str] | None
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Create the batch at the file's provider: the row's fields that say where it is, and
+    the upstream's answer."""
     asked = {"input_file_id": source["upstream_id"], "endpoint": endpoint,
              "completion_window": window, "metadata": metadata}
     made = _object(await _provider(runtime, source["provider"]).batch_api(
         "POST", "batches", msgspec.json.encode(asked)))
     return {"id": made["id"], "provider": source["provider"], "upstream_id": made["id"],
-            "status": str(made.get("status", "validating")), "total": 0}
+            "status": str(made.get("status", "validating")), "total": 0}, made
 
 
 async def refreshed(runtime: Runtime, store: Store, row: Mapping[str, Any]
@@ -129,9 +131,10 @@ async def refreshed(runtime: Runtime, store: Store, row: Mapping[str, Any]
     return found
 
 
-async def cancel(runtime: Runtime, row: Mapping[str, Any]) -> None:
-    await _provider(runtime, row["provider"]).batch_api(
-        "POST", f"batches/{row['upstream_id']}/cancel", b"{}")
+async def cancel(runtime: Runtime, row: Mapping[str, Any]) -> dict[str, Any]:
+    """Cancel the batch upstream: the upstream's answer."""
+    return _object(await _provider(runtime, row["provider"]).batch_api(
+        "POST", f"batches/{row['upstream_id']}/cancel", b"{}"))
 
 
 async def content(runtime: Runtime, row: Mapping[str, Any]) -> bytes:

@@ -165,10 +165,10 @@ async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
         "status": "validating", "metadata": asked.metadata, "created_at": now,
         "expires_at": now + DAY}
     if source["provider"] is not None:
-        row |= await native.create_batch(runtime, source, asked.endpoint, WINDOW,
-                                         asked.metadata)
-        await store.add_batch(row, ())
-        return _json(await native.refreshed(runtime, store, row))
+        where, made = await native.create_batch(runtime, source, asked.endpoint, WINDOW,
+                                                asked.metadata)
+        await store.add_batch(row | where, ())
+        return _json(made)
     lines = jsonl.parse(content, runtime.live.snapshot.batches)
     row |= {"model": lines[0].model, "total": len(lines)}
     wrong = [r for r in lines if r.url != asked.endpoint]
@@ -210,8 +210,7 @@ async def cancel_batch(request: Request[Any, Any, Any], batch_id: str) -> Respon
     runtime, store, owner = _runtime(request)
     row = await store.batch(batch_id, owner)
     if row is not None and row["provider"] is not None:
-        await native.cancel(runtime, row)
-        return _json(await native.refreshed(runtime, store, row))
+        return _json(await native.cancel(runtime, row))
     row = await store.cancel(batch_id, owner, time.time())
     if row is None:
         raise _no_batch(batch_id)
