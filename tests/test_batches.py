@@ -19,6 +19,7 @@ import pytest
 from tests.fake_openai_batches import FakeOpenAIBatches
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.openapi import validate
+from tests.postgres_server import PostgresServer
 from tests.upstream import FakeUpstream, held, ok, status
 
 ALICE, BOB = "sk-alice-batches-0001", "sk-bob-batches-0002"
@@ -309,3 +310,30 @@ def test_a_batch_for_a_provider_that_runs_batches_is_relayed_there(
         cancelled = submit(alice, [chat_line("d", model="gpt")])
         assert alice.batches.cancel(cancelled.id).status == "cancelling"
         assert alice.batches.retrieve(cancelled.id).status == "cancelled"
+
+
+@pytest.mark.skipif(not PostgresServer.available(),
+                    reason="PostgreSQL's binaries are not installed")
+def test_two_replicas_on_one_postgresql_share_a_batch_and_keep_each_result_once(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    postgres = PostgresServer().start()
+    try:
+        upstream.set_mode(held())
+        doc = {**keyed({"main": provider(upstream.base_url, {"m": "m"})}),
+               "database": {"url": postgres.url}}
+        first, second = start_gateway(doc), start_gateway(doc)
+        batch = submit(sdk(first), [chat_line(f"r{n}", text=f"q{n}") for n in range(12)])
+        wait_until(lambda: len(upstream.requests) == 4)  # two held by each replica
+
+        upstream.set_mode(ok())
+        upstream.release()
+        done = finished(sdk(second), batch.id)
+
+        assert done.status == "completed"
+        output = lines_of(sdk(second), done.output_file_id)
+        assert sorted(line["custom_id"] for line in output) == sorted(f"r{n}" for n in range(12))
+        assert sorted(r.json["messages"][0]["content"] for r in upstream.requests) == \
+            sorted(f"q{n}" for n in range(12)), "each request ran once, on one replica"
+        assert first.log_events("request") and second.log_events("request")
+    finally:
+        postgres.close()
