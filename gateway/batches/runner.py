@@ -32,7 +32,7 @@ from gateway.pipeline.delivery import Streamed
 from gateway.pipeline.limits import PRIORITY_BOUND
 from gateway.pipeline.queueing import PRIORITY_HEADER, Ticket
 from gateway.state.runtime import Runtime
-from providers.contract.errors import GatewayError, error_body
+from providers.contract.errors import DatabaseUnavailable, GatewayError, error_body
 from providers.contract.log import get_logger
 from providers.contract.stream import close_quietly
 
@@ -88,7 +88,10 @@ class Runner:
         try:
             while True:
                 settings = self.runtime.live.snapshot.batches
-                await self.step(settings)
+                try:
+                    await self.step(settings)
+                except DatabaseUnavailable as exc:  # down, or another process wrote first
+                    get_logger().warning("batches_step_skipped", error=str(exc))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(settings.poll_interval):
                         await self.wake.wait()
