@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -340,20 +341,25 @@ def test_two_replicas_on_one_postgresql_share_a_batch_and_keep_each_result_once(
 
 
 def test_two_workers_on_one_sqlite_file_share_a_batch_and_keep_each_result_once(
-        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+        tmp_path: Path, upstream: FakeUpstream) -> None:
     upstream.set_mode(held())
-    gateway = start_gateway(keyed({"main": provider(upstream.base_url, {"m": "m"})}),
-                            extra_args=("--workers", "2"))
-    batch = submit(sdk(gateway), [chat_line(f"r{n}", text=f"q{n}") for n in range(12)])
-    wait_until(lambda: len(upstream.requests) == 4)  # two held by each worker
+    gateway = GatewayProcess(tmp_path, keyed({"main": provider(upstream.base_url, {"m": "m"})}),
+                             extra_args=("--workers", "2"))
+    try:
+        gateway.start(timeout=60)  # two workers start on a machine others share
+        batch = submit(sdk(gateway), [chat_line(f"r{n}", text=f"q{n}") for n in range(12)])
+        wait_until(lambda: len(upstream.requests) == 4, 30)  # two held by each worker
 
-    upstream.set_mode(ok())
-    upstream.release()
-    done = finished(sdk(gateway), batch.id)
+        upstream.set_mode(ok())
+        upstream.release()
+        done = finished(sdk(gateway), batch.id)
+        output = lines_of(sdk(gateway), done.output_file_id)
+    finally:
+        gateway.stop()
 
     assert done.status == "completed"
-    output = lines_of(sdk(gateway), done.output_file_id)
     assert sorted(line["custom_id"] for line in output) == sorted(f"r{n}" for n in range(12))
     assert sorted(r.json["messages"][0]["content"] for r in upstream.requests) == \
         sorted(f"q{n}" for n in range(12)), "each request ran once, in one worker"
+    assert done.request_counts is not None and done.request_counts.completed == 12
     assert len({line["pid"] for line in gateway.log_events("request")}) == 2
