@@ -103,7 +103,10 @@ class Runner:
     async def step(self, settings: BatchesConfig) -> None:
         """One look at the database: hold and start what there is room for, end batches."""
         now = self.clock()
-        await self.store.renew(self.me, now + settings.lease)
+        if self.running:
+            await self.store.renew(self.me, now + settings.lease)
+        if not await self.store.active():
+            return
         await self.store.start_validated(now)
         room = settings.concurrency - len(self.running)
         if room > 0:

@@ -173,6 +173,14 @@ class Store:
 
     # --- the runner's ------------------------------------------------------------------------
 
+    async def active(self) -> bool:
+        """Whether any batch run here is not over: else the runner has nothing to do (one
+        read, no write, while the gateway has no batch)."""
+        async with self._tx() as conn:
+            found = await conn.execute(sa.select(batches.c.id).where(
+                batches.c.status.not_in(OVER), batches.c.provider.is_(None)).limit(1))
+            return found.first() is not None
+
     async def start_validated(self, now: float) -> None:
         """Batches created since the last look begin."""
         async with self._tx() as conn:
