@@ -29,6 +29,9 @@ from gateway.accounts.database import IN_MEMORY, Database
 from gateway.accounts.ledger import FileLedger, RedisLedger
 from gateway.accounts.overview import Overview
 from gateway.accounts.service import Accounts
+from gateway.batches import routes as batch_routes
+from gateway.batches.runner import Runner
+from gateway.batches.store import Store
 from gateway.edge import admin, admin_accounts, auth, openapi, status_page, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
@@ -282,6 +285,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                           idempotency=idempotency, accounts=accounts)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
+        app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
         runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
         if snapshot.source is not None:
@@ -290,6 +294,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 source, snapshot.server.reload_interval, runtime, sighup))
         supervisor.start("model_discovery", lambda: discovery.watch(runtime))
         supervisor.start("accounts", accounts.run)
+        supervisor.start("batches", batches.run)
         if ledger is not None:
             supervisor.start("budget_settlements", ledger.run)
         if redis is not None:
@@ -359,7 +364,8 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
                         health, ready, metrics, status_html, status_json, openapi_document,
                         admin.list_providers, admin.toggle_provider, *admin_accounts.ROUTES,
                         stored_responses.retrieve_response, stored_responses.delete_response,
-                        stored_responses.list_input_items],
+                        stored_responses.list_input_items,
+                        *batch_routes.routes(snapshot.batches)],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: on_gateway_error,

@@ -29,7 +29,7 @@ from gateway.pipeline import router, schemas, strategy
 from gateway.pipeline.limits import KeyLimits
 from gateway.pipeline.queueing import Ticket, turn_of
 from gateway.pipeline.record import Record
-from gateway.state.config import Route, Snapshot
+from gateway.state.config import GatewayKey, Route, Snapshot
 from gateway.state.runtime import Runtime
 from providers.contract.errors import KeyRateLimited, ModelNotFound, ResponseNotFound
 from providers.contract.messages import CountTokensRequest, MessagesRequest
@@ -78,11 +78,21 @@ class Admitted:
     priority: int = 0  # its priority in the queue, for a provider's own (a pool's line)
 
 
-async def admit(request: Incoming, runtime: Runtime, record: Record) -> Admitted:
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request runs as when no client presents a key: a batch's requests run as the key
+    that made the batch (None: no key, as on a gateway without keys)."""
+
+    key: GatewayKey | Account | None
+
+
+async def admit(request: Incoming, runtime: Runtime, record: Record,
+                caller: Caller | None = None) -> Admitted:
     """Check the request, find its candidates and wait for its slot; a `GatewayError` when
-    it cannot go on."""
+    it cannot go on. `caller`: the key it runs as, else the one its headers present."""
     live, endpoint, accounts = runtime.live, record.endpoint, runtime.accounts
-    key = auth.check(request.headers, live.snapshot, accounts)
+    key = caller.key if caller is not None \
+        else auth.check(request.headers, live.snapshot, accounts)
     account = key if isinstance(key, Account) else None
     if key is not None:
         record.key_id = key.limits.key_id

@@ -16,7 +16,7 @@ from typing import Any
 from gateway.adapters.messages import ENDPOINTS as MESSAGES_ENDPOINTS
 from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
 from gateway.pipeline import caching, fallbacks, idempotency, router
-from gateway.pipeline.admission import Admitted, Incoming, admit, ordered
+from gateway.pipeline.admission import Admitted, Caller, Incoming, admit, ordered
 from gateway.pipeline.delivery import (
     STREAM_HEADERS,
     Streamed,
@@ -34,17 +34,18 @@ from providers.contract.stream import Opened
 from providers.contract.usage import Price
 
 
-async def handle(request: Incoming, endpoint: str, runtime: Runtime
-                 ) -> Whole | Streamed | None:
+async def handle(request: Incoming, endpoint: str, runtime: Runtime,
+                 caller: Caller | None = None) -> Whole | Streamed | None:
     """Serve one relay request end to end; every failure leaves as the error envelope, and a
-    client that left gets nothing (None).
+    client that left gets nothing (None). `caller`: the key a request with no client runs as
+    (a batch's, `gateway.batches.runner`).
 
     The caller holds the request's in-flight slot (`Runtime.enter`) for as long as the answer
     is being sent, a stream included."""
     live = runtime.live
     record = Record(request_id(request.headers), endpoint, runtime.listeners)
     try:
-        admitted = await admit(request, runtime, record)
+        admitted = await admit(request, runtime, record, caller)
         runtime.stage("admitted")
         if (sent := idempotency.keyed(request.headers, record)) is not None:
             # The run is the flight's, not this client's: no disconnect guard of its own.

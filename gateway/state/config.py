@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 import yaml
 
+from gateway.batches.settings import BatchesConfig
 from gateway.pipeline import hedging
 from gateway.pipeline.limits import PRIORITY_BOUND, KeyLimits
 from gateway.state import aliases
@@ -273,6 +274,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     idempotency: IdempotencyConfig = IdempotencyConfig()
     telemetry: Telemetry = Telemetry()
     database: DatabaseConfig = DatabaseConfig()
+    batches: BatchesConfig = BatchesConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +324,7 @@ class Snapshot:
     # `url` resolved: the file's (expanded), else SQLite in the state directory; None only for a
     # snapshot built without a file (an in-memory database then).
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    batches: BatchesConfig = field(default_factory=BatchesConfig)  # `/v1/files`, `/v1/batches`
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""
@@ -413,7 +416,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     idempotency=file.idempotency,
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry,
-                    database=_database(file.database, path, environ))
+                    database=_database(file.database, path, environ), batches=file.batches)
 
 
 def _database(database: DatabaseConfig, path: Path, environ: Mapping[str, str]

@@ -153,6 +153,10 @@ class Provider(ABC):
     #: Inputs per embeddings call the upstream takes (None: no limit); `max_embedding_batch`
     #: in llms.json overrides it.
     embedding_batch: ClassVar[int | None] = None
+    #: Whether the upstream runs `/v1/files` and `/v1/batches` itself (an `openai` provider
+    #: with `"batches": "native"`): a batch for it is relayed there (`batch_api`), not run by
+    #: the gateway.
+    native_batches: bool = False
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         self.spec = spec
@@ -173,6 +177,12 @@ class Provider(ABC):
         if request.stream:
             return await peek(self.stream(request, upstream_model), request.choices)
         return await self.send(request, upstream_model)
+
+    async def batch_api(self, method: str, path: str, body: bytes | None = None,
+                        content_type: str = "application/json") -> bytes:
+        """A files or batches call (`path` under the base URL, e.g. `batches/ID`) relayed to
+        an upstream that has them (`native_batches`): its whole 2xx answer."""
+        raise NotImplementedError(f"provider type {self.kind!r} does not run batches")
 
     async def list_models(self) -> list[str]:
         """The upstream's model ids, for `"models": "*"`; kinds that can list them override."""

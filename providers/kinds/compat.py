@@ -32,6 +32,8 @@ class OpenAIOptions(msgspec.Struct, frozen=True):
     # The upstream continues a trailing assistant message when told (vLLM, SGLang): how a
     # broken stream is resumed there (`Provider.continues`).
     continue_final_message: bool = False
+    # "native": the upstream serves /v1/files and /v1/batches, and batches go there.
+    batches: Literal["native"] | None = None
 
 
 OPTION_FIELDS = frozenset(OpenAIOptions.__struct_fields__)

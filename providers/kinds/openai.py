@@ -97,6 +97,7 @@ class OpenAIProvider(Provider):
         self.options = read_options(spec.raw)
         if self.options.responses:
             self.endpoints = self.endpoints | {"responses"}
+        self.native_batches = self.options.batches == "native"
 
     def upstream(self, spec: ProviderSpec, transport: Transport) -> HttpUpstream:
         """How this provider is reached: its headers and credential (a kind with another
@@ -136,6 +137,14 @@ class OpenAIProvider(Provider):
 
     def credentials(self) -> Mapping[str, str]:
         return self.http.credentials()
+
+    async def batch_api(self, method: str, path: str, body: bytes | None = None,
+                        content_type: str = "application/json") -> bytes:
+        if not self.native_batches:
+            return await super().batch_api(method, path, body, content_type)
+        payload, _ = await self.http.call(method, f"{self._base_url}/{path}", body,
+                                          {"Content-Type": content_type})
+        return payload
 
     async def list_models(self) -> list[str]:
         listing = await self.http.get_json(f"{self._base_url}/models")

@@ -301,6 +301,13 @@ class HttpUpstream:
         go with this request only."""
         return self._whole("POST", url, body, extra)  # not a coroutine: one frame less to resume
 
+    def call(self, method: str, url: str, body: bytes | None,
+             extra: Mapping[str, str] | None = None
+             ) -> Coroutine[Any, Any, tuple[bytes, Mapping[str, str]]]:
+        """A whole 2xx answer to any method (an upstream's files and batches), within
+        `total`."""
+        return self._whole(method, url, body, extra)
+
     async def get_json(self, url: str) -> Any:
         """A GET answered with JSON (model listings), within `total`."""
         payload, _ = await self._whole("GET", url, None)
