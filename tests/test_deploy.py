@@ -30,7 +30,8 @@ from tests.gateway_process import ROOT
 
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.30.0"
-ENV = {"LLMS_GATEWAY_KEY": "deploy-test-key-0001", "VLLM_API_KEY": "deploy-worker-key-01"}
+ENV = {"LLMS_GATEWAY_KEY": "deploy-test-key-0001", "VLLM_API_KEY": "deploy-worker-key-01",
+       "LLMS_DATABASE_URL": "postgresql://gateway:deploy-db-password-01@postgres:5432/gateway"}
 
 
 def manifests() -> list[dict[str, Any]]:
