@@ -10,7 +10,8 @@ and every config they carry is loaded by the gateway's own loader. Cross-checks 
 deploy would otherwise find: a service a config names that does not exist, a port that does not
 match, a volume mounted where the image's user cannot write, replicas that would each keep their
 own accounts database, a password written into a file. The cluster admin's policies on the
-manifests are in tests/test_deploy_k8s.py.
+manifests are in tests/test_deploy_k8s.py. One story runs for real: two replicas configured as
+compose configures them, on a PostgreSQL that wants its password, share the keys made on either.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from gateway.accounts.database import engine_url
 from gateway.state.config import ConfigError, parse
 from providers.kinds.pool.settings import read_settings
 from tests.dockerfile_stages import ROOT_USER, Stage, stages
-from tests.gateway_process import ROOT
+from tests.gateway_process import ROOT, GatewayProcess, wait_until
+from tests.postgres_server import PostgresServer
+from tests.test_teams import Admin, chat, priced
+from tests.upstream import FakeUpstream
 
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.30.0"
@@ -395,6 +399,29 @@ def test_a_compose_file_whose_replicas_could_not_share_the_database_is_caught(
     doc = json.loads(json.dumps(compose()))  # the replicas' shared anchor made two copies
     COMPOSE_BREAKS[change](doc)
     assert database_problems(doc)
+
+
+@pytest.mark.skipif(not PostgresServer.available(), reason="PostgreSQL's binaries are missing")
+def test_a_key_made_on_one_compose_replica_is_known_to_the_other(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    """The replicas' `database` section and `LLMS_DATABASE_URL` as compose gives them, the
+    host `postgres` standing for a local server that, as the image's, wants the password."""
+    postgres = PostgresServer(password=OPERATOR["LLMS_DATABASE_PASSWORD"]).start()
+    try:
+        env = service_env(compose()["services"]["gateway-1"])
+        env["LLMS_DATABASE_URL"] = env["LLMS_DATABASE_URL"].replace(
+            f"@postgres:{POSTGRES_PORT}/", f"@127.0.0.1:{postgres.port}/")
+        assert env["LLMS_DATABASE_URL"] == postgres.url
+        database = json.loads((DEPLOY / "llms.json").read_text())["database"]
+        doc = priced(upstream_factory("billing"), "m", database=database)
+        env["LLMS_GATEWAY_KEY"] = ""  # the static key: not this story's
+        first, second = (start_gateway(doc, env=env) for _ in range(2))
+        made = Admin(first).key(name="ci-bot", models=["m"])
+        wait_until(lambda: chat(second, made["key"]).status_code == 200, within=2)
+        assert chat(first, made["key"]).status_code == 200
+    finally:
+        postgres.close()
 
 
 # A password in a URL, or a variable standing for one (`${NAME…}` compose's, `$(NAME)` the
