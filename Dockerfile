@@ -51,6 +51,13 @@ COPY gateway gateway
 COPY providers providers
 RUN pip install --no-cache-dir . && useradd --system --uid 10001 gateway
 COPY llms.json /etc/llms/llms.json
+# The state directory (the accounts database when database.url is unset, the pool's worker
+# logs) must be the image user's: made here, or the first start cannot write it. A volume, so
+# keys and spend outlive the container: `docker run -v llms-state:/home/gateway/state ...`
+# keeps them across upgrades. Replicas share PostgreSQL instead (deploy/compose.yaml).
+RUN install -d -o gateway -g gateway /home/gateway /home/gateway/state
+ENV LLMS_STATE_DIR=/home/gateway/state
+VOLUME /home/gateway/state
 USER gateway
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \

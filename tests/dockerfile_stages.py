@@ -1,14 +1,16 @@
 """What each stage of a Dockerfile leaves on disk and who owns it, read without a container engine.
 
 `dockerfile-parse` splits the file into instructions; this follows the few that make paths and
-users: WORKDIR, COPY/ADD (`--chown`), USER, and in RUN the commands that do it here (`useradd
---create-home`, `mkdir`, `install -d -o`, `chown`). Anything else a RUN does is not seen: a path
-it makes is reported missing, which errs on the side of a failed check.
+users and say where the process writes: WORKDIR, COPY/ADD (`--chown`), USER, ENV, VOLUME, and in
+RUN the commands that do it here (`useradd --create-home`, `mkdir`, `install -d -o`, `chown`).
+Anything else a RUN does is not seen: a path it makes is reported missing, which errs on the
+side of a failed check.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import posixpath
 import re
 import shlex
@@ -29,6 +31,8 @@ class Stage:
     user: str = ROOT_USER  # who the image runs as (the last USER)
     uids: dict[str, int] = field(default_factory=dict)  # users made with `useradd --uid`
     owners: dict[str, str] = field(default_factory=dict)  # path -> owning user
+    env: dict[str, str] = field(default_factory=dict)  # what ENV set, as the process sees it
+    volumes: list[str] = field(default_factory=list)  # what VOLUME declared
     workdir: str = "/"
 
     def owner(self, path: str) -> str | None:
@@ -65,6 +69,16 @@ def _follow(stage: Stage, kind: str, value: str) -> None:
     if kind == "WORKDIR":
         stage.workdir = _absolute(stage, value.strip())
         stage.owners.setdefault(stage.workdir, ROOT_USER)
+    elif kind == "ENV":
+        words = shlex.split(value)
+        if words and "=" not in words[0]:  # the old form: `ENV NAME the rest`
+            stage.env[words[0]] = value.split(None, 1)[1].strip()
+        else:
+            for word in words:
+                name, _, setting = word.partition("=")
+                stage.env[name] = setting
+    elif kind == "VOLUME":
+        stage.volumes += json.loads(value) if value.startswith("[") else value.split()
     elif kind == "USER":
         stage.user = value.strip().split(":")[0]
     elif kind in ("COPY", "ADD"):

@@ -31,19 +31,27 @@ def _as_owner() -> list[str]:
 
 
 class PostgresServer:
-    """`initdb` once, then `postgres` started and stopped at will; `close()` removes it all."""
+    """`initdb` once, then `postgres` started and stopped at will; `close()` removes it all.
+    With a password, every connection must give it (as the official image's server wants)."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="llms-gateway-pg-"))
         self.data = self.root / "data"
-        self.url = f"postgresql://{USER}@127.0.0.1:{self.port}/{USER}"
+        login = f"{USER}:{password}" if password else USER
+        self.url = f"postgresql://{login}@127.0.0.1:{self.port}/{USER}"
+        self.env = {**os.environ, "PGPASSWORD": password} if password else None
         self.process: subprocess.Popen[bytes] | None = None
         self.created = False
         if os.geteuid() == 0:
             owner = pwd.getpwnam("postgres")
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
-        subprocess.run([*_as_owner(), "initdb", "-D", str(self.data), "-U", USER, "-A", "trust",
+        auth = ["-A", "trust"]
+        if password:
+            (self.root / "password").write_text(password)
+            os.chmod(self.root / "password", 0o644)  # read by initdb as the postgres user
+            auth = ["-A", "scram-sha-256", f"--pwfile={self.root / 'password'}"]
+        subprocess.run([*_as_owner(), "initdb", "-D", str(self.data), "-U", USER, *auth,
                         "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
 
     @staticmethod
@@ -71,7 +79,8 @@ class PostgresServer:
             if ready.returncode == 0:
                 if not self.created:
                     subprocess.run(["createdb", "-h", "127.0.0.1", "-p", str(self.port),
-                                    "-U", USER, USER], check=True, capture_output=True)
+                                    "-U", USER, USER], check=True, capture_output=True,
+                                   env=self.env)
                     self.created = True
                 return self
             time.sleep(0.1)

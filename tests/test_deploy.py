@@ -8,29 +8,43 @@ schema/compose-spec.json, Apache-2.0: no maintained package on PyPI ships it), t
 stages through `dockerfile-parse`,
 and every config they carry is loaded by the gateway's own loader. Cross-checks catch what only a
 deploy would otherwise find: a service a config names that does not exist, a port that does not
-match, a volume mounted where the image's user cannot write. The cluster admin's policies on the
-manifests are in tests/test_deploy_k8s.py.
+match, a volume mounted where the image's user cannot write, replicas that would each keep their
+own accounts database, a password written into a file. The cluster admin's policies on the
+manifests are in tests/test_deploy_k8s.py. One story runs for real: two replicas configured as
+compose configures them, on a PostgreSQL that wants its password, share the keys made on either.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+import tomllib
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
 
-from gateway.state.config import parse
+from gateway.accounts.database import engine_url
+from gateway.state.config import ConfigError, parse
 from providers.kinds.pool.settings import read_settings
 from tests.dockerfile_stages import ROOT_USER, Stage, stages
-from tests.gateway_process import ROOT
+from tests.gateway_process import ROOT, GatewayProcess, wait_until
+from tests.postgres_server import PostgresServer
+from tests.test_teams import Admin, chat, priced
+from tests.upstream import FakeUpstream
 
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.30.0"
-ENV = {"LLMS_GATEWAY_KEY": "deploy-test-key-0001", "VLLM_API_KEY": "deploy-worker-key-01"}
+ENV = {"LLMS_GATEWAY_KEY": "deploy-test-key-0001", "VLLM_API_KEY": "deploy-worker-key-01",
+       "LLMS_DATABASE_URL": "postgresql://gateway:deploy-db-password-01@postgres:5432/gateway"}
+# What the operator exports before `docker compose up` (compose.yaml's header).
+OPERATOR = {"LLMS_GATEWAY_KEY": "deploy-test-key-0001",
+            "LLMS_DATABASE_PASSWORD": "deploy-db-password-01"}
+POSTGRES_PORT = 5432
 
 
 def manifests() -> list[dict[str, Any]]:
@@ -241,3 +255,214 @@ def test_every_supervisor_waits_for_the_drain_before_it_kills() -> None:
             assert manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= needed
     comment = (DEPLOY / "k8s" / "gateway.yaml").read_text()
     assert f"server.drain_timeout ({ServerConfig().drain_timeout:g} s)" in comment
+
+
+def test_the_gateway_image_keeps_its_state_where_its_user_can_write(tmp_path: Path) -> None:
+    """One process with no database.url keeps its keys in SQLite in the state directory: the
+    image points it at a directory its user owns, a volume so it outlives the container."""
+    def where(dockerfile: str) -> tuple[str, Stage]:
+        stage = stages(dockerfile)["gateway"]
+        return stage.env["LLMS_STATE_DIR"], stage
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    directory, stage = where(dockerfile)
+    assert stage.owner(directory) == stage.user != ROOT_USER
+    assert directory in stage.volumes
+    alone = json.loads((DEPLOY / "llms.json").read_text())
+    del alone["database"]
+    snapshot = parse(json.dumps(alone), tmp_path / "llms.json", {**ENV, **stage.env})
+    assert snapshot.database.url == f"sqlite:///{directory}/gateway.db"
+
+    line = next(line for line in dockerfile.splitlines() if line.startswith("RUN install -d")
+                and directory in line)
+    directory, stage = where(dockerfile.replace(line, ""))
+    assert stage.owner(directory) is None, "never made: the first start could not write it"
+
+
+def test_the_migrations_ship_in_the_installed_package() -> None:
+    """Every image installs the gateway with `pip install .`, which copies what setuptools is
+    told to: Alembic's env.py and each version must be package data, or the image's start
+    cannot migrate the database. (A wheel built from the tree lists them.)"""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["gateway"]
+    package = ROOT / "gateway"
+    scripts = [PurePosixPath(path.relative_to(package).as_posix())
+               for path in (package / "accounts" / "migrations").rglob("*.py")]
+    assert PurePosixPath("accounts/migrations/env.py") in scripts
+    assert any(path.parent.name == "versions" for path in scripts)
+    # match() anchors at the right: a glob must name as many parts as the path it covers.
+    left_out = [str(path) for path in scripts if not any(
+        path.match(glob) and len(PurePosixPath(glob).parts) == len(path.parts)
+        for glob in globs)]
+    assert left_out == []
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert not any(PurePosixPath("gateway", str(path)).match(rule) for path in scripts
+                   for rule in ignored if not rule.startswith("#"))
+
+
+# --- the accounts database: one PostgreSQL that every replica uses, ready before they start
+
+def interpolate(value: str, environ: Mapping[str, str]) -> str:
+    """`${NAME}`, `${NAME:?message}` and `${NAME:-default}` read from `environ`, as compose
+    does (an unset NAME with `:?` is a KeyError here, a refusal to start there)."""
+    def one(match: re.Match[str]) -> str:
+        name, how, default = match.group(1), match.group(2), match.group(3)
+        if how == ":-":
+            return environ.get(name) or default
+        return environ[name]
+
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, value)
+
+
+def service_env(service: dict[str, Any]) -> dict[str, str]:
+    return {name: interpolate(str(value), OPERATOR)
+            for name, value in service.get("environment", {}).items()}
+
+
+def gateways(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services running the gateway with deploy/llms.json."""
+    return {name: s for name, s in doc["services"].items()
+            if "./llms.json:/etc/llms/llms.json:ro" in s.get("volumes", [])}
+
+
+def database_problems(doc: dict[str, Any]) -> list[str]:
+    """Why the compose replicas would not all use one PostgreSQL, ready before they start."""
+    services = doc["services"]
+    postgres = services.get("postgres")
+    if postgres is None:
+        return ["no postgres service"]
+    problems = []
+    if postgres.get("ports"):
+        problems.append("postgres is published")
+    probe = postgres.get("healthcheck", {}).get("test", [])
+    if "pg_isready" not in probe or "-h" not in probe:
+        problems.append("postgres: no pg_isready over TCP (the socket answers during its init)")
+    data = [v.split(":")[0] for v in postgres.get("volumes", [])
+            if v.split(":")[1] == "/var/lib/postgresql/data"]
+    if not data or data[0] not in doc.get("volumes", {}):
+        problems.append("postgres: its data is not on a named volume")
+    own = service_env(postgres)
+    wanted = ("gateway", own.get("POSTGRES_PASSWORD"), "postgres", POSTGRES_PORT, "/gateway")
+    text = (DEPLOY / "llms.json").read_text()
+    for name, service in gateways(doc).items():
+        if service.get("depends_on", {}).get("postgres") != {"condition": "service_healthy"}:
+            problems.append(f"{name} may start before postgres is ready")
+        try:
+            url = parse(text, DEPLOY / "llms.json", service_env(service)).database.url
+        except ConfigError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        assert url is not None
+        engine_url(url)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "postgresql" or (parts.username, parts.password, parts.hostname,
+                                            parts.port, parts.path) != wanted:
+            problems.append(f"{name}: database.url is not postgres' "
+                            f"({parts.scheme}://{parts.hostname}:{parts.port}{parts.path})")
+        if (own.get("POSTGRES_USER"), own.get("POSTGRES_DB")) != ("gateway", "gateway"):
+            problems.append("postgres: not the user and database the gateways name")
+    return problems
+
+
+def test_the_replicas_share_one_postgres_that_is_healthy_before_they_start() -> None:
+    assert len(gateways(compose())) == 2
+    assert compose()["services"]["postgres"]["image"] == "postgres:16-alpine"
+    assert database_problems(compose()) == []
+
+
+def _gateway_2(doc: dict[str, Any]) -> dict[str, Any]:
+    service: dict[str, Any] = doc["services"]["gateway-2"]
+    return service
+
+
+COMPOSE_BREAKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "started, not healthy": lambda doc: _gateway_2(doc)["depends_on"].update(
+        postgres={"condition": "service_started"}),
+    "no depends_on": lambda doc: _gateway_2(doc)["depends_on"].pop("postgres"),
+    "no database url": lambda doc: _gateway_2(doc)["environment"].pop("LLMS_DATABASE_URL"),
+    "another host": lambda doc: _gateway_2(doc)["environment"].update(
+        LLMS_DATABASE_URL="postgresql://gateway:x@db:5432/gateway"),
+    "sqlite": lambda doc: _gateway_2(doc)["environment"].update(
+        LLMS_DATABASE_URL="sqlite:////tmp/gateway.db"),
+    "another password": lambda doc: doc["services"]["postgres"]["environment"].update(
+        POSTGRES_PASSWORD="${LLMS_GATEWAY_KEY}"),
+    "socket probe": lambda doc: doc["services"]["postgres"]["healthcheck"].update(
+        test=["CMD", "pg_isready", "-U", "gateway"]),
+    "published": lambda doc: doc["services"]["postgres"].update(ports=["5432:5432"]),
+    "anonymous data": lambda doc: doc["volumes"].pop("postgres-data"),
+}
+
+
+@pytest.mark.parametrize("change", COMPOSE_BREAKS)
+def test_a_compose_file_whose_replicas_could_not_share_the_database_is_caught(
+        change: str) -> None:
+    doc = json.loads(json.dumps(compose()))  # the replicas' shared anchor made two copies
+    COMPOSE_BREAKS[change](doc)
+    assert database_problems(doc)
+
+
+@pytest.mark.skipif(not PostgresServer.available(), reason="PostgreSQL's binaries are missing")
+def test_a_key_made_on_one_compose_replica_is_known_to_the_other(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    """The replicas' `database` section and `LLMS_DATABASE_URL` as compose gives them, the
+    host `postgres` standing for a local server that, as the image's, wants the password."""
+    postgres = PostgresServer(password=OPERATOR["LLMS_DATABASE_PASSWORD"]).start()
+    try:
+        env = service_env(compose()["services"]["gateway-1"])
+        env["LLMS_DATABASE_URL"] = env["LLMS_DATABASE_URL"].replace(
+            f"@postgres:{POSTGRES_PORT}/", f"@127.0.0.1:{postgres.port}/")
+        assert env["LLMS_DATABASE_URL"] == postgres.url
+        database = json.loads((DEPLOY / "llms.json").read_text())["database"]
+        doc = priced(upstream_factory("billing"), "m", database=database)
+        env["LLMS_GATEWAY_KEY"] = ""  # the static key: not this story's
+        first, second = (start_gateway(doc, env=env) for _ in range(2))
+        made = Admin(first).key(name="ci-bot", models=["m"])
+        wait_until(lambda: chat(second, made["key"]).status_code == 200, within=2)
+        assert chat(first, made["key"]).status_code == 200
+    finally:
+        postgres.close()
+
+
+# A password in a URL, or a variable standing for one (`${NAME…}` compose's, `$(NAME)` the
+# kubelet's).
+URL_PASSWORD = re.compile(r"\w+://[^:/@\s\"']+:(\$\{[^}]*\}|\$\([^)]*\)|[^@\s\"']+)@")
+# What stands for a value, never one: compose's `${NAME…}`, the gateway's `$NAME`, the kubelet's
+# `$(NAME)` and a shell's `$(command)`.
+VARIABLE = re.compile(r"\$\{\w+(:[-?][^}]*)?\}|\$\([^)]*\)|\$\w+")
+SECRET_NAME = re.compile(r"password|secret|token|_key$", re.IGNORECASE)
+
+
+def plain_secrets(text: str) -> list[str]:
+    """Passwords written in a deploy file's text: in a URL, or given to a variable that holds
+    one (`NAME: value` or `NAME=value`)."""
+    found = [password for password in URL_PASSWORD.findall(text)
+             if not VARIABLE.fullmatch(password)]
+    for name, value in re.findall(r"\b(\w+)\"?[:=] *\"?(\$\{[^}]*\}|\$\([^)]*\)|[^\s\",]*)",
+                                  text):
+        if SECRET_NAME.search(name) and value[:1] not in ("", "{", "[") \
+                and not VARIABLE.fullmatch(value):
+            found.append(f"{name}: {value}")
+    return found
+
+
+def deploy_files() -> list[Path]:
+    return [ROOT / "Dockerfile", *sorted(p for p in DEPLOY.rglob("*") if p.is_file())]
+
+
+def test_no_deploy_file_holds_a_password() -> None:
+    """Every secret reaches the processes from the environment or a Secret."""
+    assert len(deploy_files()) >= 9
+    for path in deploy_files():
+        assert plain_secrets(path.read_text()) == [], path
+    assert service_env(compose()["services"]["postgres"])["POSTGRES_PASSWORD"] == \
+        OPERATOR["LLMS_DATABASE_PASSWORD"]
+
+
+@pytest.mark.parametrize("written", [
+    'LLMS_DATABASE_URL: "postgresql://gateway:hunter2hunter2@postgres:5432/gateway"',
+    "POSTGRES_PASSWORD: hunter2hunter2",
+    '"url": "postgresql://gateway:hunter2@db.internal:5432/gateway"',
+    "ENV LLMS_GATEWAY_KEY=sk-written-in-the-image"])
+def test_a_password_written_in_a_deploy_file_is_caught(written: str) -> None:
+    assert plain_secrets(written)
