@@ -66,12 +66,22 @@ def document() -> dict[str, Any]:
     heads = list(ROUTES.values())
     (*refs, _, _), components = msgspec.json.schema_components(
         [*heads, ErrorEnvelope, AnthropicErrorEnvelope], ref_template=REF)
+    _checked_after_decoding(components)
     paths = {path: {"post": _operation(path, _body(path, ref, components))}
              for (path, _), ref in zip(ROUTES.items(), refs, strict=True)}
     paths[PASSTHROUGH] = _passthrough()
     return {"openapi": "3.1.0",
             "info": {"title": "llms-gateway relay routes", "version": "1"},
             "paths": paths, "components": {"schemas": components}}
+
+
+def _checked_after_decoding(components: dict[str, Any]) -> None:
+    """What a head checks beyond its types, said in its schema too: Anthropic requires
+    `max_tokens` (`MessagesRequest.__post_init__`), which the struct can only default."""
+    messages = components["MessagesRequest"]
+    messages["required"] = [*messages.get("required", ()), "max_tokens"]
+    messages["properties"]["max_tokens"] = {
+        k: v for k, v in messages["properties"]["max_tokens"].items() if k != "default"}
 
 
 def _passthrough() -> dict[str, Any]:
