@@ -1,10 +1,14 @@
-"""A fake Anthropic Messages API: the same modes as `FakeUpstream`, in Anthropic's wire format."""
+"""A fake Anthropic Messages API: the same modes as `FakeUpstream`, in Anthropic's wire format,
+and its Message Batches (`/v1/messages/batches`) as Anthropic answers them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import secrets
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +21,8 @@ OVERLOADED = json.dumps({"type": "error", "error": {"type": "overloaded_error",
 BETA_FIELDS = {"context_management": "context-management-"}
 MAX_BREAKPOINTS = 4  # blocks marked `cache_control` Anthropic takes in one request
 TTLS = ("5m", "1h")
+BATCH_KEY = "sk-ant-test-key-0123456789"  # the key its batches endpoints take
+CUSTOM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class PromptCache:
@@ -113,6 +119,7 @@ class FakeAnthropic(FakeUpstream):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.cache = PromptCache()
+        self.batches = FakeMessageBatches(self)
 
     def reset(self) -> None:
         """Forget requests and cancels, and what the prompt cache holds."""
@@ -133,6 +140,7 @@ class FakeAnthropic(FakeUpstream):
     def _routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        self.batches.routes(app)
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         """Counts as the fakes do: words of the JSON-encoded messages and system."""
@@ -245,3 +253,150 @@ class FakeAnthropic(FakeUpstream):
                                  .encode())
         await response.write_eof()
         return response
+
+
+def _anthropic_error(status: int, kind: str, message: str) -> web.Response:
+    return web.json_response({"type": "error", "error": {"type": kind, "message": message}},
+                             status=status)
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
+
+
+class FakeMessageBatches:
+    """Anthropic's Message Batches: a batch is `in_progress` until it has been looked at
+    `looks_to_end` times, then every request is answered as `/v1/messages` would (an invalid
+    one `errored`, as Anthropic checks `params` only when it runs them); a cancel makes it
+    `canceling`, and its next look ends it with the requests not run `canceled`. Each call
+    needs `x-api-key` and `anthropic-version`, as Anthropic's."""
+
+    def __init__(self, fake: FakeAnthropic, looks_to_end: int = 2) -> None:
+        self.fake = fake
+        self.looks_to_end = looks_to_end
+        self.made: dict[str, dict[str, Any]] = {}  # id → the batch, as Anthropic shows it
+        self.asked: dict[str, list[dict[str, Any]]] = {}  # id → its requests
+        self.results: dict[str, list[dict[str, Any]]] = {}
+        self.looks: dict[str, int] = {}
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/messages/batches", self._create)
+        app.router.add_get("/v1/messages/batches/{id}", self._retrieve)
+        app.router.add_post("/v1/messages/batches/{id}/cancel", self._cancel)
+        app.router.add_get("/v1/messages/batches/{id}/results", self._results)
+
+    def _refused(self, request: web.Request) -> web.Response | None:
+        if "x-api-key" not in request.headers:
+            return _anthropic_error(401, "authentication_error", "x-api-key header is required")
+        if request.headers["x-api-key"] != BATCH_KEY:
+            return _anthropic_error(401, "authentication_error", "invalid x-api-key")
+        if "anthropic-version" not in request.headers:
+            return _anthropic_error(400, "invalid_request_error",
+                                    "anthropic-version: header is required")
+        return None
+
+    def _found(self, request: web.Request) -> dict[str, Any] | web.Response:
+        ident = request.match_info["id"]
+        if ident not in self.made:
+            return _anthropic_error(404, "not_found_error", f"No message batch with id {ident}")
+        return self.made[ident]
+
+    async def _create(self, request: web.Request) -> web.Response:
+        body = await self.fake._record(request)
+        if (refusal := self._refused(request)) is not None:
+            return refusal
+        asked = body.get("requests") if isinstance(body, dict) else None
+        if not isinstance(asked, list) or not asked:
+            return _anthropic_error(400, "invalid_request_error",
+                                    "requests: List should have at least 1 item")
+        seen: set[str] = set()
+        for n, item in enumerate(asked):
+            custom_id = item.get("custom_id") if isinstance(item, dict) else None
+            if not isinstance(custom_id, str) or not CUSTOM_ID.fullmatch(custom_id):
+                return _anthropic_error(400, "invalid_request_error",
+                                        f"requests.{n}.custom_id: String should match pattern "
+                                        "'^[a-zA-Z0-9_-]{1,64}$'")
+            if custom_id in seen or not isinstance(item.get("params"), dict):
+                return _anthropic_error(400, "invalid_request_error",
+                                        f"requests.{n}: custom_id must be unique and params "
+                                        "an object")
+            seen.add(custom_id)
+        now = datetime.now(UTC)
+        ident = f"msgbatch_{secrets.token_hex(12)}"
+        self.made[ident] = {
+            "id": ident, "type": "message_batch", "processing_status": "in_progress",
+            "request_counts": {"processing": len(asked), "succeeded": 0, "errored": 0,
+                               "canceled": 0, "expired": 0},
+            "ended_at": None, "created_at": _rfc3339(now),
+            "expires_at": _rfc3339(now + timedelta(days=1)), "archived_at": None,
+            "cancel_initiated_at": None, "results_url": None}
+        self.asked[ident], self.looks[ident] = asked, 0
+        return web.json_response(self.made[ident])
+
+    async def _retrieve(self, request: web.Request) -> web.Response:
+        await self.fake._record(request)
+        if (refusal := self._refused(request)) is not None:
+            return refusal
+        batch = self._found(request)
+        if isinstance(batch, web.Response):
+            return batch
+        self.looks[batch["id"]] += 1
+        if batch["processing_status"] == "canceling" \
+                or (batch["processing_status"] == "in_progress"
+                    and self.looks[batch["id"]] >= self.looks_to_end):
+            self._end(batch, f"{request.scheme}://{request.host}")
+        return web.json_response(batch)
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        await self.fake._record(request)
+        if (refusal := self._refused(request)) is not None:
+            return refusal
+        batch = self._found(request)
+        if isinstance(batch, web.Response):
+            return batch
+        if batch["processing_status"] == "in_progress":
+            batch.update(processing_status="canceling",
+                         cancel_initiated_at=_rfc3339(datetime.now(UTC)))
+        return web.json_response(batch)
+
+    async def _results(self, request: web.Request) -> web.Response:
+        await self.fake._record(request)
+        if (refusal := self._refused(request)) is not None:
+            return refusal
+        batch = self._found(request)
+        if isinstance(batch, web.Response):
+            return batch
+        if batch["processing_status"] != "ended":
+            return _anthropic_error(400, "invalid_request_error",
+                                    f"Message Batch {batch['id']} has not yet ended")
+        text = "".join(json.dumps(line) + "\n" for line in self.results[batch["id"]])
+        return web.Response(body=text.encode(), content_type="application/binary")
+
+    def _end(self, batch: dict[str, Any], origin: str) -> None:
+        """Run (or, once a cancel was asked, cancel) every request, and end the batch."""
+        cancelled = batch["processing_status"] == "canceling"
+        results = [{"custom_id": item["custom_id"],
+                    "result": {"type": "canceled"} if cancelled else self._run(item["params"])}
+                   for item in self.asked[batch["id"]]]
+        counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+        for line in results:
+            counts[line["result"]["type"]] += 1
+        self.results[batch["id"]] = results
+        batch.update(processing_status="ended", request_counts=counts,
+                     ended_at=_rfc3339(datetime.now(UTC)),
+                     results_url=f"{origin}/v1/messages/batches/{batch['id']}/results")
+
+    def _run(self, params: dict[str, Any]) -> dict[str, Any]:
+        """One request's result, as `/v1/messages` would answer it."""
+        missing = [name for name in ("model", "max_tokens", "messages") if name not in params]
+        problem = f"{missing[0]}: Field required" if missing else cache_problem(params)
+        if problem is None and params.get("stream"):
+            problem = "stream: Streaming is not supported in batches"
+        kind = "invalid_request_error"
+        if problem is None and self.fake.models and params["model"] not in self.fake.models:
+            kind, problem = "not_found_error", f"model: {params['model']}"
+        if problem is not None:
+            return {"type": "errored", "error": {"type": "error", "error": {
+                "type": kind, "message": problem}, "request_id": f"req_{secrets.token_hex(8)}"}}
+        message = self.fake._message(self.fake._next_mode(), params)
+        return {"type": "succeeded", "message": {**message, "id": f"msg_{secrets.token_hex(8)}"}}

@@ -1,16 +1,18 @@
 """The batch files, pure: an input file read line by line into requests (a bad line is a 400
-naming it), and the lines of the output and error files OpenAI's batches write."""
+naming it); the lines of the output and error files OpenAI's batches write are
+`providers.contract.batches`, re-exported here."""
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
 from gateway.batches.settings import BatchesConfig
+from providers.contract.batches import answered, request_id, unanswered
 from providers.contract.errors import InvalidRequest
+
+__all__ = ["ENDPOINTS", "Request", "answered", "parse", "request_id", "unanswered"]
 
 # What a batch's requests may call: the URL a line names, the pipeline's endpoint for it.
 ENDPOINTS = {"/v1/chat/completions": "chat/completions", "/v1/embeddings": "embeddings",
@@ -89,28 +91,3 @@ def _request(number: int, text: bytes) -> Request:
 
 def _bad(number: int, problem: str) -> InvalidRequest:
     return InvalidRequest(f"Line {number} of the file {problem}", param="file")
-
-
-def request_id() -> str:
-    """An id for one output line, as OpenAI's look."""
-    return f"batch_req_{secrets.token_hex(12)}"
-
-
-def answered(custom_id: str, status: int, request_id_: str, body: bytes) -> bytes:
-    """The output (or error) file's line for a request the gateway answered: the answer's
-    status and body as a client would have had them."""
-    try:
-        parsed: Any = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        parsed = body.decode("utf-8", "replace")
-    return msgspec.json.encode({
-        "id": request_id(), "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": request_id_, "body": parsed},
-        "error": None})
-
-
-def unanswered(custom_id: str, code: str, message: str) -> bytes:
-    """The error file's line for a request that never ran (the batch was cancelled or
-    expired first)."""
-    return msgspec.json.encode({"id": request_id(), "custom_id": custom_id, "response": None,
-                                "error": {"code": code, "message": message}})

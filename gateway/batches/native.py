@@ -1,11 +1,13 @@
-"""Batches relayed to an upstream that runs them itself (an `openai` provider with
-`"batches": "native"`), instead of run by the gateway.
+"""Batches relayed to an upstream that runs them itself (a provider with `"batches":
+"native"`: `openai`, or `anthropic`'s message batches), instead of run by the gateway.
 
 A file is relayed when every request in it names an alias whose first provider is that same
-native one: its lines go up with each alias replaced by the provider's model id. The upstream's
-ids are kept as the gateway's (a file's, a batch's, its output files'), each row naming its
-owner and provider, so the same ownership rule holds and the upstream's answers pass through
-unchanged.
+native one, for an endpoint it serves: its lines go up with each alias replaced by the
+provider's model id, as a file (OpenAI's) or, for an upstream that keeps no files
+(`Provider.batch_files`), inside the batch when it is made. The upstream's ids are kept as the
+gateway's (a file's, a batch's, its output files'), each row naming its owner and provider, so
+the same ownership rule holds and the upstream's answers pass through unchanged; what an
+upstream does not keep of a batch (its input file, its metadata) is filled in from the row.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import msgspec
 from gateway.batches import jsonl
 from gateway.batches.store import Store
 from gateway.state.runtime import Runtime
-from providers.contract.errors import BadUpstreamResponse, ModelNotFound, ProviderUnavailable
+from providers.contract.errors import (
+    BadUpstreamResponse,
+    InvalidRequest,
+    ModelNotFound,
+    ProviderUnavailable,
+)
 from providers.contract.provider import Provider
 
 
@@ -46,7 +53,8 @@ def target(runtime: Runtime, lines: Sequence[jsonl.Request]) -> Target | None:
         routes = snapshot.routes.get(alias) or ()
         provider = runtime.live.providers.get(routes[0].provider) if routes else None
         if provider is None or not provider.native_batches \
-                or found not in (None, provider.name):
+                or found not in (None, provider.name) \
+                or not provider.supports(jsonl.ENDPOINTS[line.url]):
             return None
         found = provider.name
         models[line.model] = routes[0].upstream_model
@@ -93,24 +101,54 @@ def _multipart(filename: str, content: bytes) -> tuple[bytes, str]:
 
 async def upload(runtime: Runtime, to: Target, row: Mapping[str, Any],
                  lines: Sequence[jsonl.Request]) -> dict[str, Any]:
-    """Upload the file to the provider: the row's fields that say where it is."""
+    """Upload the file to the provider: the row's fields that say where it is (for one
+    that keeps no files, the file stays here, named for it)."""
+    if not _provider(runtime, to.provider).batch_files:
+        return {"provider": to.provider, "upstream_id": None}
     body, content_type = _multipart(row["filename"], _rewritten(lines, to.models))
     made = _object(await _provider(runtime, to.provider).batch_api("POST", "files", body,
                                                                    content_type))
     return {"id": made["id"], "provider": to.provider, "upstream_id": made["id"]}
 
 
-async def create_batch(runtime: Runtime, source: Mapping[str, Any], endpoint: str,
-                       window: str, metadata: Mapping[str, str] | None
+async def create_batch(runtime: Runtime, source: Mapping[str, Any], content: bytes,
+                       endpoint: str, window: str, metadata: Mapping[str, str] | None
                        ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Create the batch at the file's provider: the row's fields that say where it is, and
     the upstream's answer."""
-    asked = {"input_file_id": source["upstream_id"], "endpoint": endpoint,
-             "completion_window": window, "metadata": metadata}
-    made = _object(await _provider(runtime, source["provider"]).batch_api(
-        "POST", "batches", msgspec.json.encode(asked)))
+    provider = _provider(runtime, source["provider"])
+    if source["upstream_id"] is None:  # an upstream that keeps no files: the lines go along
+        made = _object(await provider.batch_api(
+            "POST", "batches", _inline(runtime, source, content, endpoint),
+            "application/jsonl"))
+    else:
+        asked = {"input_file_id": source["upstream_id"], "endpoint": endpoint,
+                 "completion_window": window, "metadata": metadata}
+        made = _object(await provider.batch_api("POST", "batches",
+                                                msgspec.json.encode(asked)))
+    made = {"input_file_id": source["id"], "metadata": metadata} | made
     return {"id": made["id"], "provider": source["provider"], "upstream_id": made["id"],
             "status": str(made.get("status", "validating")), "total": 0}, made
+
+
+def _inline(runtime: Runtime, source: Mapping[str, Any], content: bytes, endpoint: str
+            ) -> bytes:
+    """A kept file's lines as its provider takes them, each model its own id; a 400 if a line
+    calls another endpoint, a 503 if the file's models no longer go to that provider first."""
+    lines = jsonl.parse(content, runtime.live.snapshot.batches)
+    if any(line.url != endpoint for line in lines):
+        raise InvalidRequest(f"Every line of the file must call the batch's endpoint "
+                             f"{endpoint}", param="endpoint")
+    to = target(runtime, lines)
+    if to is None or to.provider != source["provider"]:
+        raise ProviderUnavailable(f"The file's models no longer go first to provider "
+                                  f"{source['provider']}, which was to run its batch")
+    return _rewritten(lines, to.models)
+
+
+def _kept(found: dict[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """The upstream's batch, with what it does not keep of it filled in from the row."""
+    return {"input_file_id": row["input_file_id"], "metadata": row["metadata"]} | found
 
 
 async def refreshed(runtime: Runtime, store: Store, row: Mapping[str, Any]
@@ -128,13 +166,13 @@ async def refreshed(runtime: Runtime, store: Store, row: Mapping[str, Any]
                                   "provider": row["provider"], "upstream_id": file_id})
     if isinstance(status := found.get("status"), str) and status != row["status"]:
         await store.update_batch(row["id"], {"status": status})
-    return found
+    return _kept(found, row)
 
 
 async def cancel(runtime: Runtime, row: Mapping[str, Any]) -> dict[str, Any]:
     """Cancel the batch upstream: the upstream's answer."""
-    return _object(await _provider(runtime, row["provider"]).batch_api(
-        "POST", f"batches/{row['upstream_id']}/cancel", b"{}"))
+    return _kept(_object(await _provider(runtime, row["provider"]).batch_api(
+        "POST", f"batches/{row['upstream_id']}/cancel", b"{}")), row)
 
 
 async def content(runtime: Runtime, row: Mapping[str, Any]) -> bytes:

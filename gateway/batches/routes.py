@@ -165,8 +165,8 @@ async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
         "status": "validating", "metadata": asked.metadata, "created_at": now,
         "expires_at": now + DAY}
     if source["provider"] is not None:
-        where, made = await native.create_batch(runtime, source, asked.endpoint, WINDOW,
-                                                asked.metadata)
+        where, made = await native.create_batch(runtime, source, content, asked.endpoint,
+                                                WINDOW, asked.metadata)
         await store.add_batch(row | where, ())
         return _json(made)
     lines = jsonl.parse(content, runtime.live.snapshot.batches)

@@ -31,7 +31,8 @@ files = Table(
     Column("bytes", Integer, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("content", LargeBinary, nullable=False),
-    # Relayed to an upstream (`native`): its provider and its own id; the content is not kept.
+    # Relayed to an upstream (`native`): its provider and its own id (none where the upstream
+    # keeps no files, Anthropic's: the content stays here).
     Column("provider", String(128), nullable=True),
     Column("upstream_id", String(128), nullable=True),
     Index("batch_files_owner", "owner", "created_at"),

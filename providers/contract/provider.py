@@ -157,6 +157,10 @@ class Provider(ABC):
     #: with `"batches": "native"`): a batch for it is relayed there (`batch_api`), not run by
     #: the gateway.
     native_batches: bool = False
+    #: Whether that upstream keeps a batch's input file (`POST files`, then `POST batches`
+    #: naming it, as OpenAI's); when not (Anthropic's message batches), the gateway keeps the
+    #: file and `POST batches` carries its lines (`application/jsonl`).
+    batch_files: ClassVar[bool] = True
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         self.spec = spec
@@ -180,8 +184,9 @@ class Provider(ABC):
 
     async def batch_api(self, method: str, path: str, body: bytes | None = None,
                         content_type: str = "application/json") -> bytes:
-        """A files or batches call (`path` under the base URL, e.g. `batches/ID`) relayed to
-        an upstream that has them (`native_batches`): its whole 2xx answer."""
+        """A files or batches call in OpenAI's API (`path` under its base URL, e.g.
+        `batches/ID`) made to an upstream that runs batches (`native_batches`), translated
+        by a kind whose upstream speaks another: its whole 2xx answer, as OpenAI's."""
         raise NotImplementedError(f"provider type {self.kind!r} does not run batches")
 
     async def list_models(self) -> list[str]:

@@ -19,13 +19,14 @@ from typing import Any, Literal
 import msgspec
 
 from providers.contract.chat import ChatRequest, checked, content_text
-from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
+from providers.contract.errors import BadUpstreamResponse, NotFound, ProviderUnavailable
 from providers.contract.messages import STOP_REASONS, THINKING_BUDGETS, image_block, usage_of
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
 from providers.contract.stream import event_object
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
+from providers.kinds import anthropic_batches as batches
 from providers.wire import sse
 from providers.wire.http import HttpUpstream, scrub
 
@@ -371,6 +372,8 @@ class AnthropicProvider(Provider):
     kind = "anthropic"
     # Messages (and their token counts) pass through natively: no double translation.
     endpoints = frozenset({"chat/completions", "messages", "messages/count_tokens"})
+    # Message batches carry their requests: the gateway keeps the input file.
+    batch_files = False
 
     def continues(self) -> str:
         """A trailing assistant turn is a prefill the Messages API continues."""
@@ -392,19 +395,59 @@ class AnthropicProvider(Provider):
         self._beta_header = next((name for name in headers if name.lower() == "anthropic-beta"),
                                  "anthropic-beta")
         self._configured_betas = headers.get(self._beta_header, "")
+        if spec.raw.get("batches") not in (None, "native"):
+            raise ValueError('batches: must be "native" (Anthropic runs them) or absent')
+        self.native_batches = spec.raw.get("batches") == "native"
 
     def credentials(self) -> Mapping[str, str]:
         return self.http.credentials()
 
     def _body(self, request: Outgoing, upstream_model: str) -> bytes:
         if request.endpoint in NATIVE:
-            body = {**request.json(), "model": upstream_model}
-        else:
-            body = to_messages(request.json(), upstream_model)
+            return msgspec.json.encode(self._shaped({**request.json(), "model": upstream_model}))
+        return msgspec.json.encode(self._params(request.json(), upstream_model))
+
+    def _params(self, chat: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
+        """The Messages body for a chat body, as this provider sends it."""
+        return self._shaped(to_messages(chat, upstream_model))
+
+    def _shaped(self, body: dict[str, Any]) -> dict[str, Any]:
         for name in self.spec.drop_params:
             body.pop(name, None)
         body.update(self.spec.params)
-        return msgspec.json.encode(body)
+        return body
+
+    async def batch_api(self, method: str, path: str, body: bytes | None = None,
+                        content_type: str = "application/json") -> bytes:
+        """OpenAI's batch calls made on Anthropic's message batches: `POST batches` with the
+        input file's lines, `GET batches/ID`, `POST batches/ID/cancel`, and `GET
+        files/ID/content` for a batch's output or error file."""
+        if not self.native_batches:
+            return await super().batch_api(method, path, body, content_type)
+        parts = path.split("/")
+        if method == "GET" and parts[0] == "files" and parts[2:] == ["content"] \
+                and (named := batches.FILE_ID.fullmatch(parts[1])):
+            return await self._results(named[1], named[2])
+        if method == "POST" and parts == ["batches"] and body is not None:
+            made = batches.requests(body, self._params)
+            payload, _ = await self.http.post(f"{self._url}/batches", msgspec.json.encode(made))
+        elif method == "GET" and len(parts) == 2 and parts[0] == "batches":
+            payload, _ = await self.http.call("GET", f"{self._url}/batches/{parts[1]}", None)
+        elif method == "POST" and len(parts) == 3 and parts[::2] == ["batches", "cancel"]:
+            payload, _ = await self.http.post(f"{self._url}/batches/{parts[1]}/cancel", b"")
+        else:
+            raise NotFound(f"Anthropic's message batches have no {method} {path[:64]}")
+        return msgspec.json.encode(batches.batch_object(batches.read_batch(payload)))
+
+    async def _results(self, batch_id: str, which: str) -> bytes:
+        """A batch's output or error file, from its results (read where the batch says)."""
+        payload, _ = await self.http.call("GET", f"{self._url}/batches/{batch_id}", None)
+        url = batches.read_batch(payload).results_url
+        # The provider's key goes with the request: only to its own base URL.
+        if url is None or not url.startswith(f"{self._url}/batches/"):
+            raise BadUpstreamResponse("the message batch has no results_url at its provider")
+        results, _ = await self.http.call("GET", url, None)
+        return batches.results_file(results, which, to_chat_completion)
 
     def _betas(self, request: Outgoing) -> dict[str, str] | None:
         """The client's betas beside the configured ones, for a body relayed as the client
