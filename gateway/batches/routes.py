@@ -218,35 +218,6 @@ async def cancel_batch(request: Request[Any, Any, Any], batch_id: str) -> Respon
     return _json(batch_object(row, (await store.counts([batch_id]))[batch_id]))
 
 
-def _asked(body: bytes) -> CreateBatch:
-    """A create-batch body, checked; a 400 naming the field that is wrong."""
-    try:
-        asked = msgspec.json.decode(body, type=CreateBatch)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"Invalid batch request: {exc}") from None
-    if asked.endpoint not in jsonl.ENDPOINTS:
-        raise InvalidRequest(f"endpoint must be one of {', '.join(jsonl.ENDPOINTS)}",
-                             param="endpoint")
-    if asked.completion_window != WINDOW:
-        raise InvalidRequest("completion_window must be '24h'", param="completion_window")
-    if asked.metadata is not None and len(asked.metadata) > MAX_METADATA:
-        raise InvalidRequest(f"metadata may have at most {MAX_METADATA} pairs",
-                             param="metadata")
-    return asked
-
-
-def _validated(lines: Sequence[jsonl.Request], endpoint: str, now: float
-               ) -> dict[str, Any] | None:
-    """A failed batch's fields when a line calls another endpoint than the batch's."""
-    wrong = [r for r in lines if r.url != endpoint]
-    if not wrong:
-        return None
-    return {"status": "failed", "failed_at": now, "total": 0, "errors": [
-        {"code": "invalid_url", "line": r.line, "param": "url",
-         "message": f"The URL provided for this request does not match the batch endpoint "
-                    f"{endpoint}."} for r in wrong[:100]]}
-
-
 def routes(bounds: BatchesConfig) -> Sequence[HTTPRouteHandler]:
     """The handlers, the upload's size bounded by `bounds` (fixed for the process's life)."""
     upload = post("/v1/files", request_max_body_size=bounds.max_file_bytes + ENVELOPE,
