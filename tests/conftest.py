@@ -8,7 +8,11 @@ config start their own gateway with `start_gateway`.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +29,12 @@ from tests.fake_ollama import FakeOllama
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, Reply, Scripted
+
+# What the gateway keeps (its accounts database, worker logs) goes to the run's own folder, never
+# the home directory: a gateway run in-process, or by a helper script, reads the environment
+# (`GatewayProcess` gives each gateway a folder of its own). Before any test module is imported.
+os.environ["XDG_STATE_HOME"] = _STATE = tempfile.mkdtemp(prefix="llms-gateway-tests-state-")
+atexit.register(shutil.rmtree, _STATE, True)
 
 
 @dataclass

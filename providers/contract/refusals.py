@@ -41,7 +41,7 @@ _OVERFLOW_WORDS = (
     "exceeds the maximum number of tokens allowed",
     "exceeds the available context size",
     "input length exceeds the context length",
-    "input is too long",
+    "input is too long for requested model",  # Bedrock's own words
 )
 _POLICY_CODES = frozenset({"content_policy_violation", "content_filter"})
 _POLICY_WORDS = ("content management policy", "content policy")
