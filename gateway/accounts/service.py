@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from gateway.accounts import pricing
 from gateway.accounts.account import NANO, Account, nano
-from gateway.accounts.database import Database, SchemaTooNew, spend_row
+from gateway.accounts.database import Database, SchemaTooNew, SpendRow, utc_day
 from gateway.accounts.directory import Directory
 from gateway.accounts.ledger import Hold, Ledger, LocalLedger, Over
 from gateway.pipeline.record import Record
@@ -70,12 +70,13 @@ class Accounts:
         self.directory = Directory()
         self.local = LocalLedger(clock)
         self.parallel: Counter[str] = Counter()
-        self.buffer: deque[dict[str, Any]] = deque()
+        self.buffer: deque[SpendRow] = deque()
         self.dropped = 0  # spend rows lost to a full buffer while the database was down
         self.up: bool | None = None  # None until the database first answered or failed
         self.error: str | None = None
         self.migrated = False
         self._pruned = 0.0
+        self._day, self._day_ends = "", 0.0
 
     # --- start and the background task -----------------------------------------------------
 
@@ -118,7 +119,7 @@ class Accounts:
         while self.buffer:
             batch = [self.buffer.popleft() for _ in range(min(BATCH, len(self.buffer)))]
             try:
-                await self.db.write_spend(batch)
+                await self.db.write_spend(self._with_models(batch))
             except BaseException:
                 self.buffer.extendleft(reversed(batch))
                 raise
@@ -162,9 +163,10 @@ class Accounts:
 
     @property
     def keys_required(self) -> bool:
-        """Whether relay requests need a key: a virtual key exists, or the directory was
+        """Whether relay requests need a key: a virtual key was made, or the directory was
         never read (a database down at start must not open the gateway)."""
-        return self.directory.any or self.directory.known.revision < 0
+        known = self.directory.known
+        return known.ever or known.revision < 0
 
     def find(self, secret: str) -> Account | None:
         return self.directory.find(secret)
@@ -247,22 +249,33 @@ class Accounts:
     def _row(self, record: Record, cost: float | None) -> None:
         if record.status == UNAUTHENTICATED:  # nobody's spend: a flood of them fills no table
             return
-        usage = record.usage
-        route = self.route_of(record.alias, record.provider) \
-            if record.alias is not None and record.provider is not None else None
         if len(self.buffer) >= self.settings.max_buffered_rows:
             self.buffer.popleft()
             self.dropped += 1
-        self.buffer.append(spend_row(
-            time=time.time(), request_id=record.request_id, key_id=record.key_id,
-            team=record.team, alias=record.alias if record.known_model else None,
-            provider=record.provider, endpoint=record.endpoint,
-            upstream_model=route.upstream_model if route is not None else None,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            cached_tokens=usage.cached_tokens if usage else 0,
-            cost=cost or 0.0,
-            latency_ms=round(record.duration * 1000, 2), status=record.status))
+        usage, now = record.usage, time.time()
+        if now >= self._day_ends:  # the UTC date, worked out once a day
+            self._day, self._day_ends = utc_day(now), (now // 86400 + 1) * 86400
+        # The upstream model is looked up when the row is written, off the request's path.
+        self.buffer.append(SpendRow(
+            now, self._day, record.request_id, record.key_id, record.team,
+            record.alias if record.known_model else None, record.provider, None,
+            record.endpoint, usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0, usage.cached_tokens if usage else 0,
+            cost or 0.0, record.duration * 1000, record.status))
+
+    def _with_models(self, batch: list[SpendRow]) -> list[SpendRow]:
+        """Each row with the upstream model that served it (one lookup per alias and
+        provider)."""
+        found: dict[tuple[str | None, str | None], str | None] = {}
+        for i, row in enumerate(batch):
+            if row.provider is None or row.alias is None:
+                continue
+            served = (row.alias, row.provider)
+            if served not in found:
+                route = self.route_of(row.alias, row.provider)
+                found[served] = route.upstream_model if route is not None else None
+            batch[i] = row._replace(upstream_model=found[served])
+        return batch
 
     def status(self) -> dict[str, Any]:
         """What `/status.json` says of the database."""
