@@ -203,8 +203,8 @@ def test_fifty_concurrent_streams_never_overshoot_a_one_cent_budget(
     results = asyncio.run(rounds())
     served = [r for r in results if r != "refused"]
     assert served and "refused" in results
-    # Every worker writes its spend rows within a second.
-    wait_until(lambda: admin.spend()[made["id"]]["requests"] == len(results), within=5)
+    # Every worker writes its spend rows in the background, once a second when it is idle.
+    wait_until(lambda: admin.spend()[made["id"]]["requests"] == len(results), within=20)
     assert 0 < admin.spend()[made["id"]]["cost"] <= 0.01
     assert len(upstream.requests) == len(served)  # a refused request never reached it
 
