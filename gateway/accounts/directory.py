@@ -23,7 +23,9 @@ class Known:
     """One read of the database: its revision, accounts by key hash, teams by name."""
 
     revision: int = -1
-    ever: bool = False  # a key was made, even if every one is revoked since
+    # A key was made, even if every one is revoked since: then every relay request needs a key
+    # (`Accounts.keys_required`; revoking the last one does not open the gateway).
+    ever: bool = False
     by_hash: Mapping[str, Account] = field(default_factory=dict)
     by_id: Mapping[str, Account] = field(default_factory=dict)
     teams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -35,12 +37,6 @@ class Directory:
 
     def __init__(self) -> None:
         self.known = Known()
-
-    @property
-    def any(self) -> bool:
-        """Whether a virtual key was ever made: then every relay request needs a key (revoking
-        the last one does not open the gateway)."""
-        return self.known.ever
 
     def find(self, secret: str) -> Account | None:
         """The account a presented key opens, if any (expired ones included)."""
