@@ -1,6 +1,7 @@
 """The gateway's own code per request, driven in-process: no server, no upstream, no load noise.
 
     .venv/bin/python bench/inprocess.py [--stream [--chunks 2]] [--requests 10000] [--profile]
+                                        [--key none|static|virtual]
 
 The app `gateway serve` runs (`gateway.app.create_app()`) is called as a plain ASGI app with
 `scope`, `receive` and `send` written here: its lifespan through the ASGI lifespan messages,
@@ -12,6 +13,9 @@ the place of the app's own through public attributes: `Runtime.transport`, then
 `Runtime.apply`, which builds the providers anew on it. Prints µs per request, best and all of
 five rounds; `--profile` adds cProfile's top functions. On this shared machine wrk's req/s moves
 ±15% run to run; this moves a few %, which is what it is for: comparing a change before/after.
+`--key static` sends a key of `server.api_keys`; `--key virtual` one made by `POST /admin/keys`
+with a monthly budget, so each request is looked up, held against its budget and settled: the
+accounts part's A/B, by CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from gateway.app import create_app
 from gateway.state import config
 from providers.contract.transport import DIRECT, Link, Transport
 
+STATIC_KEY = "bench-static-key-0123456789abcdef"
 App = Any  # an ASGI app: create_app()'s, whatever layers it puts in front of Litestar
 
 
@@ -124,16 +129,19 @@ def services_of(app: App) -> Any:
 class Client:
     """One POST /v1/chat/completions at a time, as an ASGI server would call the app."""
 
-    def __init__(self, app: App, body: bytes) -> None:
+    def __init__(self, app: App, body: bytes, path: str = "/v1/chat/completions",
+                 key: str | None = None) -> None:
         self.app = app
         self.body = {"type": "http.request", "body": body, "more_body": False}
+        headers = [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                   (b"content-length", b"%d" % len(body))]
+        if key is not None:
+            headers.append((b"authorization", b"Bearer " + key.encode()))
         self.scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-            "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
-            "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-            "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
-            "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
-                        (b"content-length", b"%d" % len(body))]}
+            "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+            "query_string": b"", "root_path": "", "server": ("127.0.0.1", 8000),
+            "client": ("127.0.0.1", 50000), "headers": headers}
         self.statuses: dict[int, int] = {}
         self.messages = 0
         self.last_body = b""
@@ -159,9 +167,21 @@ class Client:
         await self.app(dict(self.scope), receive, send)
 
 
+async def virtual_key(app: App) -> str:
+    """A key made through the admin API, with a budget far above what the run spends."""
+    maker = Client(app, json.dumps({"name": "bench", "budget": {"usd": 1e6, "period": "month"}})
+                   .encode(), path="/admin/keys")
+    await maker.request()
+    if maker.statuses != {201: 1}:
+        sys.exit(f"no virtual key: {maker.statuses} {maker.last_body[:300]!r}")
+    return str(json.loads(maker.last_body)["key"])
+
+
 async def measure(app: App, client: Client, transport: CannedTransport, requests: int,
-                  profile: bool) -> None:
+                  profile: bool, key: str) -> None:
     async with lifespan(app):
+        if key == "virtual":
+            client = Client(app, client.body["body"], key=await virtual_key(app))
         runtime = services_of(app)
         # With tracing on (OTEL_EXPORTER_OTLP_ENDPOINT), wrapped as the app wraps its own.
         runtime.transport = transport if runtime.tracing is None else \
@@ -191,6 +211,7 @@ async def measure(app: App, client: Client, transport: CannedTransport, requests
                 await client.request()
             profiler.disable()
             pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(40)
+            profiler.dump_stats("/tmp/inprocess.prof")
 
 
 def main() -> None:
@@ -200,14 +221,22 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2, help="events per stream (--stream)")
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--key", choices=("none", "static", "virtual"), default="none")
     args = parser.parse_args()
-    path = Path(tempfile.mkdtemp(prefix="llms-inprocess-")) / "llms.json"
+    folder = Path(tempfile.mkdtemp(prefix="llms-inprocess-"))
+    path = folder / "llms.json"
     gateway_config(9, path)  # the upstream is never called: port 9 (discard)
+    settings = json.loads(path.read_text())
+    settings["database"] = {"url": f"sqlite:///{folder}/accounts.db"}
+    if args.key == "static":
+        settings["server"]["api_keys"] = [STATIC_KEY]
+    path.write_text(json.dumps(settings))
     app = create_app(config.load(path))
     body = json.dumps({"model": "bench-model", "stream": args.stream, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     transport = CannedTransport(max(1, args.chunks) if args.stream else None)
-    uvloop.run(measure(app, Client(app, body), transport, args.requests, args.profile))
+    client = Client(app, body, key=STATIC_KEY if args.key == "static" else None)
+    uvloop.run(measure(app, client, transport, args.requests, args.profile, args.key))
 
 
 if __name__ == "__main__":

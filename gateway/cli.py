@@ -151,8 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
               f"open files'. Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker "
               f"--ulimit nofile=) or lower max_concurrency.", file=sys.stderr)
     print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
-    serving.run(snapshot.server, host, port, args.workers, open_files)
-    return 0
+    serving.launch(snapshot.server, host, port, args.workers, open_files)
 
 
 def _migrate(snapshot: Snapshot) -> bool:

@@ -1,18 +1,21 @@
 """The budget ledger's rules, without a gateway: holds all or none, settled to the real cost,
 released when their request never came back, periods by the calendar; the same script on a real
-Redis for replicas."""
+Redis for replicas, the same file for two worker processes of one machine."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import multiprocessing
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
 from gateway.accounts.account import NANO, Budget, Scope, window
-from gateway.accounts.ledger import HOLD_TTL, Hold, LocalLedger, Over, RedisLedger
+from gateway.accounts.ledger import HOLD_TTL, FileLedger, Hold, LocalLedger, Over, RedisLedger
 from gateway.accounts.pricing import worst_case
 from gateway.state.config import Route
 from providers.contract.usage import Price
@@ -41,47 +44,35 @@ def test_periods_follow_the_utc_calendar() -> None:
 
 def test_holds_are_all_or_none_and_settle_to_the_real_cost() -> None:
     ledger = LocalLedger()
-
-    async def story() -> None:
-        first = await ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
-        assert isinstance(first, Hold) and first.remaining == pytest.approx(0.4)
-        # The key's budget cannot take a second 0.6: neither budget is held for it.
-        refused = await ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
-        assert isinstance(refused, Over) and refused.scope == KEY
-        assert refused.spent == pytest.approx(0.6)
-        ledger.settle(first, int(0.1 * NANO))  # it cost less than it might have
-        second = await ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
-        assert isinstance(second, Hold) and second.remaining == pytest.approx(0.3)
-        ledger.settle(second, int(0.6 * NANO))
-        ledger.settle(second, int(0.6 * NANO))  # a second settlement changes nothing
-        counts = {entry[0]: ledger.counts[entry].spent for entry in ledger.counts}
-        assert counts == {"key:key_a": int(0.7 * NANO), "team:research": int(0.7 * NANO)}
-
-    asyncio.run(story())
+    first = ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
+    assert isinstance(first, Hold) and first.remaining == pytest.approx(0.4)
+    # The key's budget cannot take a second 0.6: neither budget is held for it.
+    refused = ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
+    assert isinstance(refused, Over) and refused.scope == KEY
+    assert refused.spent == pytest.approx(0.6)
+    ledger.settle(first, int(0.1 * NANO))  # it cost less than it might have
+    second = ledger.reserve([KEY, TEAM], int(0.6 * NANO), nothing_spent, NOW)
+    assert isinstance(second, Hold) and second.remaining == pytest.approx(0.3)
+    ledger.settle(second, int(0.6 * NANO))
+    ledger.settle(second, int(0.6 * NANO))  # a second settlement changes nothing
+    counts = {entry[0]: ledger.counts[entry].spent for entry in ledger.counts}
+    assert counts == {"key:key_a": int(0.7 * NANO), "team:research": int(0.7 * NANO)}
 
 
 def test_a_hold_whose_request_never_ended_is_released_after_its_deadline() -> None:
     ledger = LocalLedger()
-
-    async def story() -> None:
-        assert isinstance(await ledger.reserve([KEY], NANO, nothing_spent, NOW), Hold)
-        assert isinstance(await ledger.reserve([KEY], 1, nothing_spent, NOW + 60), Over)
-        later = await ledger.reserve([KEY], NANO, nothing_spent, NOW + HOLD_TTL + 1)
-        assert isinstance(later, Hold)
-
-    asyncio.run(story())
+    assert isinstance(ledger.reserve([KEY], NANO, nothing_spent, NOW), Hold)
+    assert isinstance(ledger.reserve([KEY], 1, nothing_spent, NOW + 60), Over)
+    later = ledger.reserve([KEY], NANO, nothing_spent, NOW + HOLD_TTL + 1)
+    assert isinstance(later, Hold)
 
 
 def test_a_new_period_starts_from_what_the_database_says_it_spent() -> None:
     ledger = LocalLedger()
     known = {("key:key_a", window("month", NOW)[0]): 0.95}
-
-    async def story() -> None:
-        refused = await ledger.reserve([KEY], int(0.1 * NANO),
-                                       lambda s, start: known.get((s, start), 0.0), NOW)
-        assert isinstance(refused, Over) and refused.spent == pytest.approx(0.95)
-
-    asyncio.run(story())
+    refused = ledger.reserve([KEY], int(0.1 * NANO),
+                             lambda s, start: known.get((s, start), 0.0), NOW)
+    assert isinstance(refused, Over) and refused.spent == pytest.approx(0.95)
 
 
 def test_the_hold_is_the_dearest_candidates_price_for_the_longest_answer_allowed() -> None:
@@ -94,6 +85,10 @@ def test_the_hold_is_the_dearest_candidates_price_for_the_longest_answer_allowed
     unsaid = body.replace(b',"max_tokens":100', b"")
     assert worst_case("chat/completions", unsaid, "m", routes, prices)[0] > amount
     assert worst_case("chat/completions", body, "m", routes, {})[0] == 1  # unpriced: a nano
+    # A prompt may all be written to a prompt cache, at its dearer price.
+    caching = {("dear", "m"): Price(10.0, 20.0, cache_write=12.5)}
+    assert worst_case("chat/completions", body, "m", routes, caching)[0] \
+        == pytest.approx((prompt * 12.5 + 100 * 20) / 1e6 * NANO, abs=1)
 
 
 @pytest.fixture
@@ -125,3 +120,32 @@ def test_replicas_sharing_redis_hold_against_one_count(redis: RedisServer) -> No
             await client.aclose()
 
     asyncio.run(story())
+
+
+def _worker_holds(path: str, started: float, tries: int) -> list[str]:
+    """One worker of a machine without Redis: as many holds of $0.03 as its budget lets it."""
+    ledger = FileLedger(Path(path))
+    while time.time() < started:  # both workers begin together, to contend for the file
+        pass
+    held = [asyncio.run(ledger.reserve([KEY], int(0.03 * NANO), nothing_spent, NOW))
+            for _ in range(tries)]
+    ledger.close()
+    return [hold.id for hold in held if isinstance(hold, Hold)]
+
+
+def test_two_workers_of_one_machine_hold_against_one_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "budgets.sqlite3")
+    with multiprocessing.get_context("fork").Pool(2) as workers:
+        started = time.time() + 0.5
+        results = workers.starmap(_worker_holds, [(path, started, 40), (path, started, 40)])
+    # $1 takes 33 holds of $0.03, whichever worker asked: none more, none lost to contention.
+    assert sum(len(ids) for ids in results) == 33
+    again = FileLedger(Path(path))
+    over = asyncio.run(again.reserve([KEY], int(0.03 * NANO), nothing_spent, NOW))
+    assert isinstance(over, Over) and over.spent == pytest.approx(0.99)
+    hold = asyncio.run(again.reserve([KEY], int(0.01 * NANO), nothing_spent, NOW))
+    assert isinstance(hold, Hold)
+    again.settle(hold, 0)  # released: the last cent is free again
+    assert isinstance(asyncio.run(again.reserve([KEY], int(0.01 * NANO), nothing_spent, NOW)),
+                      Hold)
+    again.close()

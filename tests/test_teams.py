@@ -9,6 +9,7 @@ OpenAI and Anthropic SDKs spend them against fake upstreams that bill real usage
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sqlite3
 import subprocess
@@ -27,7 +28,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from gateway.accounts.database import engine_url
 from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
 from tests.postgres_server import PostgresServer
-from tests.upstream import FakeUpstream, ok, stream_cut
+from tests.upstream import FakeUpstream, held, ok, stream_cut
 
 # Dollars per million tokens: a request of a few dozen tokens costs about a thousandth of a
 # dollar, so a one-cent budget holds a handful of them.
@@ -224,6 +225,33 @@ def test_answers_carry_the_budget_left_and_a_spent_key_never_gets_another_answer
     assert int(answer.headers["retry-after"]) <= 86400
     for _ in range(3):
         assert chat(gateway, secret).status_code == 429
+
+
+def test_a_key_and_its_team_get_no_more_requests_in_flight_than_their_max_parallel(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", **on(database)))
+    admin = Admin(gateway)
+    admin.team(name="ops", max_parallel=3)
+    first = admin.key(name="a", team="ops", max_parallel=2)["key"]
+    second = admin.key(name="b", team="ops")["key"]
+    upstream.set_mode(held())
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(chat, gateway, first) for _ in range(2)]
+        wait_until(lambda: len(upstream.requests) == 2)
+        refused = chat(gateway, first)  # the key's third at once
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert "2 requests in flight" in refused.json()["error"]["message"]
+        running.append(pool.submit(chat, gateway, second))  # the team's third
+        wait_until(lambda: len(upstream.requests) == 3)
+        refused = chat(gateway, second)  # the team's fourth, from a key with no limit of its own
+        assert refused.status_code == 429 and "Team ops has 3" in refused.json()["error"]["message"]
+        upstream.release()
+        assert [done.result().status_code for done in running] == [200, 200, 200]
+    assert chat(gateway, first).status_code == 200  # their slots came back when they ended
+    assert chat(gateway, second).status_code == 200
+    assert len(upstream.requests) == 5
 
 
 def test_a_team_budget_caps_two_keys_together(

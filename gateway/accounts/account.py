@@ -12,7 +12,7 @@ import datetime as dt
 import hashlib
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.pipeline.limits import KeyLimits
@@ -71,10 +71,13 @@ class Scope:
     kind: Literal["key", "team"]
     name: str  # the key's id or the team's name
     budget: Budget
+    # Worked out once, not per request: where the ledger counts it, and its limit as it counts.
+    id: str = field(init=False)
+    limit: int = field(init=False)  # nano-dollars
 
-    @property
-    def id(self) -> str:
-        return f"{self.kind}:{self.name}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", f"{self.kind}:{self.name}")
+        object.__setattr__(self, "limit", nano(self.budget.usd))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +89,12 @@ class Account:
     models: frozenset[str] | None  # None: every alias
     limits: KeyLimits  # the key's own rpm and tpm
     team_limits: KeyLimits | None  # the team's, counted over all its keys
-    max_parallel: int | None
-    team_max_parallel: int | None
     scopes: tuple[Scope, ...]  # the key's budget, then its team's
     expires_at: float | None
     private: bool = False  # a virtual key's content may be traced (`telemetry`)
+    # Each parallel limit set, the key's then its team's: (its counter, its most, whose it is
+    # in words). A key under none is never counted.
+    slots: tuple[tuple[str, int, str], ...] = ()
 
     def allows(self, alias: str) -> bool:
         """Whether the key may use `alias`."""
@@ -124,6 +128,15 @@ def account_of(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> Accoun
         limits=KeyLimits(key["id"], key.get("rpm"), key.get("tpm")),
         team_limits=KeyLimits(f"team:{team['name']}", team.get("rpm"), team.get("tpm"))
         if team is not None and (team.get("rpm") or team.get("tpm")) else None,
-        max_parallel=key.get("max_parallel"),
-        team_max_parallel=team.get("max_parallel") if team is not None else None,
-        scopes=tuple(scopes), expires_at=key.get("expires_at"))
+        scopes=tuple(scopes), expires_at=key.get("expires_at"),
+        slots=_slots(key, team))
+
+
+def _slots(key: Mapping[str, Any], team: Mapping[str, Any] | None
+           ) -> tuple[tuple[str, int, str], ...]:
+    slots = []
+    if key.get("max_parallel") is not None:
+        slots.append((key["id"], int(key["max_parallel"]), f"Key {key['id']}"))
+    if team is not None and team.get("max_parallel") is not None:
+        slots.append((f"team:{team['name']}", int(team["max_parallel"]), f"Team {team['name']}"))
+    return tuple(slots)

@@ -30,6 +30,9 @@ class Known:
     by_id: Mapping[str, Account] = field(default_factory=dict)
     teams: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     spent: Mapping[tuple[str, float], float] = field(default_factory=dict)
+    # Keys presented and found, so each is hashed once per read: no larger than `by_hash`, as
+    # only a key that opens an account enters.
+    found: dict[str, Account] = field(default_factory=dict)
 
 
 class Directory:
@@ -40,7 +43,11 @@ class Directory:
 
     def find(self, secret: str) -> Account | None:
         """The account a presented key opens, if any (expired ones included)."""
-        return self.known.by_hash.get(digest(secret))
+        known = self.known
+        account = known.found.get(secret)
+        if account is None and (account := known.by_hash.get(digest(secret))) is not None:
+            known.found[secret] = account
+        return account
 
     def spent(self, scope_id: str, start: float) -> float:
         """Dollars the database knew `scope_id` spent since `start`, at the last read."""

@@ -16,20 +16,24 @@ knew when the ledger first saw the period (`known`); from then on the ledger is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import itertools
 import os
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
-
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.accounts.account import NANO, Period, Scope, window
+from gateway.state.redis_errors import redis_trouble
 from providers.contract.log import get_logger
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 # How long a hold may stay unsettled before another reservation releases it: longer than any
 # request lives (a provider's total timeout is 10 minutes by default, a queue wait one).
@@ -57,11 +61,18 @@ class Hold:
     settled: bool = False
 
 
+class LedgerUnavailable(Exception):
+    """A shared ledger could not answer (Redis away, the machine's file locked or broken)."""
+
+
 class Ledger(Protocol):
-    """Where budgets are counted."""
+    """Where budgets are counted that several processes share (Redis, the machine's file)."""
 
     async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
-                      now: float) -> Hold | Over: ...
+                      now: float) -> Hold | Over:
+        """Hold `amount` against every scope, or none; LedgerUnavailable when it cannot
+        answer."""
+        ...
 
     def settle(self, hold: Hold, cost: int) -> None: ...
 
@@ -96,34 +107,38 @@ class _Count:
 
 
 class LocalLedger:
-    """Budgets counted in this process."""
+    """Budgets counted in this process. Its `reserve` is not a coroutine: it never waits."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.counts: dict[tuple[str, float], _Count] = {}
         self.windows = Windows()
+        self._ids = itertools.count()  # a hold's id need only be unique in this process
 
-    async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
-                      now: float) -> Hold | Over:
+    def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
+                now: float) -> Hold | Over:
         """Hold `amount` against every scope, or none of them."""
-        counts = []
-        for scope, start, end in self.windows.entries(scopes, now):
-            count = self.counts.get((scope.id, start))
+        entries, counts, remaining = [], [], None
+        for scope in scopes:
+            start, end = self.windows.of(scope.budget.period, now)
+            entry = (scope.id, start)
+            count = self.counts.get(entry)
             if count is None:
-                count = self.counts[(scope.id, start)] = _Count(
-                    round(known(scope.id, start) * NANO))
-            limit = round(scope.budget.usd * NANO)
-            # Holds past their deadline are looked for only when they would refuse a request.
-            if count.spent + count.reserved + amount > limit and _expire(count, now) \
-                    and count.spent + count.reserved + amount > limit:
-                return Over(scope, (count.spent + count.reserved) / NANO, end)
-            counts.append((scope.id, start, count, limit))
-        hold = Hold(_new_id(), tuple((sid, start) for sid, start, _, _ in counts), amount,
-                    min((limit - c.spent - c.reserved - amount for _, _, c, limit in counts),
-                        default=0) / NANO)
-        deadline = now + HOLD_TTL
-        for _, _, count, _ in counts:
-            count.held[hold.id] = (amount, deadline)
+                count = self.counts[entry] = _Count(round(known(scope.id, start) * NANO))
+            left = scope.limit - count.spent - count.reserved - amount
+            if left < 0:  # holds past their deadline are looked for only when they would refuse
+                _expire(count, now)
+                left = scope.limit - count.spent - count.reserved - amount
+                if left < 0:
+                    return Over(scope, (count.spent + count.reserved) / NANO, end)
+            entries.append(entry)
+            counts.append(count)
+            if remaining is None or left < remaining:
+                remaining = left
+        hold = Hold(str(next(self._ids)), tuple(entries), amount, (remaining or 0) / NANO)
+        held = (amount, now + HOLD_TTL)
+        for count in counts:
+            count.held[hold.id] = held
             count.reserved += amount
         self._forget_before(now)
         return hold
@@ -149,11 +164,10 @@ class LocalLedger:
                 del self.counts[entry]
 
 
-def _expire(count: _Count, now: float) -> bool:
-    """Release the holds past their deadline; True (for the caller's `and`)."""
+def _expire(count: _Count, now: float) -> None:
+    """Release the holds past their deadline."""
     for hold_id in [h for h, (_, deadline) in count.held.items() if deadline <= now]:
         count.reserved -= count.held.pop(hold_id)[0]
-    return True
 
 
 # KEYS: one hash per (scope, period). ARGV: now, amount, hold id, hold deadline, then per key
@@ -219,6 +233,7 @@ class RedisLedger:
 
     def __init__(self, client: Redis, prefix: str) -> None:
         self.client = client
+        self.trouble = redis_trouble()
         self.prefix = prefix
         self._reserve = client.register_script(RESERVE)
         self._settle = client.register_script(SETTLE)
@@ -236,10 +251,13 @@ class RedisLedger:
         hold_id = _new_id()
         argv: list[str | int] = [int(now), amount, hold_id, int(now + HOLD_TTL)]
         for scope, start, end in entries:
-            argv += [round(scope.budget.usd * NANO), round(known(scope.id, start) * NANO),
+            argv += [scope.limit, round(known(scope.id, start) * NANO),
                      int(end + AFTER_PERIOD) if end is not None else 0]
         keys = [self._key((scope.id, start)) for scope, start, _ in entries]
-        index, value = await self._reserve(keys=keys, args=argv)
+        try:
+            index, value = await self._reserve(keys=keys, args=argv)
+        except self.trouble as exc:
+            raise LedgerUnavailable(type(exc).__name__) from exc
         if int(index) > 0:
             scope, _, end = entries[int(index) - 1]
             return Over(scope, int(value) / NANO, end)
@@ -268,7 +286,7 @@ class RedisLedger:
             try:
                 await self._settle(keys=[self._key(e) for e in hold.entries],
                                    args=[hold.id, cost])
-            except (RedisError, OSError) as exc:
+            except self.trouble as exc:
                 get_logger().warning("budget_settle_failed", error=type(exc).__name__)
                 return False
             self.pending.popleft()
@@ -277,23 +295,49 @@ class RedisLedger:
 
 class FileLedger:
     """Budgets counted in a SQLite file that the workers of one machine share (several workers
-    and no Redis): each reservation and settlement is one short immediate transaction, so the
-    workers' holds are checked against each other's. The file lives in the state directory, is
-    never the accounts database, and holds only counts and holds."""
+    and no Redis): each reservation and settlement is one short transaction, so the workers'
+    holds are checked against each other's. The file lives in the state directory, is never the
+    accounts database, and holds only counts and holds.
+
+    The workers take turns by an `flock` on a file beside it before each transaction: a worker
+    waiting for another's few microseconds wakes when the lock is let go. SQLite's own busy
+    handler would sleep in the event loop for milliseconds at a time instead."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit: the transactions below are written out, `BEGIN IMMEDIATE` taking the lock.
+        self.lock = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        # Autocommit: the transactions below are written out.
         self.db = sqlite3.connect(path, timeout=5, isolation_level=None,
                                   check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=OFF")  # counts a crash may lose to the database's
-        self.db.execute("CREATE TABLE IF NOT EXISTS counts (entry TEXT PRIMARY KEY, "
-                        "spent INTEGER NOT NULL, reserved INTEGER NOT NULL)")
-        self.db.execute("CREATE TABLE IF NOT EXISTS holds (id TEXT, entry TEXT, "
-                        "amount INTEGER NOT NULL, deadline REAL NOT NULL, "
-                        "PRIMARY KEY (id, entry))")
+        with self._turn():  # workers starting together make the file one at a time
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=OFF")  # a crash may lose counts, not spend
+            self.db.execute("CREATE TABLE IF NOT EXISTS counts (entry TEXT PRIMARY KEY, "
+                            "spent INTEGER NOT NULL, reserved INTEGER NOT NULL)")
+            self.db.execute("CREATE TABLE IF NOT EXISTS holds (id TEXT, entry TEXT, "
+                            "amount INTEGER NOT NULL, deadline REAL NOT NULL, "
+                            "PRIMARY KEY (id, entry))")
         self.windows = Windows()
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """This worker's turn and one transaction in it, committed unless it raised."""
+        with self._turn():
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
 
     async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
                       now: float) -> Hold | Over:
@@ -301,33 +345,33 @@ class FileLedger:
         entries = self.windows.entries(scopes, now)
         hold = Hold(_new_id(), tuple((scope.id, start) for scope, start, _ in entries), amount,
                     0.0)
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            remaining = []
+            return self._reserve(hold, entries, known, now)
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(type(exc).__name__) from exc
+
+    def _reserve(self, hold: Hold, entries: list[tuple[Scope, float, float | None]],
+                 known: Known, now: float) -> Hold | Over:
+        amount = hold.amount
+        remaining = []
+        with self._transaction() as db:  # a refusal commits too: the expired holds it released
             for scope, start, end in entries:
                 entry = f"{scope.id}@{int(start)}"
                 db.execute("INSERT OR IGNORE INTO counts VALUES (?, ?, 0)",
                            (entry, round(known(scope.id, start) * NANO)))
                 spent, reserved = db.execute("SELECT spent, reserved FROM counts WHERE entry = ?",
                                              (entry,)).fetchone()
-                limit = round(scope.budget.usd * NANO)
-                if spent + reserved + amount > limit:
+                if spent + reserved + amount > scope.limit:
                     reserved -= self._expire(entry, now)
-                    if spent + reserved + amount > limit:
-                        db.execute("COMMIT")  # the expired holds stay released
+                    if spent + reserved + amount > scope.limit:
                         return Over(scope, (spent + reserved) / NANO, end)
-                remaining.append(limit - spent - reserved - amount)
+                remaining.append(scope.limit - spent - reserved - amount)
             for scope_id, start in hold.entries:
                 key = f"{scope_id}@{int(start)}"
                 db.execute("UPDATE counts SET reserved = reserved + ? WHERE entry = ?",
                            (amount, key))
                 db.execute("INSERT INTO holds VALUES (?, ?, ?, ?)",
                            (hold.id, key, amount, now + HOLD_TTL))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         hold.remaining = min(remaining, default=0) / NANO
         return hold
 
@@ -344,25 +388,20 @@ class FileLedger:
         if hold.settled:
             return
         hold.settled = True
-        db = self.db
         try:
-            db.execute("BEGIN IMMEDIATE")
+            with self._transaction() as db:
+                for scope_id, start in hold.entries:
+                    entry = f"{scope_id}@{int(start)}"
+                    held = db.execute("SELECT amount FROM holds WHERE id = ? AND entry = ?",
+                                      (hold.id, entry)).fetchone()
+                    if held is not None:
+                        db.execute("DELETE FROM holds WHERE id = ? AND entry = ?",
+                                   (hold.id, entry))
+                    db.execute("UPDATE counts SET reserved = reserved - ?, spent = spent + ? "
+                               "WHERE entry = ?", (held[0] if held else 0, cost, entry))
         except sqlite3.Error as exc:  # the hold expires by itself; the spend row still counts
             get_logger().warning("budget_settle_failed", error=type(exc).__name__)
-            return
-        try:
-            for scope_id, start in hold.entries:
-                entry = f"{scope_id}@{int(start)}"
-                held = db.execute("SELECT amount FROM holds WHERE id = ? AND entry = ?",
-                                  (hold.id, entry)).fetchone()
-                if held is not None:
-                    db.execute("DELETE FROM holds WHERE id = ? AND entry = ?", (hold.id, entry))
-                db.execute("UPDATE counts SET reserved = reserved - ?, spent = spent + ? "
-                           "WHERE entry = ?", (held[0] if held else 0, cost, entry))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def close(self) -> None:
         self.db.close()
+        os.close(self.lock)

@@ -60,8 +60,10 @@ def worst_case(endpoint: str, raw: bytes, alias: str, routes: tuple[Route, ...],
             continue
         output = 0 if endpoint == EMBEDDINGS else asked or route.max_output_tokens \
             or DEFAULT_OUTPUT
-        usage = Usage(prompt_tokens=prompt, completion_tokens=output)
-        dearest = max(dearest, cost(usage, price))
+        # Every prompt token at its dearest: a request may write them all to a prompt cache.
+        dollars = (prompt * max(price.input, price.cache_write or 0.0)
+                   + output * price.output) / 1_000_000
+        dearest = max(dearest, dollars)
     return max(1, _ceil_nano(dearest)), prompt
 
 

@@ -11,20 +11,17 @@ buffer (`ended`); a database that is down leaves the rows buffered (bounded) unt
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from gateway.accounts import pricing
 from gateway.accounts.account import NANO, Account, nano
 from gateway.accounts.database import Database, SchemaTooNew, SpendRow, utc_day
 from gateway.accounts.directory import Directory
-from gateway.accounts.ledger import Hold, Ledger, LocalLedger, Over
+from gateway.accounts.ledger import Hold, Ledger, LedgerUnavailable, LocalLedger, Over
 from gateway.pipeline.record import Record
 from gateway.state.config import DatabaseConfig, Route
 from providers.contract.errors import (
@@ -177,18 +174,14 @@ class Accounts:
             raise AuthenticationFailed("This API key has expired")
         charge = Charge(account)
         record.charge, record.team = charge, account.team
-        team = f"team:{account.team}" if account.team is not None else None
-        if account.max_parallel is not None \
-                and self.parallel[account.key_id] >= account.max_parallel:
-            raise KeyRateLimited(f"Key {account.key_id} has {account.max_parallel} requests "
-                                 "in flight, its most", retry_after=1.0)
-        if team is not None and account.team_max_parallel is not None \
-                and self.parallel[team] >= account.team_max_parallel:
-            raise KeyRateLimited(f"Team {account.team} has {account.team_max_parallel} "
-                                 "requests in flight, its most", retry_after=1.0)
-        self.parallel[account.key_id] += 1
-        if team is not None:
-            self.parallel[team] += 1
+        if not account.slots:
+            return
+        for counter, most, whose in account.slots:
+            if self.parallel[counter] >= most:
+                raise KeyRateLimited(f"{whose} has {most} requests in flight, its most",
+                                     retry_after=1.0)
+        for counter, _, _ in account.slots:
+            self.parallel[counter] += 1
         charge.parallel = True
 
     def check_model(self, account: Account, alias: str | None, asked: str) -> None:
@@ -215,11 +208,10 @@ class Accounts:
                 held = await self.shared.reserve(charge.account.scopes, amount,
                                                  self.directory.spent, now)
                 charge.shared = True
-            except (RedisError, OSError, sqlite3.Error) as exc:  # this process's, meanwhile
-                get_logger().warning("budget_ledger_unavailable", error=type(exc).__name__)
+            except LedgerUnavailable as exc:  # this process's ledger, meanwhile
+                get_logger().warning("budget_ledger_unavailable", error=str(exc))
         if held is None:
-            held = await self.local.reserve(charge.account.scopes, amount,
-                                            self.directory.spent, now)
+            held = self.local.reserve(charge.account.scopes, amount, self.directory.spent, now)
         if isinstance(held, Over):
             raise BudgetExceeded(_over(held, amount),
                                  held.resets_at - now if held.resets_at else None)
@@ -237,9 +229,8 @@ class Accounts:
         if charge is not None:
             account = charge.account
             if charge.parallel:
-                self.parallel[account.key_id] -= 1
-                if account.team is not None:
-                    self.parallel[f"team:{account.team}"] -= 1
+                for counter, _, _ in account.slots:
+                    self.parallel[counter] -= 1
             if charge.hold is not None:
                 ledger = self.shared if charge.shared and self.shared is not None \
                     else self.local

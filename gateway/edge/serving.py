@@ -6,6 +6,11 @@ slowly the client dribbles it, and it refuses an oversized head from a bounded b
 leaves to the app (the JSON envelope on a 431, the body deadline) is `gateway.edge.guard`'s.
 
 Only granian's public API is used: `Granian(...)`, its `on_startup` hook and `HTTP1Settings`.
+
+`gateway serve` checks the config, then `launch`es: it becomes (exec) `python -m
+gateway.edge.serving` with the few numbers the server needs, so the server process holds granian
+and little else rather than everything the check imported (tens of MiB, for the life of the
+server, in a process that serves no request).
 """
 
 from __future__ import annotations
@@ -19,10 +24,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gateway.state.config import ServerConfig
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 APP = "gateway.app:create_app"
 # After `server.drain_timeout` the gateway ends the streams still open itself (in-band error,
@@ -36,14 +38,36 @@ PR_SET_PDEATHSIG = 1
 MAX_CONNECTIONS = 1 << 20
 
 
-def head_timeout(server: ServerConfig) -> float:
+class ServerLimits(Protocol):
+    """What the server reads of llms.json's `server` (a `ServerConfig`, or `Limits`)."""
+
+    @property
+    def header_timeout(self) -> float: ...
+    @property
+    def keepalive_timeout(self) -> float: ...
+    @property
+    def max_header_bytes(self) -> int: ...
+    @property
+    def drain_timeout(self) -> float: ...
+
+
+class Limits(NamedTuple):
+    """`ServerLimits` as `launch` hands them to the process it becomes."""
+
+    header_timeout: float
+    keepalive_timeout: float
+    max_header_bytes: int
+    drain_timeout: float
+
+
+def head_timeout(server: ServerLimits) -> float:
     """Seconds a connection may wait without a whole request head before it is closed: granian
     (hyper) has one timer for a new connection, a head arriving, and an idle kept-alive
     connection waiting for its next request, so it is the shorter of the two settings."""
     return min(server.header_timeout, server.keepalive_timeout)
 
 
-def buffer_size(server: ServerConfig) -> int:
+def buffer_size(server: ServerLimits) -> int:
     """granian's per-connection read buffer: the most of a request head it holds. Twice the
     limit, so that a head somewhat over it reaches `gateway.edge.guard` and gets the 431 in the JSON
     envelope; one larger is cut by granian itself (a 431 with no body) once the buffer is full,
@@ -51,7 +75,18 @@ def buffer_size(server: ServerConfig) -> int:
     return max(MIN_BUFFER, 2 * server.max_header_bytes)
 
 
-def run(server: ServerConfig, host: str, port: int, workers: int, open_files: int,
+def launch(server: ServerLimits, host: str, port: int, workers: int, open_files: int
+           ) -> NoReturn:
+    """`run`, in this process made anew by exec (the same pid, environment and limits)."""
+    limits = Limits(server.header_timeout, server.keepalive_timeout, server.max_header_bytes,
+                    server.drain_timeout)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", __name__, host, str(port), str(workers),
+                              str(open_files), *(str(value) for value in limits)])
+
+
+def run(server: ServerLimits, host: str, port: int, workers: int, open_files: int,
         app: str = APP) -> None:
     """Serve the app factory `app` names on `host:port` until SIGTERM or SIGINT (open requests
     get `server.drain_timeout` seconds to finish); `open_files` is the process's descriptor limit.
@@ -119,3 +154,14 @@ def _die_with(parent: int) -> None:
         return  # not Linux: the server's own shutdown still stops its workers
     if os.getppid() != parent:  # it died before prctl took effect
         sys.exit(1)
+
+
+def main(argv: list[str]) -> None:
+    """What `launch` execs: `run` with its arguments from the command line."""
+    host, port, workers, open_files, header, keepalive, max_header, drain = argv
+    run(Limits(float(header), float(keepalive), int(max_header), float(drain)), host, int(port),
+        int(workers), int(open_files))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

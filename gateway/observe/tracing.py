@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from redis.asyncio import Redis
 
 from gateway.observe.observers import CLIENT_CLOSED, status_of
 from gateway.observe.traced_sampling import DrawnIds, Head, rule, sdk_sampler
@@ -45,6 +44,7 @@ from providers.contract.transport import Transport
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+    from redis.asyncio import Redis
 
 SERVICE = "llms-gateway"
 TRACES_PATH = "/v1/traces"

@@ -18,17 +18,20 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from gateway.pipeline.health import Change, ProviderHealth
 from gateway.pipeline.limits import WINDOW, RateLimiter
 from gateway.pipeline.strategy import Latencies
 from gateway.state.config import StateConfig
+from gateway.state.redis_errors import redis_trouble
 from providers.contract.log import get_logger
 from providers.contract.spec import Retries
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 _SEPARATOR = "\x1f"
 LATENCY_TTL = 3600  # what no replica refreshed for an hour is forgotten
@@ -42,11 +45,13 @@ async def redis_client(config: StateConfig) -> AsyncIterator[aioredis.Redis | No
     if config.backend != "redis":
         yield None
         return
-    client = aioredis.from_url(config.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    import redis.asyncio  # only here: a gateway without Redis never loads it
+
+    client = redis.asyncio.from_url(config.url, socket_timeout=1.0, socket_connect_timeout=1.0)
     try:
         yield client
     finally:
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*redis_trouble()):
             await client.aclose()
 
 
@@ -86,6 +91,7 @@ class RedisSync:
         self.pending: deque[Change] = deque(maxlen=10_000)
         self.connected: bool | None = None  # None until the first sync says which
         self._client = client
+        self.trouble = redis_trouble()
         health.listeners.append(self.pending.append)
         # What the latency strategy learned here, since the last sync (latest per route).
         self.latency_key = f"{config.prefix}latency"
@@ -119,7 +125,7 @@ class RedisSync:
                     f"{p}{_SEPARATOR}{m}": repr(v) for (p, m), v in measured.items()})
                 await self._client.expire(self.latency_key, LATENCY_TTL)
             stored = await self._client.hgetall(self.latency_key)
-        except (RedisError, OSError) as exc:
+        except self.trouble as exc:
             self._mark(False, exc)
             return
         for field, value in stored.items():
@@ -145,7 +151,7 @@ class RedisSync:
                     pipe.incrby(name, pending.get((key_id, at, kind), 0))
                     pipe.expire(name, 2 * WINDOW)
                 replies = await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except self.trouble as exc:
             limiter.restore(pending)
             self._mark(False, exc)
             return
@@ -158,7 +164,7 @@ class RedisSync:
             if batch:
                 await self._client.hset(self.key, mapping=dict(encode(c) for c in batch))
             stored = await self._client.hgetall(self.key)
-        except (RedisError, OSError) as exc:
+        except self.trouble as exc:
             self._mark(False, exc)
             return
         for _ in batch:
@@ -188,7 +194,7 @@ class RedisSync:
         if expired:
             try:
                 await self._client.hdel(self.key, *expired)
-            except (RedisError, OSError) as exc:
+            except self.trouble as exc:
                 self._mark(False, exc)
 
     def _mark(self, up: bool, error: BaseException | None = None) -> None:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from redis.asyncio import Redis
 
 from gateway.adapters.stack import Adapted, adapted
 from gateway.edge.drain import Drain
@@ -53,7 +52,9 @@ from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.transport import Transport
 from providers.contract.usage import Price
 
-if TYPE_CHECKING:  # tracing is imported by a gateway that traces, only
+if TYPE_CHECKING:  # Redis, accounts and tracing are imported by a gateway that uses them, only
+    from redis.asyncio import Redis
+
     from gateway.accounts.service import Accounts
     from gateway.observe.tracing import Tracing
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from redis.asyncio import Redis
 
 from gateway.adapters.assemble import ChatAssembler, CompletionAssembler
 from gateway.pipeline.streaming import DONE_EVENT
@@ -26,6 +25,9 @@ from gateway.stores.kept import Kept
 from providers.contract.answer import check_json
 from providers.contract.errors import ProviderError
 from providers.contract.stream import SSEWatch, check_head
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 ENDPOINTS = frozenset({"chat/completions", "completions"})
 # Fields that do not change what the answer says.

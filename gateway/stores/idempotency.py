@@ -14,11 +14,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
-from redis.asyncio import Redis
 
 from gateway.stores.kept import Kept
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 DEFAULT_TTL = 24 * 3600.0
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from gateway.state.redis_errors import redis_trouble
 
-# What a Redis read or write can raise when Redis is away or misbehaves.
-REDIS_TROUBLE = (RedisError, OSError)
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 
 class Kept:
@@ -34,6 +34,7 @@ class Kept:
         self.max_entry_bytes = min(max_entry_bytes, max_bytes)
         self.bytes = 0  # held in this process
         self.redis = redis
+        self.trouble = redis_trouble() if redis is not None else ()
         self.prefix = prefix
         self._held: OrderedDict[str, bytes] = OrderedDict()
 
@@ -72,7 +73,7 @@ class Kept:
         """This process's copy, else Redis's (a miss when Redis cannot answer)."""
         if (found := self.held(key)) is not None:
             return found
-        with contextlib.suppress(*REDIS_TROUBLE):
+        with contextlib.suppress(*self.trouble):
             return await self._shared(key)
         return None
 
@@ -84,7 +85,7 @@ class Kept:
             return self.held(key)
         try:
             found = await self._shared(key)
-        except REDIS_TROUBLE:
+        except self.trouble:
             return self.held(key)
         if found is None:
             self.forget(key)
@@ -98,7 +99,7 @@ class Kept:
         if not self.keep(key, encoded):
             return False
         if self.redis is not None and ttl > 0:
-            with contextlib.suppress(*REDIS_TROUBLE):
+            with contextlib.suppress(*self.trouble):
                 await self.redis.set(self.prefix + key, encoded, px=max(1, int(ttl * 1000)))
         return True
 
@@ -109,7 +110,7 @@ class Kept:
             return held
         try:
             return bool(await self.redis.delete(self.prefix + key)) or held
-        except REDIS_TROUBLE:
+        except self.trouble:
             return held
 
     async def _shared(self, key: str) -> bytes | None:

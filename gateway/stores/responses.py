@@ -14,15 +14,17 @@ Redis trouble never fails a request, and a value there that is not a stored turn
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from redis.asyncio import Redis
 
 from gateway.adapters.responses.request import input_messages
 from gateway.pipeline.schemas import InputItem, check_items
 from gateway.stores.kept import Kept
 from providers.contract.chat import Message
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_ENTRY_BYTES = 16 * 1024 * 1024
