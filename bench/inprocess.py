@@ -211,7 +211,6 @@ async def measure(app: App, client: Client, transport: CannedTransport, requests
                 await client.request()
             profiler.disable()
             pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(40)
-            profiler.dump_stats("/tmp/inprocess.prof")
 
 
 def main() -> None:
