@@ -269,9 +269,10 @@ class Database:
 
     # --- spend ---------------------------------------------------------------------------------
 
-    async def write_spend(self, rows: Sequence[SpendRow]) -> None:
-        """Insert a batch of spend rows in one statement, handed to the driver as tuples (the
-        per-row work of a compiled insert costs more than the request that made the row)."""
+    async def write_spend(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert a batch of spend rows (tuples in `SpendRow`'s order) in one statement, handed to
+        the driver as they are (the per-row work of a compiled insert costs more than the
+        request that made the row)."""
         if rows:
             async with self._tx() as conn:
                 await conn.exec_driver_sql(self._insert_spend, list(rows))
@@ -326,7 +327,9 @@ class Database:
 
 
 class SpendRow(NamedTuple):
-    """One request's row of the `spend` table, its fields in the table's order."""
+    """One request's row of the `spend` table, its fields in the insert's order. The upstream
+    model comes last: it is looked up when the row is written, and added to the plain tuple the
+    request left (`Accounts.ended`)."""
 
     time: float
     day: str
@@ -335,7 +338,6 @@ class SpendRow(NamedTuple):
     team: str | None
     alias: str | None
     provider: str | None
-    upstream_model: str | None
     endpoint: str
     prompt_tokens: int
     completion_tokens: int
@@ -343,6 +345,7 @@ class SpendRow(NamedTuple):
     cost: float
     latency_ms: float
     status: int
+    upstream_model: str | None
 
 
 def spend_row(**fields: Any) -> SpendRow:

@@ -37,6 +37,8 @@ from providers.contract.usage import Price
 PRUNE_EVERY = 3600.0
 UNAUTHENTICATED = 401
 BATCH = 5_000  # spend rows per insert
+NO_TOKENS = (0, 0, 0)
+ALIAS, PROVIDER = SpendRow._fields.index("alias"), SpendRow._fields.index("provider")
 
 
 @dataclass(slots=True)
@@ -67,7 +69,7 @@ class Accounts:
         self.directory = Directory()
         self.local = LocalLedger(clock)
         self.parallel: Counter[str] = Counter()
-        self.buffer: deque[SpendRow] = deque()
+        self.buffer: deque[tuple[Any, ...]] = deque()  # spend rows, but their upstream model
         self.dropped = 0  # spend rows lost to a full buffer while the database was down
         self.up: bool | None = None  # None until the database first answered or failed
         self.error: str | None = None
@@ -240,33 +242,36 @@ class Accounts:
     def _row(self, record: Record, cost: float | None) -> None:
         if record.status == UNAUTHENTICATED:  # nobody's spend: a flood of them fills no table
             return
-        if len(self.buffer) >= self.settings.max_buffered_rows:
-            self.buffer.popleft()
+        buffer = self.buffer
+        if len(buffer) >= self.settings.max_buffered_rows:
+            buffer.popleft()
             self.dropped += 1
-        usage, now = record.usage, time.time()
+        now = time.time()
         if now >= self._day_ends:  # the UTC date, worked out once a day
             self._day, self._day_ends = utc_day(now), (now // 86400 + 1) * 86400
-        # The upstream model is looked up when the row is written, off the request's path.
-        self.buffer.append(SpendRow(
+        usage = record.usage
+        # A plain tuple in `SpendRow`'s order but its last field, the upstream model: that one
+        # is looked up when the row is written, off the request's path.
+        buffer.append((
             now, self._day, record.request_id, record.key_id, record.team,
-            record.alias if record.known_model else None, record.provider, None,
-            record.endpoint, usage.prompt_tokens if usage else 0,
-            usage.completion_tokens if usage else 0, usage.cached_tokens if usage else 0,
+            record.alias if record.known_model else None, record.provider, record.endpoint,
+            *((usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+              if usage is not None else NO_TOKENS),
             cost or 0.0, record.duration * 1000, record.status))
 
-    def _with_models(self, batch: list[SpendRow]) -> list[SpendRow]:
-        """Each row with the upstream model that served it (one lookup per alias and
+    def _with_models(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Each row ended by the upstream model that served it (one lookup per alias and
         provider)."""
         found: dict[tuple[str | None, str | None], str | None] = {}
-        for i, row in enumerate(batch):
-            if row.provider is None or row.alias is None:
-                continue
-            served = (row.alias, row.provider)
+        rows = []
+        for row in batch:
+            alias, provider = served = row[ALIAS], row[PROVIDER]
             if served not in found:
-                route = self.route_of(row.alias, row.provider)
+                route = self.route_of(alias, provider) \
+                    if alias is not None and provider is not None else None
                 found[served] = route.upstream_model if route is not None else None
-            batch[i] = row._replace(upstream_model=found[served])
-        return batch
+            rows.append((*row, found[served]))
+        return rows
 
     def status(self) -> dict[str, Any]:
         """What `/status.json` says of the database."""

@@ -103,7 +103,9 @@ class Front:
             return
         runtime: Runtime = self.app.state.runtime
         runtime.stage("request")
-        limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
+        limit = runtime.live.snapshot.server.max_body_bytes
+        if endpoint in native.UPLOADS:
+            limit = native.upload_limit(endpoint, limit)
         request = RawRequest(scope, receive, limit, runtime.queue.ticket())
         if (method := scope.get("method")) != "POST":
             error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
