@@ -286,6 +286,9 @@ def whole_streamed(work: Path, duration: float, wrk: str | None, rounds: int) ->
 def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
               wrk: str | None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="llms-bench-"))
+    # Every gateway of the run keeps its accounts database here: each run starts with an empty
+    # spend table, as a new gateway does, and none leaves rows in the home directory.
+    os.environ["LLMS_STATE_DIR"] = str(work / "state")
     repeats = 1 if quick else 3
     data: dict[str, Any] = {}
     if "throughput" in parts:
