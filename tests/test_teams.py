@@ -74,6 +74,18 @@ def chat(gateway: GatewayProcess, key: str, model: str = "m", **extra: Any) -> h
                       json={"model": model, "messages": MESSAGES, "max_tokens": 8, **extra})
 
 
+def keyed_everywhere(gateway: GatewayProcess) -> None:
+    """Wait until every worker has read the directory since the first key was made: until then
+    a worker that did not make it still serves as a gateway without keys (each reads it again
+    within `database.poll_interval`). Ten anonymous requests in a row refused: each worker took
+    some, whichever the kernel gave them to. They name no model, so none reaches an upstream."""
+    def refused() -> bool:
+        return all(httpx.post(f"{gateway.base_url}/chat/completions", timeout=5,
+                              json={"model": "none", "messages": MESSAGES}).status_code == 401
+                   for _ in range(10))
+    wait_until(refused, within=5)
+
+
 @pytest.fixture
 def upstream(upstream_factory: Callable[[str], FakeUpstream]) -> FakeUpstream:
     return upstream_factory("billing")
@@ -183,6 +195,7 @@ def test_fifty_concurrent_streams_never_overshoot_a_one_cent_budget(
                             extra_args=("--workers", str(workers)))
     admin = Admin(gateway)
     made = admin.key(budget={"usd": 0.01, "period": "month"})
+    keyed_everywhere(gateway)
     client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=made["key"], max_retries=0)
 
     async def one() -> str:
@@ -252,6 +265,24 @@ def test_a_key_and_its_team_get_no_more_requests_in_flight_than_their_max_parall
     assert chat(gateway, first).status_code == 200  # their slots came back when they ended
     assert chat(gateway, second).status_code == 200
     assert len(upstream.requests) == 5
+
+
+def test_two_workers_of_one_machine_share_a_key_s_max_parallel(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    gateway = start_gateway(priced(upstream, "m", **on(database)), extra_args=("--workers", "2"))
+    secret = Admin(gateway).key(max_parallel=2)["key"]
+    keyed_everywhere(gateway)
+    upstream.set_mode(held())
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        # Whichever worker takes each request: two at the upstream at once, the rest refused.
+        answers = [pool.submit(chat, gateway, secret) for _ in range(6)]
+        wait_until(lambda: sum(a.done() for a in answers) == 4, within=10)
+        assert len(upstream.requests) == 2
+        upstream.release()
+        statuses = sorted(a.result().status_code for a in answers)
+    assert statuses == [200, 200, 429, 429, 429, 429]
+    wait_until(lambda: chat(gateway, secret).status_code == 200, within=5)  # slots came back
 
 
 def test_a_team_budget_caps_two_keys_together(

@@ -1,5 +1,6 @@
 """Teams on PostgreSQL, shared by replicas, beyond the stories `test_teams.py` runs on both
-databases: a budget two replicas share through Redis, and the database stopped mid-load.
+databases: a budget and a team's parallel limit two replicas share through Redis, and the database
+stopped mid-load.
 
 PostgreSQL is started here, on a free port, in a temporary directory.
 """
@@ -7,6 +8,7 @@ PostgreSQL is started here, on a free port, in a temporary directory.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import threading
 from collections.abc import Callable, Iterator
@@ -19,8 +21,8 @@ import pytest
 from tests.gateway_process import GatewayProcess, wait_until
 from tests.postgres_server import PostgresServer
 from tests.redis_server import RedisServer
-from tests.test_teams import MESSAGES, Admin, chat, priced
-from tests.upstream import FakeUpstream
+from tests.test_teams import MESSAGES, Admin, chat, keyed_everywhere, priced
+from tests.upstream import FakeUpstream, held
 
 pytestmark = pytest.mark.skipif(not PostgresServer.available(),
                                 reason="PostgreSQL's binaries are not installed")
@@ -54,8 +56,7 @@ def test_two_replicas_together_never_overshoot_a_budget(
     made = admin.key(budget={"usd": 0.01, "period": "month"})
     clients = [openai.AsyncOpenAI(base_url=r.base_url, api_key=made["key"], max_retries=0)
                for r in replicas]
-    wait_until(lambda: chat(replicas[1], made["key"], max_tokens=1).status_code == 200,
-               within=2)
+    keyed_everywhere(replicas[1])  # it learns of the key from the database
 
     async def one(client: openai.AsyncOpenAI) -> bool:
         try:
@@ -79,6 +80,28 @@ def test_two_replicas_together_never_overshoot_a_budget(
     assert any(served) and not all(served)
     spent = admin.spend()[made["id"]]
     assert 0 < spent["cost"] <= 0.01
+
+
+def test_two_replicas_sharing_redis_share_a_team_s_max_parallel(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        postgres: PostgresServer, redis_server: RedisServer) -> None:
+    replicas = [start_gateway(shared(upstream, postgres, redis_server)) for _ in range(2)]
+    admin = Admin(replicas[0])
+    admin.team(name="ops", max_parallel=2)
+    secrets = [admin.key(name=n, team="ops")["key"] for n in ("a", "b")]
+    keyed_everywhere(replicas[1])
+    upstream.set_mode(held())
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(chat, replicas[i], secrets[i]) for i in range(2)]
+        wait_until(lambda: len(upstream.requests) == 2)
+        for replica, secret in itertools.product(replicas, secrets):
+            refused = chat(replica, secret)  # the team's third, on either replica, either key
+            assert refused.status_code == 429
+            assert "Team ops has 2 requests in flight" in refused.json()["error"]["message"]
+        upstream.release()
+        assert [r.result().status_code for r in running] == [200, 200]
+    assert len(upstream.requests) == 2
+    wait_until(lambda: chat(replicas[1], secrets[0]).status_code == 200, within=5)
 
 
 def test_the_database_stopped_mid_load_loses_no_spend_record(

@@ -71,13 +71,31 @@ class Scope:
     kind: Literal["key", "team"]
     name: str  # the key's id or the team's name
     budget: Budget
-    # Worked out once, not per request: where the ledger counts it, and its limit as it counts.
+    # Worked out once, not per request: where the ledger counts it, its limit as it counts
+    # (nano-dollars) and the period its count starts again with.
     id: str = field(init=False)
-    limit: int = field(init=False)  # nano-dollars
+    limit: int = field(init=False)
+    period: Period = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "id", f"{self.kind}:{self.name}")
         object.__setattr__(self, "limit", nano(self.budget.usd))
+        object.__setattr__(self, "period", self.budget.period)
+
+
+@dataclass(frozen=True, slots=True)
+class Slots:
+    """A key's or a team's requests in flight (`max_parallel`), counted like a budget that
+    never resets: each request holds one unit until it ends."""
+
+    kind: Literal["key", "team"]
+    name: str  # the key's id or the team's name
+    limit: int  # its most at once
+    id: str = field(init=False)
+    period: Period = "total"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", f"{self.kind}:{self.name}:in-flight")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +110,8 @@ class Account:
     scopes: tuple[Scope, ...]  # the key's budget, then its team's
     expires_at: float | None
     private: bool = False  # a virtual key's content may be traced (`telemetry`)
-    # Each parallel limit set, the key's then its team's: (its counter, its most, whose it is
-    # in words). A key under none is never counted.
-    slots: tuple[tuple[str, int, str], ...] = ()
+    # Each parallel limit set, the key's then its team's: a key under none is never counted.
+    slots: tuple[Slots, ...] = ()
 
     def allows(self, alias: str) -> bool:
         """Whether the key may use `alias`."""
@@ -132,11 +149,10 @@ def account_of(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> Accoun
         slots=_slots(key, team))
 
 
-def _slots(key: Mapping[str, Any], team: Mapping[str, Any] | None
-           ) -> tuple[tuple[str, int, str], ...]:
+def _slots(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> tuple[Slots, ...]:
     slots = []
     if key.get("max_parallel") is not None:
-        slots.append((key["id"], int(key["max_parallel"]), f"Key {key['id']}"))
+        slots.append(Slots("key", key["id"], int(key["max_parallel"])))
     if team is not None and team.get("max_parallel") is not None:
-        slots.append((f"team:{team['name']}", int(team["max_parallel"]), f"Team {team['name']}"))
+        slots.append(Slots("team", team["name"], int(team["max_parallel"])))
     return tuple(slots)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.accounts.account import NANO, Period, Scope, window
+from gateway.accounts.account import NANO, Period, window
 from gateway.state.redis_errors import redis_trouble
 from providers.contract.log import get_logger
 
@@ -41,12 +41,24 @@ HOLD_TTL = 3600.0
 Known = Callable[[str, float], float]  # dollars the database says a scope spent since a start
 
 
+class Counted(Protocol):
+    """What a ledger counts against: a budget (`Scope`, nano-dollars) or requests in flight
+    (`Slots`, one unit each)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def period(self) -> Period: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Over:
     """The budget a reservation did not fit in."""
 
-    scope: Scope
-    spent: float  # dollars spent and held in the period
+    scope: Counted
+    spent: float  # dollars (units, for slots) spent and held in the period
     resets_at: float | None
 
 
@@ -68,7 +80,7 @@ class LedgerUnavailable(Exception):
 class Ledger(Protocol):
     """Where budgets are counted that several processes share (Redis, the machine's file)."""
 
-    async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
+    async def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
                       now: float) -> Hold | Over:
         """Hold `amount` against every scope, or none; LedgerUnavailable when it cannot
         answer."""
@@ -90,9 +102,9 @@ class Windows:
             found = self.current[period] = window(period, now)
         return found
 
-    def entries(self, scopes: Sequence[Scope], now: float
-                ) -> list[tuple[Scope, float, float | None]]:
-        return [(scope, *self.of(scope.budget.period, now)) for scope in scopes]
+    def entries(self, scopes: Sequence[Counted], now: float
+                ) -> list[tuple[Counted, float, float | None]]:
+        return [(scope, *self.of(scope.period, now)) for scope in scopes]
 
 
 def _new_id() -> str:
@@ -115,12 +127,12 @@ class LocalLedger:
         self.windows = Windows()
         self._ids = itertools.count()  # a hold's id need only be unique in this process
 
-    def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
+    def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
                 now: float) -> Hold | Over:
         """Hold `amount` against every scope, or none of them."""
         entries, counts, remaining = [], [], None
         for scope in scopes:
-            start, end = self.windows.of(scope.budget.period, now)
+            start, end = self.windows.of(scope.period, now)
             entry = (scope.id, start)
             count = self.counts.get(entry)
             if count is None:
@@ -244,7 +256,7 @@ class RedisLedger:
     def _key(self, entry: tuple[str, float]) -> str:
         return f"{self.prefix}budget:{entry[0]}:{int(entry[1])}"
 
-    async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
+    async def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
                       now: float) -> Hold | Over:
         """One script: every scope's expired holds released, all checked, all held or none."""
         entries = self.windows.entries(scopes, now)
@@ -339,7 +351,7 @@ class FileLedger:
                 raise
             self.db.execute("COMMIT")
 
-    async def reserve(self, scopes: Sequence[Scope], amount: int, known: Known,
+    async def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
                       now: float) -> Hold | Over:
         """All scopes held in one transaction, or none."""
         entries = self.windows.entries(scopes, now)
@@ -350,7 +362,7 @@ class FileLedger:
         except sqlite3.Error as exc:
             raise LedgerUnavailable(type(exc).__name__) from exc
 
-    def _reserve(self, hold: Hold, entries: list[tuple[Scope, float, float | None]],
+    def _reserve(self, hold: Hold, entries: list[tuple[Counted, float, float | None]],
                  known: Known, now: float) -> Hold | Over:
         amount = hold.amount
         remaining = []

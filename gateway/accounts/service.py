@@ -2,10 +2,12 @@
 
 `Accounts` is built once per process (`gateway.app.lifespan`): it opens the database, moves its
 schema forward, reads the directory, and runs one supervised task that polls the revision,
-writes the spend buffer in batches and prunes old spend. The request path touches memory only:
-the directory (`find`), the parallel counts, the ledger (`reserve`; in Redis when the state is
-shared). Each request's record, when it ends, settles its hold and adds a spend row to the
-buffer (`ended`); a database that is down leaves the rows buffered (bounded) until it is back.
+writes the spend buffer in batches and prunes old spend. The request path never waits on the
+database: the directory (`find`) is memory, and the budgets' holds and the parallel limits'
+counts are in the ledger (`reserve`): this process's memory, or the one every process shares
+(Redis, or the machine's file) when there is one. Each request's record, when it ends, gives
+its holds back and adds a spend row to the buffer (`ended`); a database that is down leaves the
+rows buffered (bounded) until it is back.
 """
 
 from __future__ import annotations
@@ -18,10 +20,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.accounts import pricing
-from gateway.accounts.account import NANO, Account, nano
+from gateway.accounts.account import NANO, Account, Scope, Slots, nano
 from gateway.accounts.database import Database, SchemaTooNew, SpendRow, utc_day
 from gateway.accounts.directory import Directory
-from gateway.accounts.ledger import Hold, Ledger, LedgerUnavailable, LocalLedger, Over
+from gateway.accounts.ledger import (
+    Counted,
+    Hold,
+    Ledger,
+    LedgerUnavailable,
+    LocalLedger,
+    Over,
+)
 from gateway.pipeline.record import Record
 from gateway.state.config import DatabaseConfig, Route
 from providers.contract.errors import (
@@ -46,7 +55,8 @@ class Charge:
     """What accounts hold for one request: its account, its parallel slot, its budget hold."""
 
     account: Account
-    parallel: bool = False
+    parallel: bool = False  # its slots are counted in this process
+    slots: Hold | None = None  # ... or held in the shared ledger
     hold: Hold | None = None
     shared: bool = False  # the hold is in the shared ledger (Redis, or the machine's file)
     prompt: int = 0  # prompt tokens estimated, for a stream cut before its usage
@@ -171,19 +181,22 @@ class Accounts:
         return self.directory.find(secret)
 
     def check(self, account: Account, record: Record) -> None:
-        """An expired key is refused; a key at its parallel limit (or its team's) too."""
+        """An expired key is refused; a key at its parallel limit (or its team's) too, here
+        when this process alone counts them (else in `reserve`, against the shared ledger)."""
         if account.expires_at is not None and account.expires_at <= self.clock():
             raise AuthenticationFailed("This API key has expired")
         charge = Charge(account)
         record.charge, record.team = charge, account.team
-        if not account.slots:
-            return
-        for counter, most, whose in account.slots:
-            if self.parallel[counter] >= most:
-                raise KeyRateLimited(f"{whose} has {most} requests in flight, its most",
-                                     retry_after=1.0)
-        for counter, _, _ in account.slots:
-            self.parallel[counter] += 1
+        if account.slots and self.shared is None:
+            self._count_here(charge)
+
+    def _count_here(self, charge: Charge) -> None:
+        slots = charge.account.slots
+        for slot in slots:
+            if self.parallel[slot.id] >= slot.limit:
+                raise KeyRateLimited(_busy(slot), retry_after=1.0)
+        for slot in slots:
+            self.parallel[slot.id] += 1
         charge.parallel = True
 
     def check_model(self, account: Account, alias: str | None, asked: str) -> None:
@@ -199,8 +212,11 @@ class Accounts:
         """Hold the request's worst-case cost against its budgets; 429 budget_exceeded when
         one cannot take it."""
         charge = record.charge
-        if charge is None or not charge.account.scopes \
-                or record.endpoint == "messages/count_tokens":
+        if charge is None:
+            return
+        if charge.account.slots and self.shared is not None:
+            await self._hold_slots(charge)
+        if not charge.account.scopes or record.endpoint == "messages/count_tokens":
             return
         amount, charge.prompt = pricing.worst_case(record.endpoint, raw, alias, routes, prices)
         now = self.clock()
@@ -220,6 +236,21 @@ class Accounts:
         charge.hold = held
         record.budget_remaining = held.remaining
 
+    async def _hold_slots(self, charge: Charge) -> None:
+        """A unit of each of the key's (and team's) parallel limits, in the ledger every
+        process shares; counted here while it cannot answer."""
+        assert self.shared is not None
+        try:
+            held = await self.shared.reserve(charge.account.slots, 1, _none_before,
+                                             self.clock())
+        except LedgerUnavailable as exc:
+            get_logger().warning("budget_ledger_unavailable", error=str(exc))
+            self._count_here(charge)
+            return
+        if isinstance(held, Over):
+            raise KeyRateLimited(_busy(held.scope), retry_after=1.0)
+        charge.slots = held
+
     def ended(self, record: Record) -> None:
         """The record's listener: release its slot, settle its hold, buffer its spend row."""
         charge = record.charge
@@ -231,8 +262,10 @@ class Accounts:
         if charge is not None:
             account = charge.account
             if charge.parallel:
-                for counter, _, _ in account.slots:
-                    self.parallel[counter] -= 1
+                for slot in account.slots:
+                    self.parallel[slot.id] -= 1
+            if charge.slots is not None and self.shared is not None:
+                self.shared.settle(charge.slots, 0)
             if charge.hold is not None:
                 ledger = self.shared if charge.shared and self.shared is not None \
                     else self.local
@@ -280,8 +313,20 @@ class Accounts:
                 "teams": len(self.directory.known.teams)}
 
 
+def _none_before(scope_id: str, start: float) -> float:
+    """What a count of requests in flight starts from: nothing (the database keeps none)."""
+    return 0.0
+
+
+def _busy(slots: Counted) -> str:
+    assert isinstance(slots, Slots)
+    return (f"{slots.kind.capitalize()} {slots.name} has {slots.limit} requests in flight, "
+            "its most")
+
+
 def _over(over: Over, amount: int) -> str:
     scope = over.scope
+    assert isinstance(scope, Scope)
     resets = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(over.resets_at)) \
         if over.resets_at is not None else "never (a total budget)"
     return (f"Budget exceeded for {scope.kind} '{scope.name}': ${over.spent:.6f} of its "
