@@ -70,6 +70,12 @@ class _List(msgspec.Struct):
     data: list[_Embedding]
 
 
+def check_count(answered: int, expected: int) -> None:
+    """Fail over on an answer with other than one vector per input."""
+    if answered != expected:
+        raise BadUpstreamResponse(f"answered {answered} embeddings for {expected} inputs")
+
+
 def check_list(body: bytes, expected: int) -> None:
     """Fail over on an answer that is not an embedding list with one vector per input."""
     try:

@@ -338,9 +338,7 @@ def from_batch_embed(payload: bytes, texts: list[str], model: str,
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise BadUpstreamResponse(f"response is not a batchEmbedContents answer: {exc}"
                                   ) from None
-    if len(embedded.embeddings) != len(texts):
-        raise BadUpstreamResponse(f"answered {len(embedded.embeddings)} embeddings for "
-                                  f"{len(texts)} inputs")
+    embeddings.check_count(len(embedded.embeddings), len(texts))
     return embeddings.embedding_list([e.values for e in embedded.embeddings], model,
                                      embeddings.estimated_tokens(texts), encoding_format)
 

@@ -77,8 +77,6 @@ def from_embed(answer: bytes, texts: list[str], model: str,
         embedded = msgspec.json.decode(answer, type=_Embedded)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise BadUpstreamResponse(f"response is not an /api/embed answer: {exc}") from None
-    if len(embedded.embeddings) != len(texts):
-        raise BadUpstreamResponse(f"answered {len(embedded.embeddings)} embeddings for "
-                                  f"{len(texts)} inputs")
+    embeddings.check_count(len(embedded.embeddings), len(texts))
     tokens = embedded.prompt_eval_count or embeddings.estimated_tokens(texts)
     return embeddings.embedding_list(embedded.embeddings, model, tokens, encoding_format)

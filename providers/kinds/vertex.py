@@ -123,9 +123,7 @@ def from_predict(payload: bytes, texts: list[str], model: str,
         predicted = msgspec.json.decode(payload, type=_Predicted)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise BadUpstreamResponse(f"response is not a predict answer: {exc}") from None
-    if len(predicted.predictions) != len(texts):
-        raise BadUpstreamResponse(f"answered {len(predicted.predictions)} embeddings for "
-                                  f"{len(texts)} inputs")
+    embeddings.check_count(len(predicted.predictions), len(texts))
     found = [p.embeddings for p in predicted.predictions]
     tokens = int(sum(e.statistics.token_count for e in found))
     return embeddings.embedding_list([e.values for e in found], model, tokens, encoding_format)

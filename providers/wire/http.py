@@ -340,15 +340,7 @@ class HttpUpstream:
         """The body of a 2xx streamed answer as it arrives, within all four timeouts; `extra`
         headers go with this request only; `progress` marks a data event in its framing."""
         deadline = Deadline(self.timeouts)
-        limit, error = deadline.first_token()
-        try:
-            async with asyncio.timeout(limit):
-                response = await self._transport.request(
-                    "POST", url, headers={**self._headers, **extra} if extra else self._headers,
-                    body=body, link=self._link,
-                    connect_timeout=self.timeouts.connect, compressed=False)
-        except TimeoutError:
-            raise error(f"no response headers within {limit:g}s") from None
+        response = await self._opened(url, body, extra, deadline)
         try:
             if response.status != 200:
                 await self._raise_for_status(response, deadline)
@@ -370,21 +362,27 @@ class HttpUpstream:
         """A 2xx answer's headers, and its body (bytes of any kind: audio) as it arrives,
         within all four timeouts and `max_answer_bytes`."""
         deadline = Deadline(self.timeouts)
-        limit, error = deadline.first_token()
-        try:
-            async with asyncio.timeout(limit):
-                response = await self._transport.request(
-                    "POST", url, headers={**self._headers, **extra} if extra else self._headers,
-                    body=body, link=self._link,
-                    connect_timeout=self.timeouts.connect, compressed=False)
-        except TimeoutError:
-            raise error(f"no response headers within {limit:g}s") from None
+        response = await self._opened(url, body, extra, deadline)
         if not 200 <= response.status < 300:
             try:
                 await self._raise_for_status(response, deadline)
             finally:
                 response.close()
         return response.headers, self._bounded(response, deadline)
+
+    async def _opened(self, url: str, body: bytes, extra: Mapping[str, str] | None,
+                      deadline: Deadline) -> HttpResponse:
+        """A POST whose answer's head came within the first token's time; its body unread and
+        uncompressed (it is relayed as it comes)."""
+        limit, error = deadline.first_token()
+        try:
+            async with asyncio.timeout(limit):
+                return await self._transport.request(
+                    "POST", url, headers={**self._headers, **extra} if extra else self._headers,
+                    body=body, link=self._link,
+                    connect_timeout=self.timeouts.connect, compressed=False)
+        except TimeoutError:
+            raise error(f"no response headers within {limit:g}s") from None
 
     async def _bounded(self, response: HttpResponse, deadline: Deadline
                        ) -> AsyncGenerator[bytes, None]:
