@@ -71,16 +71,19 @@ class Scope:
     kind: Literal["key", "team"]
     name: str  # the key's id or the team's name
     budget: Budget
-    # Worked out once, not per request: where the ledger counts it, its limit as it counts
-    # (nano-dollars) and the period its count starts again with.
+    # Worked out once, not per request: where the ledger counts it, and its limit as it counts
+    # (nano-dollars).
     id: str = field(init=False)
     limit: int = field(init=False)
-    period: Period = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "id", f"{self.kind}:{self.name}")
         object.__setattr__(self, "limit", nano(self.budget.usd))
-        object.__setattr__(self, "period", self.budget.period)
+
+    @property
+    def period(self) -> Period:
+        """The period its count starts again with: its budget's."""
+        return self.budget.period
 
 
 @dataclass(frozen=True, slots=True)
