@@ -295,7 +295,12 @@ class FakeMessageBatches:
                                     "anthropic-version: header is required")
         return None
 
-    def _found(self, request: web.Request) -> dict[str, Any] | web.Response:
+    async def _found(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The batch a request names, recorded and checked as Anthropic checks it; else the
+        refusal to answer."""
+        await self.fake._record(request)
+        if (refusal := self._refused(request)) is not None:
+            return refusal
         ident = request.match_info["id"]
         if ident not in self.made:
             return _anthropic_error(404, "not_found_error", f"No message batch with id {ident}")
@@ -334,10 +339,7 @@ class FakeMessageBatches:
         return web.json_response(self.made[ident])
 
     async def _retrieve(self, request: web.Request) -> web.Response:
-        await self.fake._record(request)
-        if (refusal := self._refused(request)) is not None:
-            return refusal
-        batch = self._found(request)
+        batch = await self._found(request)
         if isinstance(batch, web.Response):
             return batch
         self.looks[batch["id"]] += 1
@@ -348,10 +350,7 @@ class FakeMessageBatches:
         return web.json_response(batch)
 
     async def _cancel(self, request: web.Request) -> web.Response:
-        await self.fake._record(request)
-        if (refusal := self._refused(request)) is not None:
-            return refusal
-        batch = self._found(request)
+        batch = await self._found(request)
         if isinstance(batch, web.Response):
             return batch
         if batch["processing_status"] == "in_progress":
@@ -360,10 +359,7 @@ class FakeMessageBatches:
         return web.json_response(batch)
 
     async def _results(self, request: web.Request) -> web.Response:
-        await self.fake._record(request)
-        if (refusal := self._refused(request)) is not None:
-            return refusal
-        batch = self._found(request)
+        batch = await self._found(request)
         if isinstance(batch, web.Response):
             return batch
         if batch["processing_status"] != "ended":
