@@ -20,13 +20,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import BENCH, PY, ROOT, free_port, provider, spawn, stop, wait_for_port
+from harness import (
+    BENCH,
+    PY,
+    ROOT,
+    STATIC_KEY,
+    free_port,
+    provider,
+    spawn,
+    stop,
+    wait_for_port,
+)
 
 sys.path.insert(0, str(ROOT))
 from tests.postgres_server import PostgresServer
 
 CLIENTS = 50
-STATIC_KEY = "bench-static-key-0123456789abcdef"
 PRICE = {"input": 1.0, "output": 2.0}
 
 

@@ -130,6 +130,10 @@ def provider(upstream_port: int, **extra: object) -> dict[str, object]:
             "stream_upstream": False, **extra}
 
 
+# A key of `server.api_keys` the accounts parts compare a virtual key with.
+STATIC_KEY = "bench-static-key-0123456789abcdef"
+
+
 def gateway_config(upstream_port: int, path: Path,
                    providers: dict[str, dict[str, object]] | None = None) -> None:
     """Write an llms.json: one provider `fake` at the upstream, or the providers given."""

@@ -35,14 +35,13 @@ from typing import Any
 
 import uvloop
 from fake_upstream import CHUNK, COMPLETION, LAST  # run by path, bench/ is on sys.path
-from harness import gateway_config
+from harness import STATIC_KEY, gateway_config
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.app import create_app
 from gateway.state import config
 from providers.contract.transport import DIRECT, Link, Transport
 
-STATIC_KEY = "bench-static-key-0123456789abcdef"
 App = Any  # an ASGI app: create_app()'s, whatever layers it puts in front of Litestar
 
 
@@ -177,11 +176,14 @@ async def virtual_key(app: App) -> str:
     return str(json.loads(maker.last_body)["key"])
 
 
-async def measure(app: App, client: Client, transport: CannedTransport, requests: int,
+async def measure(app: App, body: bytes, transport: CannedTransport, requests: int,
                   profile: bool, key: str) -> None:
+    """`key`: none, static (`STATIC_KEY`) or virtual (made once the app has started)."""
     async with lifespan(app):
+        secret = STATIC_KEY if key == "static" else None
         if key == "virtual":
-            client = Client(app, client.body["body"], key=await virtual_key(app))
+            secret = await virtual_key(app)
+        client = Client(app, body, key=secret)
         runtime = services_of(app)
         # With tracing on (OTEL_EXPORTER_OTLP_ENDPOINT), wrapped as the app wraps its own.
         runtime.transport = transport if runtime.tracing is None else \
@@ -234,8 +236,7 @@ def main() -> None:
     body = json.dumps({"model": "bench-model", "stream": args.stream, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     transport = CannedTransport(max(1, args.chunks) if args.stream else None)
-    client = Client(app, body, key=STATIC_KEY if args.key == "static" else None)
-    uvloop.run(measure(app, client, transport, args.requests, args.profile, args.key))
+    uvloop.run(measure(app, body, transport, args.requests, args.profile, args.key))
 
 
 if __name__ == "__main__":
