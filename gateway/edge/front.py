@@ -103,9 +103,7 @@ class Front:
             return
         runtime: Runtime = self.app.state.runtime
         runtime.stage("request")
-        limit = runtime.live.snapshot.server.max_body_bytes
-        if endpoint in native.UPLOADS:
-            limit = native.upload_limit(endpoint, limit)
+        limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
         request = RawRequest(scope, receive, limit, runtime.queue.ticket())
         if (method := scope.get("method")) != "POST":
             error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
