@@ -38,8 +38,8 @@ from fake_upstream import CHUNK, COMPLETION, LAST  # run by path, bench/ is on s
 from harness import STATIC_KEY, gateway_config
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway import config
 from gateway.app import create_app
-from gateway.state import config
 from providers.contract.transport import DIRECT, Link, Transport
 
 App = Any  # an ASGI app: create_app()'s, whatever layers it puts in front of Litestar

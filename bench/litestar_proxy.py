@@ -58,8 +58,8 @@ def main() -> None:
                     port=args.port, loop="uvloop", http="httptools", access_log=False,
                     log_level="warning")
         return
+    from gateway.core.settings import ServerConfig
     from gateway.edge.serving import run
-    from gateway.state.config import ServerConfig
 
     run(ServerConfig(), "127.0.0.1", args.port, 1, 65536, app="litestar_proxy:create_app")
 

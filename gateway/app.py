@@ -25,28 +25,32 @@ from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp
 
 import providers
+from gateway import config
+from gateway.accounts import auth
 from gateway.accounts.database import IN_MEMORY, Database
 from gateway.accounts.ledger import FileLedger, RedisLedger
 from gateway.accounts.overview import Overview
 from gateway.accounts.service import Accounts
+from gateway.adapters.responses.store import ResponseStore
 from gateway.batches import routes as batch_routes
 from gateway.batches.runner import Runner
 from gateway.batches.store import Store
-from gateway.edge import admin, admin_accounts, auth, openapi, status_page, stored_responses
+from gateway.cache.store import ResponseCache
+from gateway.config.loader import BIND_ENV, WORKERS_ENV, state_dir
+from gateway.core.record import request_id
+from gateway.core.settings import CachePolicy, Snapshot
+from gateway.edge import admin, admin_accounts, openapi, status_page, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
+from gateway.idempotency.store import IdempotencyStore
 from gateway.observe import logs
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.pipeline import router
-from gateway.pipeline.record import request_id
-from gateway.state import config, discovery, reload
-from gateway.state.config import BIND_ENV, WORKERS_ENV, Snapshot, state_dir
+from gateway.pipeline import stack
+from gateway.routing import router
+from gateway.state import discovery, reload
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime, model_card
-from gateway.stores.cache import ResponseCache
-from gateway.stores.idempotency import IdempotencyStore
-from gateway.stores.responses import ResponseStore
 from providers.contract.errors import (
     GatewayError,
     InvalidRequest,
@@ -61,6 +65,8 @@ from providers.contract.transport import Transport
 from providers.transport import AiohttpTransport
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from gateway.observe.tracing import Tracing
 
 JSON = "application/json"
@@ -68,7 +74,8 @@ STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
 OPENAPI = msgspec.json.encode(openapi.document())
 # What a browser's script may read of an answer besides the CORS-safelisted headers.
 EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-model", "x-llms-attempts",
-                   "x-llms-cost", "x-llms-cache", "x-llms-hedged", "retry-after")
+                   "x-llms-cost", "x-llms-cache", "x-llms-hedged", "x-llms-overhead-ms",
+                   "retry-after")
 # The collector's thresholds: (young objects between collections, young collections per
 # middle one, middle collections per full one). Request paths leave no cycles (a test checks),
 # so collections find nothing and their cost is what they traverse: what lives longer than a
@@ -264,9 +271,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     state, cache_policy = snapshot.state, snapshot.default_policy.cache  # sized once, at start
     tracing = _tracing(snapshot)
     async with _upstream(tracing) as transport, redis_client(state) as redis:
-        cache = ResponseCache(cache_policy.max_bytes, cache_policy.max_entry_bytes,
-                              redis, state.prefix) if tracing is None else tracing.cache(
-            cache_policy.max_bytes, cache_policy.max_entry_bytes, redis, state.prefix)
+        cache = _cache(cache_policy, redis, state.prefix, tracing)
         responses = ResponseStore(snapshot.responses.store_max_bytes,
                                   snapshot.responses.store_max_entry_bytes, redis, state.prefix)
         remembered = snapshot.idempotency
@@ -282,7 +287,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.spend = Overview(accounts)  # the status page's spend, read every 10 s at most
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
-                          idempotency=idempotency, accounts=accounts)
+                          idempotency=idempotency, accounts=accounts, stacks=stack.stacks)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
@@ -342,6 +347,16 @@ def _tracing(snapshot: Snapshot) -> Tracing | None:
     from gateway.observe.tracing import configure
 
     return configure(snapshot.telemetry, os.environ)
+
+
+def _cache(policy: CachePolicy, redis: Redis | None, prefix: str, tracing: Tracing | None
+           ) -> ResponseCache:
+    """The response cache, sized once at start; with tracing, each lookup in a span."""
+    if tracing is None:
+        return ResponseCache(policy.max_bytes, policy.max_entry_bytes, redis, prefix)
+    from gateway.cache.traced import TracedCache
+
+    return TracedCache(tracing.tracer, policy.max_bytes, policy.max_entry_bytes, redis, prefix)
 
 
 @contextlib.asynccontextmanager

@@ -19,19 +19,11 @@ from typing import Any
 
 import msgspec
 
-from gateway import cli_accounts, cli_chat, cli_ls
+from gateway import cli_accounts, cli_chat, cli_ls, config
+from gateway.config.loader import BIND_ENV, CONFIG_ENV, OPEN_ENV, WORKERS_ENV
+from gateway.config.snapshots import is_loopback, model_facts
+from gateway.core.settings import ConfigError, Snapshot
 from gateway.edge import openfiles
-from gateway.state import config
-from gateway.state.config import (
-    BIND_ENV,
-    CONFIG_ENV,
-    OPEN_ENV,
-    WORKERS_ENV,
-    ConfigError,
-    Snapshot,
-    is_loopback,
-    model_facts,
-)
 from providers.contract.errors import GatewayError, ProviderError, ProviderUnavailable
 from providers.contract.provider import Provider
 from providers.contract.redact import Redactor
@@ -245,8 +237,8 @@ def _check(args: argparse.Namespace) -> int:
 
 async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
     import providers
+    from gateway.adapters.responses.store import ResponseStore
     from gateway.state.runtime import build
-    from gateway.stores.responses import ResponseStore
     from providers.contract.provider import Outgoing
 
     failures = 0

@@ -24,9 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import cli_ls
-from gateway.state import config
-from gateway.state.config import ConfigError
+from gateway import cli_ls, config
+from gateway.core.settings import ConfigError
 
 ADMIN_KEY_ENV = "LLMS_ADMIN_KEY"
 PERIODS = ("day", "week", "month", "total")

@@ -13,8 +13,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.state.config import ADMIN_DISABLED, IN_CONFIG, Snapshot
-from gateway.state.facts import Facts
+from gateway.core.facts import Facts
+from gateway.core.settings import ADMIN_DISABLED, IN_CONFIG, Snapshot
 from providers.contract.spec import ProviderSpec
 
 

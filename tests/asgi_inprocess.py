@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from gateway import config
 from gateway.app import create_app, lifespan
-from gateway.state import config
 
 
 async def main(config_path: str) -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 import uvicorn
 import uvloop
 
+from gateway import config
 from gateway.app import create_app
 from gateway.observe.metrics import INFLIGHT
-from gateway.state import config
 from tests.gateway_process import free_port
 
 

@@ -12,7 +12,8 @@ import anthropic
 import httpx
 import pytest
 
-from gateway.state.config import ConfigError, parse
+from gateway.config.loader import parse
+from gateway.core.settings import ConfigError
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, Mode, status

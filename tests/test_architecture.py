@@ -87,3 +87,60 @@ def test_the_request_path_has_one_sse_reader_one_failover_loop_and_no_routing_co
 
 def test_the_pipeline_reads_top_to_bottom_in_under_200_lines() -> None:
     assert len((ROOT / "gateway" / "pipeline" / "relay.py").read_text().splitlines()) < 200
+
+
+# The top-level folders of gateway/, bottom up: a folder imports only folders on lower layers,
+# so none imports another that imports it (docs/architecture.md draws the same picture).
+LAYERS = {
+    "core": 0,
+    "config": 1, "stores": 1,
+    "routing": 2,
+    "observe": 3,
+    "adapters": 4,
+    "accounts": 5, "queue": 5, "idempotency": 5, "cache": 5,
+    "state": 6,
+    "pipeline": 7,
+    "batches": 8,
+    "edge": 9,
+}
+TOP = 10  # app.py, cli*.py, __main__.py: the composition
+
+
+def _layer(module: str) -> tuple[str, int] | None:
+    parts = module.split(".")
+    if parts[0] != "gateway" or len(parts) < 2:
+        return None
+    return parts[1], LAYERS.get(parts[1], TOP)
+
+
+def test_the_gateway_s_folders_import_only_downwards() -> None:
+    upward = []
+    for path in _modules("gateway"):
+        owner = path.relative_to(ROOT / "gateway").parts[0].removesuffix(".py")
+        if owner not in LAYERS and path.parent != ROOT / "gateway":
+            upward.append(f"{path.relative_to(ROOT)}: a folder with no layer")
+            continue
+        rank = LAYERS.get(owner, TOP)
+        for name in _imports(path):
+            found = _layer(name)
+            if found is not None and found[0] != owner and found[1] >= rank < TOP:
+                upward.append(f"{path.relative_to(ROOT)}: {name}")
+
+    assert upward == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = [f"{path.relative_to(ROOT)}: {n}"
+            for path in _modules("gateway") + _modules("providers")
+            if (n := len(path.read_text().splitlines())) > 400]
+
+    assert long == []
+
+
+def test_nothing_below_the_edge_sees_asgi() -> None:
+    below = [path for path in _modules("gateway")
+             if LAYERS.get(path.relative_to(ROOT / "gateway").parts[0], TOP) < LAYERS["batches"]]
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path in below
+                 for name in _imports(path) if name.startswith(("litestar", "starlette"))]
+
+    assert offenders == []

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.pipeline import router
-from gateway.pipeline.circuit import CircuitState
-from gateway.pipeline.health import Planned, ProviderHealth
-from gateway.state.config import Route
+from gateway.core.settings import Route
+from gateway.routing import router
+from gateway.routing.circuit import CircuitState
+from gateway.routing.health import Planned, ProviderHealth
 from providers.contract.errors import (
     AllProvidersFailed,
     BadUpstreamResponse,

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from gateway.accounts.account import NANO, Budget, Scope, window
 from gateway.accounts.ledger import HOLD_TTL, FileLedger, Hold, LocalLedger, Over, RedisLedger
 from gateway.accounts.pricing import worst_case
-from gateway.state.config import Route
+from gateway.core.settings import Route
 from providers.contract.usage import Price
 from tests.redis_server import RedisServer
 

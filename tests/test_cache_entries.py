@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.stores.cache import key_of
+from gateway.cache.store import key_of
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream

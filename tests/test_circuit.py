@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import httpx
 
-from gateway.pipeline.circuit import Breaker, CircuitState
-from gateway.pipeline.health import Change, ProviderHealth
-from gateway.state.config import Route
+from gateway.core.settings import Route
+from gateway.routing.circuit import Breaker, CircuitState
+from gateway.routing.health import Change, ProviderHealth
 from providers.contract.errors import ProviderRateLimited, ProviderUnavailable
 from providers.contract.spec import CircuitPolicy
 from tests.gateway_process import GatewayProcess, config, provider

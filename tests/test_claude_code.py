@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.pipeline.schemas import parse
+from gateway.core.schemas import parse
 from providers.contract.errors import InvalidRequest
 from providers.contract.messages import MessagesRequest, to_chat
 from tests.fake_anthropic import FakeAnthropic

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.pipeline.limits import KeyLimits
-from gateway.state import config
-from gateway.state.config import ConfigError
+from gateway import config
+from gateway.core.limits import KeyLimits
+from gateway.core.settings import ConfigError
 from providers.contract.spec import Retries, Timeouts
 
 PATH = Path("/etc/llms/llms.json")

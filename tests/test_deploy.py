@@ -29,7 +29,8 @@ import pytest
 import yaml
 
 from gateway.accounts.database import engine_url
-from gateway.state.config import ConfigError, parse
+from gateway.config.loader import parse
+from gateway.core.settings import ConfigError
 from providers.kinds.pool.settings import read_settings
 from tests.dockerfile_stages import ROOT_USER, Stage, stages
 from tests.gateway_process import ROOT, GatewayProcess, wait_until
@@ -242,8 +243,8 @@ def test_each_image_is_built_once_and_the_cluster_runs_the_image_s_user() -> Non
 def test_every_supervisor_waits_for_the_drain_before_it_kills() -> None:
     """SIGTERM gives streams `server.drain_timeout`, then the server kills its workers
     KILL_MARGIN later: compose and Kubernetes must not SIGKILL the gateway before that."""
+    from gateway.core.settings import ServerConfig
     from gateway.edge.serving import KILL_MARGIN
-    from gateway.state.config import ServerConfig
 
     needed = ServerConfig().drain_timeout + KILL_MARGIN
     for name, service in compose()["services"].items():

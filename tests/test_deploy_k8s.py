@@ -26,7 +26,8 @@ import httpx
 import pytest
 
 from gateway.accounts.database import engine_url
-from gateway.state.config import ConfigError, parse
+from gateway.config.loader import parse
+from gateway.core.settings import ConfigError
 from tests.fake_gpu import FAKE_VLLM
 from tests.gateway_process import GatewayProcess, config, dies_with_us, free_port
 from tests.pool_helpers import wait_for_workers

@@ -16,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.pipeline import router
-from gateway.pipeline.health import ProviderHealth
-from gateway.pipeline.hedging import (
+from gateway.config.loader import parse
+from gateway.core.settings import ConfigError, Route, quantile
+from gateway.routing import router
+from gateway.routing.health import ProviderHealth
+from gateway.routing.hedging import (
     BUDGET_WINDOW,
     FALLBACK,
     MAX_AGE,
@@ -29,9 +31,7 @@ from gateway.pipeline.hedging import (
     Hedging,
     Samples,
     interpolated,
-    quantile,
 )
-from gateway.state.config import ConfigError, Route, parse
 from providers.contract.errors import ProviderRateLimited, ProviderUnavailable
 from providers.contract.provider import Outgoing, Reply
 from providers.contract.spec import CircuitPolicy, Retries

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.stores.idempotency import IdempotencyStore, Remembered, digest_of, key_of
+from gateway.idempotency.store import IdempotencyStore, Remembered, digest_of, key_of
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, ok, slow_first_token, status, stream_cut

@@ -13,7 +13,7 @@ import httpx
 import redis
 import redis.asyncio as aioredis
 
-from gateway.state.config import StateConfig
+from gateway.core.settings import StateConfig
 from gateway.state.redis_sync import redis_client
 from gateway.stores.kept import Kept
 from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.pipeline.limits import KeyLimits, RateLimiter
+from gateway.core.limits import KeyLimits, RateLimiter
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.state import config as gateway_config
-from gateway.state.config import ConfigError
+from gateway import config as gateway_config
+from gateway.core.settings import ConfigError
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observe.metrics import LocalValues, Metrics, SharedValues
-from gateway.pipeline.health import ProviderHealth
+from gateway.routing.health import ProviderHealth
 from providers.contract.errors import Attempt
 from providers.contract.usage import Usage
 from tests.gateway_process import GatewayProcess, config, provider

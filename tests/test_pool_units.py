@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gateway.state import config
-from gateway.state.config import ConfigError
+from gateway import config
+from gateway.core.settings import ConfigError
 from providers.contract.lasting import Lasting
 from providers.kinds.pool.engines import (
     LLAMACPP,

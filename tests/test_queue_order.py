@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.pipeline.fair import FairOrder
-from gateway.pipeline.limits import KeyLimits
-from gateway.pipeline.queueing import Queue, Ticket, Turn, turn_of
+from gateway.core.limits import KeyLimits
+from gateway.queue.fair import FairOrder
+from gateway.queue.queueing import Queue, Ticket, Turn, turn_of
 from providers.contract.errors import InvalidRequest, Overloaded, QueueTimeout
 
 

@@ -202,8 +202,8 @@ def test_every_make_command_the_docs_give_is_one_the_makefile_has() -> None:
 
 def test_the_docs_give_the_drain_time_the_code_has() -> None:
     """The SIGTERM drain was 30 s on one page and 25 s on another: the pages say the code's."""
+    from gateway.core.settings import ServerConfig
     from gateway.edge.serving import KILL_MARGIN
-    from gateway.state.config import ServerConfig
     from providers.kinds.pool.settings import read_settings
 
     server = f"{ServerConfig().drain_timeout:g}"

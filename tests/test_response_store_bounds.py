@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.stores.responses import ResponseStore, StoredTurn
+from gateway.adapters.responses.store import ResponseStore, StoredTurn
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream
 

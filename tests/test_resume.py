@@ -21,7 +21,7 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 
-from gateway.state import config as llms_config
+from gateway import config as llms_config
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, echo_headers, ok, status, stream_cut, tool_call

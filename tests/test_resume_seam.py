@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from gateway import config as llms_config
 from gateway.adapters.seam import INSTRUCTION, RESUMED, Stitched, continuation, overlap, whole_usage
-from gateway.state import config as llms_config
 from providers import load_kinds
 from providers.contract.usage import Usage
 from providers.kinds.anthropic import to_messages

@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.pipeline.strategy import Latencies, Spread, ordered
-from gateway.state.config import ConfigError, Route, RoutingPolicy, parse
+from gateway.config.loader import parse
+from gateway.core.settings import ConfigError, Route, RoutingPolicy
+from gateway.routing.strategy import Latencies, Spread, ordered
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, slow_first_token, status

@@ -71,7 +71,8 @@ def test_a_kinds_own_credential_fields_are_redacted_like_api_keys() -> None:
     import json
     from pathlib import Path
 
-    from gateway.state.config import parse, secrets
+    from gateway.config.loader import parse
+    from gateway.config.snapshots import secrets
 
     doc = {"providers": {"cloud": {
         "type": "azure", "base_url": "https://res.openai.azure.com", "api_version": "2024-10-21",

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway import config
 from gateway.edge.guard import Guard
-from gateway.state import config
 from tests.gateway_process import GatewayProcess, provider
 from tests.gateway_process import config as gateway_config
 from tests.upstream import FakeUpstream

@@ -19,7 +19,7 @@ from gateway.accounts.account import Budget, Scope, window
 from gateway.accounts.database import Database, spend_row
 from gateway.accounts.overview import Overview, near_limit
 from gateway.accounts.service import Accounts
-from gateway.state.config import DatabaseConfig
+from gateway.core.settings import DatabaseConfig
 from tests import browser
 from tests.fake_gpu import install_fakes
 from tests.gateway_process import GatewayProcess, config, free_port, provider, wait_until

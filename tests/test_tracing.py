@@ -14,8 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.config.loader import parse
+from gateway.config.snapshots import secrets
+from gateway.core.settings import ConfigError, Telemetry
 from gateway.observe.traced_sampling import Rule, rule
-from gateway.state.config import ConfigError, Telemetry, parse, secrets
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.otlp_receiver import CLIENT, SERVER, OtlpReceiver, Received, children, one
 from tests.upstream import FakeUpstream, hang, status, stream_cut

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.state import config
+from gateway import config
 from providers.contract.errors import (
     BadUpstreamResponse,
     ConnectTimeout,

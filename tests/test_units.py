@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway import config
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic, Refusal, refusal
-from gateway.pipeline import router
-from gateway.state import config
+from gateway.routing import router
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,

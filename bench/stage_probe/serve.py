@@ -53,9 +53,9 @@ def create_probed_app() -> Any:
 
 
 def main() -> int:
+    from gateway import config
+    from gateway.config.loader import CONFIG_ENV
     from gateway.edge import openfiles, serving
-    from gateway.state import config
-    from gateway.state.config import CONFIG_ENV
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.pipeline.limits import KeyLimits
+from gateway.core.limits import KeyLimits
 
 Period = Literal["day", "week", "month", "total"]
 PERIODS: tuple[Period, ...] = ("day", "week", "month", "total")

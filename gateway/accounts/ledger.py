@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.accounts.account import NANO, Period, window
-from gateway.state.redis_errors import redis_trouble
+from gateway.core.redis_errors import redis_trouble
 from providers.contract.log import get_logger
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import msgspec
 
 from gateway.accounts.account import NANO
 from gateway.adapters.native import UPLOADS
-from gateway.state.config import Route
+from gateway.core.settings import Route
 from providers.contract.usage import Price, Usage, cost
 
 DEFAULT_OUTPUT = 4096  # a model's longest answer when neither the request nor its facts say

@@ -31,8 +31,8 @@ from gateway.accounts.ledger import (
     LocalLedger,
     Over,
 )
-from gateway.pipeline.record import Record
-from gateway.state.config import DatabaseConfig, Route
+from gateway.core.record import Record
+from gateway.core.settings import DatabaseConfig, Route
 from providers.contract.errors import (
     AuthenticationFailed,
     BudgetExceeded,
@@ -212,7 +212,7 @@ class Accounts:
         """Hold the request's worst-case cost against its budgets; 429 budget_exceeded when
         one cannot take it."""
         charge = record.charge
-        if charge is None:
+        if not isinstance(charge, Charge):
             return
         if charge.account.slots and self.shared is not None:
             await self._hold_slots(charge)
@@ -253,7 +253,7 @@ class Accounts:
 
     def ended(self, record: Record) -> None:
         """The record's listener: release its slot, settle its hold, buffer its spend row."""
-        charge = record.charge
+        charge = record.charge if isinstance(record.charge, Charge) else None
         cost = 0.0 if record.from_store else record.cost  # the first request paid for it
         if cost is None and record.events and record.provider is not None \
                 and record.alias is not None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from gateway.state.config import Route
+from gateway.core.settings import Route
 from providers.contract import embeddings
 from providers.contract.errors import InvalidRequest
 from providers.contract.provider import Adapter, Outgoing, Provider, Reply

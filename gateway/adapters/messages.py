@@ -8,12 +8,12 @@ are in Anthropic's shape too (`providers.contract.errors.Dialect`), with the sam
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 import msgspec
 
 from gateway.adapters.seam import RESUMED
+from gateway.core.tokens import estimated_tokens
 from providers.contract import messages
 from providers.contract.errors import ProviderUnavailable
 from providers.contract.provider import Adapter, Outgoing, Reply
@@ -21,27 +21,6 @@ from providers.contract.stream import close_quietly
 from providers.wire import sse
 
 ENDPOINTS = frozenset({"messages", "messages/count_tokens"})
-# Per message and per tool, what a chat template adds around the text, in tokens (estimates).
-MESSAGE_OVERHEAD = 4
-TOOL_OVERHEAD = 8
-
-
-def estimated_tokens(body: dict[str, Any]) -> int:
-    """`count_tokens` for a provider that cannot count: about four characters a token of the
-    text, tool definitions and tool calls, plus a few per message (docs/api.md says so)."""
-    return chat_tokens(messages.to_chat(body))
-
-
-def chat_tokens(chat: Mapping[str, Any]) -> int:
-    """The same estimate for a chat completion's body (what routing checks against a model's
-    context window, `gateway.pipeline.sizing`)."""
-    text = "".join(msgspec.json.encode(m.get("content") or "").decode()
-                   + msgspec.json.encode(m.get("tool_calls") or "").decode()
-                   for m in chat["messages"])
-    tools = msgspec.json.encode(chat.get("tools") or []).decode()
-    return ((len(text) + len(tools)) + 3) // 4 + MESSAGE_OVERHEAD * len(chat["messages"]) \
-        + TOOL_OVERHEAD * len(chat.get("tools") or ())
-
 
 class MessagesBridge(Adapter):
     """Wraps a chat provider: Messages requests go out as chat completions, answers come back

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.state.config import Route
+from gateway.core.settings import Route
 from providers.contract.errors import InvalidRequest
 from providers.contract.provider import Provider
 

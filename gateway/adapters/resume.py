@@ -23,8 +23,8 @@ from contextlib import contextmanager
 import msgspec
 
 from gateway.adapters.seam import Broke, Stitched, continuation
-from gateway.pipeline.health import Planned, ProviderHealth
-from gateway.state.config import Route
+from gateway.core.settings import Route
+from gateway.routing.health import Planned, ProviderHealth
 from providers.contract.errors import (
     BadUpstreamResponse,
     CircuitOpen,

@@ -20,10 +20,10 @@ from gateway.adapters.assemble import Assembled, assembles
 from gateway.adapters.embeddings import Batched
 from gateway.adapters.messages import MessagesBridge
 from gateway.adapters.responses.bridge import ResponsesBridge
+from gateway.adapters.responses.store import ResponseStore
 from gateway.adapters.resume import Resuming
-from gateway.pipeline.health import ProviderHealth
-from gateway.state.config import Snapshot
-from gateway.stores.responses import ResponseStore
+from gateway.core.settings import Snapshot
+from gateway.routing.health import ProviderHealth
 from providers.contract.provider import Adapter, Provider
 
 ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from gateway.batches.settings import BatchesConfig
+from gateway.core.settings import BatchesConfig
 from providers.contract.batches import answered, request_id, unanswered
 from providers.contract.errors import InvalidRequest
 

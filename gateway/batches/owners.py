@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.accounts import auth
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
-from gateway.edge import auth
-from gateway.pipeline.admission import Caller
-from gateway.state.config import GatewayKey, Snapshot
+from gateway.core.settings import GatewayKey, Snapshot
 from providers.contract.errors import AuthenticationFailed
 
 NOBODY = ""  # the owner of what is made on a gateway without keys
@@ -21,19 +20,21 @@ def owner(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts | N
     return key.limits.key_id if key is not None else NOBODY
 
 
-def caller(owner_id: str, snapshot: Snapshot, accounts: Accounts | None) -> Caller:
-    """The key `owner_id` names, as the pipeline admits it; AuthenticationFailed when it is
-    gone (revoked, removed from the config) or keys were turned on since."""
+def caller(owner_id: str, snapshot: Snapshot, accounts: Accounts | None
+           ) -> GatewayKey | Account | None:
+    """The key `owner_id` names, that its batch's calls run as (None: no key);
+    AuthenticationFailed when it is gone (revoked, removed from the config) or keys were
+    turned on since."""
     keyed = bool(snapshot.keys) or (accounts is not None and accounts.keys_required)
     if owner_id == NOBODY:
         if keyed:
             raise AuthenticationFailed("The batch was made without a key; this gateway now "
                                        "needs one")
-        return Caller(None)
+        return None
     found: GatewayKey | Account | None = next(
         (k for k in snapshot.keys + snapshot.admin_keys if k.limits.key_id == owner_id), None)
     if found is None and accounts is not None:
         found = accounts.directory.known.by_id.get(owner_id)
     if found is None:
         raise AuthenticationFailed("The key that made this batch is no longer valid")
-    return Caller(found)
+    return found

@@ -20,8 +20,8 @@ from litestar.handlers import HTTPRouteHandler
 
 from gateway.batches import jsonl, native, owners
 from gateway.batches.objects import batch_object, file_object, page
-from gateway.batches.settings import BatchesConfig
 from gateway.batches.store import Store, new_id
+from gateway.core.settings import BatchesConfig
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound, RequestTooLarge
 

@@ -19,18 +19,17 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
-
-from litestar.types import Receive, ReceiveMessage
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.batches import jsonl, owners
-from gateway.batches.settings import BatchesConfig
 from gateway.batches.store import COMPLETED, FAILED, Held, Store, new_id
+from gateway.core.call import Call
+from gateway.core.delivery import Streamed
+from gateway.core.limits import PRIORITY_BOUND
+from gateway.core.record import Record, request_id
+from gateway.core.settings import BatchesConfig
 from gateway.pipeline import relay
-from gateway.pipeline.delivery import Streamed
-from gateway.pipeline.limits import PRIORITY_BOUND
-from gateway.pipeline.queueing import PRIORITY_HEADER, Ticket
+from gateway.queue.queueing import PRIORITY_HEADER
 from gateway.state.runtime import Runtime
 from providers.contract.errors import DatabaseUnavailable, GatewayError, error_body
 from providers.contract.log import get_logger
@@ -45,30 +44,15 @@ AGAIN = frozenset({429, 500, 502, 503, 504})
 TRIES = 6  # a request failing so that many times is answered with its last failure
 MAX_BACKOFF = 60.0
 LOWEST = str(-PRIORITY_BOUND)
+# What a batch line's call says of itself: the queue's last turn, a JSON body.
+_HEADERS: Mapping[str, str] = {PRIORITY_HEADER: LOWEST, "content-type": "application/json"}
 
 
-class Detached:
-    """A batch request as the pipeline reads a client's (`admission.Incoming`): no client, so
-    nothing ever disconnects it."""
+def _reader(body: bytes) -> Callable[[], Awaitable[bytes]]:
+    async def read() -> bytes:
+        return body
 
-    __slots__ = ("_body", "headers", "receive", "scope", "ticket")
-
-    def __init__(self, body: bytes, ticket: Ticket) -> None:
-        self._body = body
-        self.ticket = ticket
-        self.scope: dict[str, Any] = {"type": "http", "path": "batch"}
-        self.headers: Mapping[str, str] = {PRIORITY_HEADER: LOWEST,
-                                           "content-type": "application/json"}
-        self.receive: Receive = _never
-
-    async def body(self) -> bytes:
-        return self._body
-
-
-async def _never() -> ReceiveMessage:
-    """A batch request's channel: it has no client, so nothing ever comes (no disconnect)."""
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
+    return read
 
 
 class Runner:
@@ -142,7 +126,6 @@ class Runner:
     async def _answer(self, held: Held) -> None:
         runtime = self.runtime
         live = runtime.live
-        request = Detached(held.body, runtime.queue.ticket())
         try:
             caller = owners.caller(held.owner, live.snapshot, runtime.accounts)
         except GatewayError as exc:
@@ -150,9 +133,11 @@ class Runner:
             await self.store.finish(held.batch_id, held.line, FAILED,
                                     jsonl.answered(held.custom_id, exc.status, "", body), None)
             return
-        runtime.enter()
+        endpoint = jsonl.ENDPOINTS[held.url]
+        call = Call(endpoint, _HEADERS, Record(request_id(_HEADERS), endpoint, runtime.listeners),
+                    _reader(held.body), key=caller, caller=True)
         try:
-            answer = await relay.handle(request, jsonl.ENDPOINTS[held.url], runtime, caller)
+            answer = await relay.handle(call, runtime)
             if answer is None:  # nobody leaves a batch request: never, but not a result
                 return
             if isinstance(answer, Streamed):  # a line cannot ask for one; read it whole
@@ -164,7 +149,7 @@ class Runner:
                 body = answer.body
                 answer.record.end(answer.outcome)
         finally:
-            runtime.leave(request.ticket)
+            call.close()
         record = answer.record
         not_now = record.error_code in NOT_NOW
         failed = not not_now and answer.status in AGAIN and held.tries + 1 < TRIES

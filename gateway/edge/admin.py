@@ -1,7 +1,7 @@
 """Admin endpoints: list providers, enable or disable one at live.
 
 They need an admin key (`server.admin_keys`); with none configured they answer only requests
-from this machine that no proxy forwarded (`gateway.edge.auth.check_admin`).
+from this machine that no proxy forwarded (`gateway.accounts.auth.check_admin`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 
-from gateway.edge import auth, status_page
+from gateway.accounts import auth
+from gateway.edge import status_page
 from gateway.edge.status_page import providers_view
 from gateway.state.runtime import Runtime
 from providers.contract.errors import NotFound

@@ -17,10 +17,10 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Request, Response, delete, get, patch, post
 
+from gateway.accounts import auth
 from gateway.accounts.account import Period, digest, new_secret
 from gateway.accounts.database import GROUPS, GroupBy
 from gateway.accounts.service import Accounts
-from gateway.edge import auth
 from gateway.state.runtime import Runtime
 from providers.contract.errors import (
     DatabaseUnavailable,

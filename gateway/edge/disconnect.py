@@ -18,10 +18,7 @@ from typing import Any
 
 from litestar.types import Receive
 
-
-class ClientDisconnected(Exception):
-    """The client went away before the gateway could answer."""
-
+from gateway.core.call import ClientDisconnected
 
 ARM_AFTER = 0.05
 

@@ -21,13 +21,13 @@ from litestar.enums import ScopeType
 from litestar.types import Message, Receive, Scope, Send
 
 from gateway.adapters import native
+from gateway.core.call import Call, ClientDisconnected
+from gateway.core.delivery import Streamed, Whole
+from gateway.core.record import Record, request_id
 from gateway.edge import passthrough
-from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.edge.drain import Drain
+from gateway.edge.disconnect import DisconnectGuard
 from gateway.pipeline import relay
-from gateway.pipeline.delivery import Streamed, Whole
-from gateway.pipeline.queueing import Ticket
-from gateway.pipeline.record import request_id
+from gateway.state.drain import Drain
 from gateway.state.runtime import Runtime
 from providers.contract.errors import (
     Dialect,
@@ -49,18 +49,22 @@ RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _EN
 
 
 class RawRequest:
-    """What the relay reads of a request, from the ASGI scope: headers, body, the channel."""
+    """What the edge reads of a request from the ASGI scope: its headers, its body."""
 
-    __slots__ = ("_max_body", "headers", "receive", "scope", "ticket")
+    __slots__ = ("_max_body", "headers", "receive", "scope")
 
-    def __init__(self, scope: Scope, receive: Receive, max_body: int, ticket: Ticket) -> None:
+    def __init__(self, scope: Scope, receive: Receive, max_body: int) -> None:
         self.scope = scope
         self.receive = receive
         self._max_body = max_body
-        self.ticket = ticket  # its claim on a slot under the concurrency cap
         # ASGI servers send header names lowercased; a repeated header keeps its last value.
         self.headers: Mapping[str, str] = {
             name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+    def watching(self) -> DisconnectGuard:
+        """The watch of the client's connection (`Call.watching`): a client that leaves
+        ends what runs inside it."""
+        return DisconnectGuard(self.receive)
 
     async def body(self) -> bytes:
         """The whole body; RequestTooLarge past the limit (announced or streamed)."""
@@ -104,27 +108,29 @@ class Front:
         runtime: Runtime = self.app.state.runtime
         runtime.stage("request")
         limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
-        request = RawRequest(scope, receive, limit, runtime.queue.ticket())
+        request = RawRequest(scope, receive, limit)
         if (method := scope.get("method")) != "POST":
             error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
             headers = {"allow": "POST", "x-request-id": request_id(request.headers)}
             await _send_body(error_body(error), error.status, "application/json", headers,
                              send)
             return
-        runtime.enter()
+        call = Call(endpoint, request.headers,
+                    Record(request_id(request.headers), endpoint, runtime.listeners),
+                    request.body, request.watching)
         try:
             if runtime.tracing is None:
-                await self._answer(request, endpoint, runtime, send)
+                await self._answer(call, request, runtime, send)
             else:  # the request's server span, current while it is answered
                 with runtime.tracing.serving(request.headers, endpoint):
-                    await self._answer(request, endpoint, runtime, send)
+                    await self._answer(call, request, runtime, send)
         finally:
-            runtime.leave(request.ticket)
+            call.close()
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime: Runtime = self.app.state.runtime
-        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes,
-                             runtime.queue.ticket())  # no slot: it is not a model's request
+        # No slot under the concurrency cap: it is not a model's request.
+        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes)
         answer = await passthrough.handle(request, runtime)
         try:
             await send_whole(answer, send)
@@ -132,12 +138,11 @@ class Front:
             answer.record.end(answer.outcome)
 
     @staticmethod
-    async def _answer(request: RawRequest, endpoint: str, runtime: Runtime,
-                      send: Send) -> None:
+    async def _answer(call: Call, request: RawRequest, runtime: Runtime, send: Send) -> None:
         try:
-            answer = await relay.handle(request, endpoint, runtime)
+            answer = await relay.handle(call, runtime)
         except Exception:  # a bug past the relay's own net: logged, answered and counted
-            answer = relay.bug(request, endpoint, runtime)
+            answer = relay.bug(request.headers, call.endpoint, runtime)
         if answer is None:  # the client left: nothing to write
             return
         if isinstance(answer, Streamed):

@@ -32,7 +32,7 @@ from providers.contract.errors import (
 )
 
 if TYPE_CHECKING:
-    from gateway.state.config import ServerConfig
+    from gateway.core.settings import ServerConfig
 
 _DISCONNECT: ReceiveMessage = {"type": "http.disconnect"}
 # ": " and CRLF around each header line as the client sent it.

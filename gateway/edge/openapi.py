@@ -2,7 +2,7 @@
 
 The relay routes are plain ASGI (`gateway.edge.front`), so Litestar generates nothing for them.
 Their request bodies are described by the very types the gateway checks them against
-(`gateway.pipeline.schemas`), through msgspec's JSON Schema export: the document cannot drift from
+(`gateway.core.schemas`), through msgspec's JSON Schema export: the document cannot drift from
 what is enforced. Fields the gateway passes through untouched are open (`additionalProperties`).
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.pipeline import schemas
+from gateway.core import schemas
 from providers.contract.messages import CountTokensRequest, MessagesRequest
 
 # Uploads (`multipart/form-data`): the head's text fields, and its files as binary parts.

@@ -27,8 +27,9 @@ from typing import Any
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from gateway.config.snapshots import is_loopback
+from gateway.core.settings import ServerConfig
 from gateway.edge.guard import answer
-from gateway.state.config import ServerConfig, is_loopback
 from providers.contract.errors import PermissionDenied
 
 # Addresses a server binds to mean "every interface"; as a name they are no gateway's own.

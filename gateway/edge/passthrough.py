@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from gateway.edge import auth
-from gateway.pipeline.delivery import Whole, error_delivery, internal_error
-from gateway.pipeline.record import Outcome, Record, request_id
+from gateway.accounts import auth
+from gateway.core.delivery import Whole, error_delivery, internal_error
+from gateway.core.record import Outcome, Record, request_id
 from gateway.state.runtime import Runtime
 from providers.contract.errors import GatewayError, NotFound, TotalTimeout
 from providers.contract.provider import Provider

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, NoReturn, Protocol
 
 APP = "gateway.app:create_app"
 # After `server.drain_timeout` the gateway ends the streams still open itself (in-band error,
-# `gateway.edge.drain`); the server kills a worker still running this much later.
+# `gateway.state.drain`); the server kills a worker still running this much later.
 KILL_MARGIN = 5
 # hyper's smallest read buffer.
 MIN_BUFFER = 8192

@@ -14,10 +14,10 @@ import msgspec
 from litestar import Request, Response, delete, get
 from litestar.params import Parameter
 
+from gateway.accounts import auth
 from gateway.adapters.responses.request import input_items
-from gateway.edge import auth
+from gateway.adapters.responses.store import StoredTurn, readable
 from gateway.state.runtime import Runtime
-from gateway.stores.responses import StoredTurn, readable
 from providers.contract.errors import ResponseNotFound
 
 JSON = "application/json"

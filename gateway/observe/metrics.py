@@ -35,8 +35,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gateway.pipeline.health import ProviderHealth
-from gateway.pipeline.hedging import Hedging
+from gateway.routing.health import ProviderHealth
+from gateway.routing.hedging import Hedging
 from providers.contract.errors import Attempt
 from providers.contract.usage import Usage
 

@@ -1,4 +1,4 @@
-"""The listeners every request's record is told of when it ends (`gateway.pipeline.record`).
+"""The listeners every request's record is told of when it ends (`gateway.core.record`).
 
 Each turns a finished `Record` into what one sink keeps: Prometheus metrics, the recent traffic the
 status page draws, the request log line, a key's token spend, and with tracing on the request's
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.core.limits import RateLimiter
+from gateway.core.record import Listener, Outcome, Record
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic, refusal
-from gateway.pipeline.limits import RateLimiter
-from gateway.pipeline.record import Listener, Outcome, Record
 
 # The status a request that lost its client before any answer is counted with (nginx's).
 CLIENT_CLOSED = 499
@@ -95,6 +95,8 @@ def logged_by(log: RequestLog) -> Listener:
             "cost": round(record.cost, 8) if record.cost is not None else None,
             "ttft_ms": round(record.ttft * 1000, 2) if record.ttft is not None else None,
             "latency_ms": round(record.duration * 1000, 2),
+            "overhead_ms": round(record.overhead * 1000, 2) if record.overhead is not None
+            else None,
             **({"error": record.error_code} if record.error_code else {}),
             **({"cache": "hit"} if record.cache_hit else {}),
             **({"idempotent": "replay"} if record.replayed else {}),

@@ -34,17 +34,15 @@ from typing import TYPE_CHECKING
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from gateway.core.record import Listener, Outcome, Record
+from gateway.core.settings import Telemetry
 from gateway.observe.observers import CLIENT_CLOSED, status_of
 from gateway.observe.traced_sampling import DrawnIds, Head, rule, sdk_sampler
 from gateway.observe.traced_transport import UNSAMPLED, TracedTransport
-from gateway.pipeline.record import Listener, Outcome, Record
-from gateway.state.config import Telemetry
-from gateway.stores.cache import Cached, ResponseCache
 from providers.contract.transport import Transport
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
-    from redis.asyncio import Redis
 
 SERVICE = "llms-gateway"
 TRACES_PATH = "/v1/traces"
@@ -142,11 +140,6 @@ class Tracing:
         finally:
             context.detach(token)
             span.end()
-
-    def cache(self, max_bytes: int, max_entry_bytes: int, redis: Redis | None,
-              prefix: str) -> ResponseCache:
-        """The response cache, each lookup in a span."""
-        return TracedCache(self.tracer, max_bytes, max_entry_bytes, redis, prefix)
 
     def transport(self, inner: Transport) -> Transport:
         """The process's transport, each upstream call in a span carrying `traceparent`."""
@@ -273,22 +266,3 @@ def _served(state: RequestTrace, record: Record) -> Try | None:
     answered = [t for t in state.tries if t.provider == record.provider
                 and t.outcome not in ("failed", "rejected", "cancelled", "pending")]
     return answered[-1] if answered else None
-
-
-class TracedCache(ResponseCache):
-    """The response cache with a span per lookup (`llms.cache.lookup`) under the request's."""
-
-    def __init__(self, tracer: trace.Tracer, max_bytes: int, max_entry_bytes: int,
-                 redis: Redis | None = None, prefix: str = "") -> None:
-        super().__init__(max_bytes, max_entry_bytes, redis, prefix)
-        self.tracer = tracer
-
-    async def get(self, key: str) -> Cached | None:
-        if current() is None:  # not traced, or not sampled
-            return await super().get(key)
-        with self.tracer.start_as_current_span("llms.cache.lookup") as span:
-            found = await super().get(key)
-            span.set_attribute("llms.cache_hit", found is not None)
-            if found is not None:
-                span.set_attribute("llms.provider", found.provider)
-            return found

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from gateway.pipeline.health import Change, ProviderHealth
-from gateway.pipeline.limits import WINDOW, RateLimiter
-from gateway.pipeline.strategy import Latencies
-from gateway.state.config import StateConfig
-from gateway.state.redis_errors import redis_trouble
+from gateway.core.limits import WINDOW, RateLimiter
+from gateway.core.redis_errors import redis_trouble
+from gateway.core.settings import StateConfig
+from gateway.routing.health import Change, ProviderHealth
+from gateway.routing.strategy import Latencies
 from providers.contract.log import get_logger
 from providers.contract.spec import Retries
 

@@ -13,8 +13,9 @@ import os
 import time
 from pathlib import Path
 
-from gateway.state import config
-from gateway.state.config import BIND_ENV, OPEN_ENV, ConfigError
+from gateway import config
+from gateway.config.loader import BIND_ENV, OPEN_ENV
+from gateway.core.settings import ConfigError
 from gateway.state.runtime import Runtime
 from providers.contract.log import get_logger
 

@@ -12,38 +12,32 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from gateway.adapters.responses.store import ResponseStore
 from gateway.adapters.stack import Adapted, adapted
-from gateway.edge.drain import Drain
+from gateway.cache.store import ResponseCache
+from gateway.config.snapshots import model_facts, with_discovered, with_provider_disabled
+from gateway.config.snapshots import secrets as config_secrets
+from gateway.core.call import Next
+from gateway.core.limits import RateLimiter
+from gateway.core.record import Listener
+from gateway.core.settings import ADMIN_DISABLED, ConfigError, Route, Snapshot
+from gateway.idempotency.flight import Idempotency
+from gateway.idempotency.store import IdempotencyStore
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
-from gateway.pipeline.health import ProviderHealth
-from gateway.pipeline.hedging import Hedging
-from gateway.pipeline.idempotency import Idempotency
-from gateway.pipeline.limits import RateLimiter
-from gateway.pipeline.queueing import Queue, Ticket
-from gateway.pipeline.record import Listener
-from gateway.pipeline.strategy import Latencies, Spread
-from gateway.state.config import (
-    ADMIN_DISABLED,
-    ConfigError,
-    Route,
-    Snapshot,
-    model_facts,
-    with_discovered,
-    with_provider_disabled,
-)
-from gateway.state.config import secrets as config_secrets
+from gateway.queue.queueing import Queue, Ticket
+from gateway.routing.health import ProviderHealth
+from gateway.routing.hedging import Hedging
+from gateway.routing.strategy import Latencies, Spread
+from gateway.state.drain import Drain
 from gateway.state.supervise import Supervisor
-from gateway.stores.cache import ResponseCache
-from gateway.stores.idempotency import IdempotencyStore
-from gateway.stores.responses import ResponseStore
 from providers.contract.lasting import Lasting
 from providers.contract.log import get_logger
 from providers.contract.provider import Provider, ProviderDisabled
@@ -62,6 +56,9 @@ if TYPE_CHECKING:  # Redis, accounts and tracing are imported by a gateway that 
 STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
 
 
+Composer = Callable[["Runtime", "Live"], Mapping[str, Next]]
+
+
 @dataclass(frozen=True, slots=True)
 class Live:
     """One config snapshot, its live providers and their adapters; replaced whole on reload."""
@@ -74,6 +71,8 @@ class Live:
     prices: Mapping[tuple[str, str], Price]
     # Removes this config's secrets from everything that leaves the process.
     redactor: Redactor
+    # Per relay endpoint, its stages composed for this snapshot (`gateway.pipeline.stack`).
+    stacks: Mapping[str, Next] = field(default_factory=dict)
 
 
 def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None:
@@ -145,7 +144,7 @@ class Runtime:
                  responses: ResponseStore, redis: Redis | None = None,
                  tracing: Tracing | None = None,
                  idempotency: IdempotencyStore | None = None,
-                 accounts: Accounts | None = None) -> None:
+                 accounts: Accounts | None = None, stacks: Composer | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -197,6 +196,9 @@ class Runtime:
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
             logged_by(self.request_log), spent_by(self.limiter), *charged, *traced,
             self._staged)
+        # What composes each snapshot's stages (`gateway.pipeline.stack.stacks`, given by the
+        # app: the runtime holds state, the pipeline above it decides what a request passes).
+        self.stacks = stacks
         self._live: Live | None = None
 
     @property
@@ -266,6 +268,8 @@ class Runtime:
                 serving, self.responses, effective, self.health,
                 tries_traced(self.tracing, effective, live.redactor)),
                 models_list(effective), live.prices, live.redactor)
+        if self.stacks is not None:
+            live = replace(live, stacks=self.stacks(self, live))
         previous, self._live = self._live, live
         self.queue.configure(effective.server.max_concurrency, effective.server.max_queue)
         self.request_log.redaction.redactor = live.redactor

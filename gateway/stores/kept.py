@@ -1,9 +1,10 @@
 """`Kept`: the gateway's one byte-bounded store of encoded values, with an optional Redis tier.
 
-Both the response cache (`gateway.stores.cache`) and the Responses store
-(`gateway.stores.responses`) keep their values in one: each its own, with its own bound and Redis
-prefix. In this process a `Kept` holds at most `max_bytes`, the least recently used out first, and
-no value larger than `max_entry_bytes`. Given the process's one Redis client
+The response cache (`gateway.cache.store`), the Responses store
+(`gateway.adapters.responses.store`) and the idempotent answers keep their values in one: each its
+own, with its own bound and Redis prefix. In this process a `Kept` holds at most `max_bytes`, the
+least recently used out first, and no value larger than `max_entry_bytes`. Given the process's one
+Redis client
 (`gateway.state.redis_sync.redis_client`), it also writes each value to Redis under its `prefix`,
 for a time to live, so every worker and replica reads what any of them kept. Redis trouble is never
 an error: a read is a miss (or this process's copy), a write is kept here only; the shared-state
@@ -19,7 +20,7 @@ import contextlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from gateway.state.redis_errors import redis_trouble
+from gateway.core.redis_errors import redis_trouble
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

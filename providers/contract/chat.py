@@ -6,7 +6,7 @@ type is an `InvalidRequest` naming its place (`messages[0].content[0].text`), ne
 deep in a translator. Only types are checked: unknown fields and values are left to the upstream,
 and the dict the translator reads is the body as the client sent it.
 
-The relay's head (`gateway.pipeline.schemas.ChatHead`) uses the message and tool types too, so
+The relay's head (`gateway.core.schemas.ChatHead`) uses the message and tool types too, so
 every kind, the relaying ones included, refuses the same wrong shapes with the same `param`.
 """
 

@@ -1,6 +1,6 @@
 """The one failover loop: try candidates in turn until one answers.
 
-Used by the router over providers (`gateway.pipeline.router`) and by a worker pool over its workers
+Used by the router over providers (`gateway.routing.router`) and by a worker pool over its workers
 (`providers.kinds.pool.provider`): what a candidate is, and what trying it means, are theirs.
 """
 

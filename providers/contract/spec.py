@@ -1,6 +1,6 @@
 """What a provider kind is built from: one provider's resolved entry in llms.json.
 
-`gateway.state.config` reads and checks the file and resolves these; a kind only reads them. Values
+`gateway.config.loader` reads and checks the file and resolves these; a kind only reads them. Values
 are frozen: a config reload builds new ones, it never changes these in place.
 """
 

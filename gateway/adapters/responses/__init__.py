@@ -3,5 +3,5 @@
 `request` turns a Responses request into a chat-completions body, `reply` a chat completion into a
 Response object, `events` a chat stream into the Responses event sequence; all pure. `bridge`
 wraps a chat-only provider so the router fails over exactly as for chat; the Responses store
-(`gateway.stores.responses`) keeps recent responses for `previous_response_id`.
+(`gateway.adapters.responses.store`) keeps recent responses for `previous_response_id`.
 """

@@ -10,8 +10,8 @@ import msgspec
 from gateway.adapters.responses import reply
 from gateway.adapters.responses.events import ResponseEvents
 from gateway.adapters.responses.request import to_chat
+from gateway.adapters.responses.store import ResponseStore, StoredTurn
 from gateway.adapters.seam import RESUMED
-from gateway.stores.responses import ResponseStore, StoredTurn
 from providers.contract.errors import ProviderError, ProviderUnavailable, ResponseNotFound
 from providers.contract.provider import Adapter, Outgoing, Provider, Reply
 from providers.contract.stream import close_quietly

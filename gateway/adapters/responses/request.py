@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from gateway.pipeline.schemas import ResponsesHead, ResponsesTool, TextConfig
+from gateway.core.schemas import ResponsesHead, ResponsesTool, TextConfig
 from providers.contract.chat import checked
 from providers.contract.errors import InvalidRequest
 

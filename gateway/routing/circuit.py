@@ -5,7 +5,7 @@
     half-open ──the one probe succeeds──▶ closed      ──it fails──▶ open (longer)
 
 A rate-limited provider is not broken: a 429 puts it in a cooldown for its `Retry-After` instead,
-kept per provider (see `gateway.pipeline.health`).
+kept per provider (see `gateway.routing.health`).
 """
 
 from __future__ import annotations

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from gateway.core.settings import quantile
 
 # The recent tries a quantile is read from, per (alias, provider), and how old one may be: a
 # provider's speed an hour ago is not its speed now.
@@ -44,17 +45,6 @@ FALLBACK = 2.0
 BUDGET_WINDOW = 1000
 BUCKETS = 10
 # `"p90"`, `"p99.9"`: a percentile in the form latency dashboards write it.
-_QUANTILE = re.compile(r"p(\d{2}(?:\.\d+)?)")
-
-
-def quantile(text: str) -> float:
-    """`"p90"` as 0.9; ValueError (its message fit for a config error) unless `text` is a
-    quantile from p50 to p99.9."""
-    found = _QUANTILE.fullmatch(text)
-    if found is None or not 50 <= float(found[1]) <= 99.9:
-        raise ValueError(f"must be seconds (a number above 0) or a quantile from \"p50\" to "
-                         f"\"p99.9\", got {text!r}")
-    return float(found[1]) / 100
 
 
 def interpolated(ordered: list[float], q: float) -> float:

@@ -1,6 +1,6 @@
 """The order a queue's waiting requests start in: fair between keys, by priority within one.
 
-Pure: no clock, no asyncio. `gateway.pipeline.queueing` puts each waiting request here and asks
+Pure: no clock, no asyncio. `gateway.queue.queueing` puts each waiting request here and asks
 for the next when a slot frees.
 
 - **Between keys: weighted round robin** (deficit round robin with a cost of one per request).

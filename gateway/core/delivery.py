@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 
-from gateway.pipeline.record import Outcome, Record
+from gateway.core.record import Outcome, Record
 from providers.contract.errors import AllProvidersFailed, GatewayError, error_body
 from providers.contract.log import get_logger
 from providers.contract.redact import Redactor

@@ -20,7 +20,7 @@ PRIORITY_BOUND = 1_000_000  # the largest priority's magnitude, in a key entry o
 @dataclass(frozen=True, slots=True)
 class KeyLimits:
     """What one gateway key may use per minute (None: unlimited), and how its requests wait
-    in the queue at the concurrency cap (`gateway.pipeline.queueing`)."""
+    in the queue at the concurrency cap (`gateway.queue.queueing`)."""
 
     key_id: str
     requests_per_minute: int | None = None

@@ -2,7 +2,7 @@
 
 One entry per key: the hash of the body that made it, and the answer as it was sent (a whole
 body, or a stream's bytes), for `idempotency.ttl` seconds. Only complete, successful answers are
-remembered (`gateway.pipeline.idempotency` decides). Kept in a `gateway.stores.kept.Kept`: in this
+remembered (`gateway.idempotency.flight` decides). Kept in a `gateway.stores.kept.Kept`: in this
 process bounded by bytes (least recently used out first), and with the Redis state backend in Redis
 too, so a retry that reaches another replica is replayed there. An answer larger than
 `idempotency.max_entry_bytes` is not remembered at all: its retry runs again. Redis trouble is a
@@ -18,14 +18,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from gateway.core.settings import DEFAULT_IDEMPOTENCY_MAX_BYTES, DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES
 from gateway.stores.kept import Kept
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-DEFAULT_TTL = 24 * 3600.0
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_ENTRY_BYTES = 4 * 1024 * 1024
 
 
 class Remembered(msgspec.Struct, frozen=True):
@@ -66,8 +64,9 @@ class IdempotencyStore:
     """Remembered answers by key (`key_of`), at most `max_bytes` in this process; with the
     process's Redis client, in Redis too for each entry's time to live."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES, redis: Redis | None = None,
+    def __init__(self, max_bytes: int = DEFAULT_IDEMPOTENCY_MAX_BYTES,
+                 max_entry_bytes: int = DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES,
+                 redis: Redis | None = None,
                  prefix: str = "", clock: Callable[[], float] = time.time) -> None:
         self.kept = Kept(max_bytes, max_entry_bytes, redis, f"{prefix}idempotency:")
         self.clock = clock  # wall time: entries' expiries are shared with other replicas

@@ -1,8 +1,8 @@
 """Around the router: candidates too small skipped before any try, then the alias's fallback chain.
 
-The requested alias's candidates that cannot hold the request (`gateway.pipeline.sizing`) are
+The requested alias's candidates that cannot hold the request (`gateway.routing.sizing`) are
 skipped untried. When the others all fail, the class of their failure picks the alias's chain
-(`models.<alias>.fallbacks`, `gateway.state.aliases`): `content_policy` when a model refused,
+(`models.<alias>.fallbacks`, `gateway.core.aliases`): `content_policy` when a model refused,
 `context_window` when the request was too long, `rate_limit` when every try was rate limited,
 else `default`. Each alias of the chain is tried with its own candidates, in its own order,
 until one answers; the answer says which alias served (`x-llms-model`), and its cost is that
@@ -19,9 +19,9 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.pipeline import router, sizing
-from gateway.pipeline.router import Routing, Served
-from gateway.state.config import Route, Snapshot
+from gateway.core.settings import Route, Snapshot
+from gateway.routing import router, sizing
+from gateway.routing.router import Routing, Served
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,

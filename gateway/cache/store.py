@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.adapters.assemble import ChatAssembler, CompletionAssembler
-from gateway.pipeline.streaming import DONE_EVENT
+from gateway.core.streaming import DONE_EVENT
 from gateway.stores.kept import Kept
 from providers.contract.answer import check_json
 from providers.contract.errors import ProviderError

@@ -13,15 +13,12 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from providers.contract.errors import Attempt, Dialect
 from providers.contract.provider import Resumes
 from providers.contract.usage import Price, Usage
 from providers.contract.usage import cost as cost_of
-
-if TYPE_CHECKING:
-    from gateway.accounts.service import Charge
 
 MAX_REQUEST_ID = 128
 MESSAGES_ENDPOINTS = frozenset({"messages", "messages/count_tokens"})
@@ -57,11 +54,13 @@ class Record:
     stream: bool = False
     key_id: str | None = None
     team: str | None = None  # the virtual key's team (`gateway.accounts`)
-    charge: Charge | None = None  # what accounts hold for it: its parallel slot, its budget hold
+    # What accounts hold for it, its parallel slot and its budget hold
+    # (`gateway.accounts.service.Charge`).
+    charge: object | None = None
     budget_remaining: float | None = None  # dollars left in its tightest budget, when one applies
     provider: str | None = None
     cache_hit: bool = False  # answered from the response cache (`provider` said who first did)
-    # Answered by the request its `Idempotency-Key` repeats (`gateway.pipeline.idempotency`):
+    # Answered by the request its `Idempotency-Key` repeats (`gateway.idempotency.flight`):
     # no usage nor cost of its own, that request counted them.
     replayed: bool = False
     failed: tuple[Attempt, ...] = ()
@@ -75,6 +74,12 @@ class Record:
     ttft: float | None = None
     events: int = 0  # data events a stream relayed (a stream cut before its usage is charged by)
     upstream_time: float | None = None
+    # Seconds spent waiting on upstreams (every try, its backoff and hedge): what is not the
+    # gateway's own time (`overhead`).
+    upstream_wait: float = 0.0
+    # The gateway's own seconds until the answer's head was ready, upstream waits excluded:
+    # `x-llms-overhead-ms`, set when the head is made.
+    overhead: float | None = None
     outcome: Outcome | None = None  # set once, by `end`
     duration: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)  # extra fields for the log line
@@ -96,9 +101,11 @@ class Record:
         return self.cache_hit or self.replayed
 
     def headers(self) -> dict[str, str]:
-        """What the answer tells of the request: its id, tries, provider and the alias that
-        served, cost."""
-        headers = {"x-request-id": self.request_id}
+        """What the answer tells of the request: its id, the gateway's own time so far, tries,
+        provider and the alias that served, cost."""
+        self.overhead = time.perf_counter() - self.started - self.upstream_wait
+        headers = {"x-request-id": self.request_id,
+                   "x-llms-overhead-ms": f"{self.overhead * 1000:.2f}"}
         if self.attempts:
             headers["x-llms-attempts"] = str(self.attempts)
         if self.provider:

@@ -19,15 +19,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.adapters.responses.request import input_messages
-from gateway.pipeline.schemas import InputItem, check_items
+from gateway.core.schemas import InputItem, check_items
+from gateway.core.settings import DEFAULT_STORE_MAX_BYTES, DEFAULT_STORE_MAX_ENTRY_BYTES
 from gateway.stores.kept import Kept
 from providers.contract.chat import Message
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-DEFAULT_MAX_ENTRY_BYTES = 16 * 1024 * 1024
 # Turns walked back from one response: a conversation longer than this is not continued.
 MAX_CHAIN = 10_000
 REDIS_TTL = 7 * 24 * 3600
@@ -69,8 +68,8 @@ class ResponseStore:
     least recently stored or continued evicted first; with the process's Redis client, in Redis
     too for a week, shared by every gateway process."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+    def __init__(self, max_bytes: int = DEFAULT_STORE_MAX_BYTES,
+                 max_entry_bytes: int = DEFAULT_STORE_MAX_ENTRY_BYTES,
                  redis: Redis | None = None, prefix: str = "") -> None:
         self.kept = Kept(max_bytes, max_entry_bytes, redis, f"{prefix}response:")
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from gateway.pipeline.record import Outcome, Record
+from gateway.core.record import Outcome, Record
 from providers.contract.log import get_logger
 
 

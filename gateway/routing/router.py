@@ -10,7 +10,7 @@ known window are tried; after a content policy's refusal, none serving the same 
 
 A try returns once its first token is there (`providers.contract.provider.Answer`), so a hedge
 races on the tries' return values alone. How long to wait before hedging, and whether the
-alias's budget allows one more hedge, is `gateway.pipeline.hedging`'s to say; a candidate
+alias's budget allows one more hedge, is `gateway.routing.hedging`'s to say; a candidate
 excluded by its circuit or a cooldown is never hedged into, only failed over to. A whole
 answer still gathering is then read to its end within the same candidate's turn: a break
 before the end is a failover too.
@@ -28,10 +28,10 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from gateway.pipeline.health import Planned, ProviderHealth
-from gateway.pipeline.hedging import AliasHedging
-from gateway.pipeline.strategy import Latencies
-from gateway.state.config import Route, Snapshot
+from gateway.core.settings import Route, Snapshot
+from gateway.routing.health import Planned, ProviderHealth
+from gateway.routing.hedging import AliasHedging
+from gateway.routing.strategy import Latencies
 from providers.contract.errors import (
     AllProvidersFailed,
     Attempt,

@@ -1,7 +1,7 @@
 """In which order an alias's candidates are tried: `order`, `weighted` or `latency`.
 
 The strategy only chooses who goes first; failover then continues through the others in file order,
-and breakers and cooldowns (`gateway.pipeline.health`) put whoever is excluded last. `weighted`
+and breakers and cooldowns (`gateway.routing.health`) put whoever is excluded last. `weighted`
 spreads first tries by the providers' `weight` with smooth weighted round robin (nginx's), so 3:1
 is exactly three of every four, not a coin's luck. `latency` puts first the candidate with the
 lowest recent time to first token (an exponentially weighted average), except for an `explore`
@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gateway.state.config import Route, RoutingPolicy
+from gateway.core.settings import Route, RoutingPolicy
 
 # How much one new observation moves a candidate's average time to first token.
 SMOOTHING = 0.3

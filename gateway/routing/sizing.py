@@ -1,6 +1,6 @@
 """Will the request fit? Its size estimated before the first try, against each model's window.
 
-The estimate is `count_tokens`'s (`gateway.adapters.messages.chat_tokens`: about four
+The estimate is `count_tokens`'s (`gateway.core.tokens.chat_tokens`: about four
 characters a token, a few per message and tool) plus the output the request asks for. A
 candidate whose window (or longest answer) is known and too small is skipped untried, listed in
 the attempts as `context_too_small`: LiteLLM's context fallbacks try such a model and fail, or
@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.adapters.messages import chat_tokens
-from gateway.state.config import Route
+from gateway.core.settings import Route
+from gateway.core.tokens import chat_tokens
 from providers.contract import messages
 from providers.contract.errors import Attempt
 

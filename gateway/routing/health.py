@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.pipeline.circuit import Breaker, CircuitState
-from gateway.state.config import Route
+from gateway.core.settings import Route
+from gateway.routing.circuit import Breaker, CircuitState
 from providers.contract.errors import ProviderError, ProviderRateLimited
 from providers.contract.spec import CircuitPolicy
 

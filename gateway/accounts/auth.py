@@ -14,7 +14,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gateway.state.config import GatewayKey, Snapshot
+from gateway.core.settings import GatewayKey, Snapshot
 from providers.contract.errors import AuthenticationFailed, PermissionDenied
 
 if TYPE_CHECKING:

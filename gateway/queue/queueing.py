@@ -5,7 +5,7 @@ once makes the interactive user lose to whichever batch job fired first; so a re
 finds every slot taken waits here, in a bounded queue (`server.max_queue`), for the next slot
 freed:
 
-- in a fair order between keys and by priority within one (`gateway.pipeline.fair`);
+- in a fair order between keys and by priority within one (`gateway.queue.fair`);
 - until its deadline (`x-llms-timeout`, its key's `timeout`, at most `server.queue_timeout`):
   one whose deadline passes while it waits is a 504 `queue_timeout`;
 - or not at all: a request that finds the queue full, or whose turn would come after its
@@ -27,8 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gateway.pipeline.fair import Entry, FairOrder
-from gateway.pipeline.limits import PRIORITY_BOUND, KeyLimits
+from gateway.core.limits import PRIORITY_BOUND, KeyLimits
+from gateway.queue.fair import Entry, FairOrder
 from providers.contract.errors import InvalidRequest, Overloaded, QueueTimeout
 from providers.contract.pace import Pace
 

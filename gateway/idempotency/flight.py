@@ -1,13 +1,13 @@
 """`Idempotency-Key`: a client's retry is answered by the request it repeats, never run twice.
 
 A request carrying the header (on an endpoint that generates) is scoped to its client key and
-endpoint (`gateway.stores.idempotency.key_of`) and runs as a `Flight`: a task of its own, not the
+endpoint (`gateway.idempotency.store.key_of`) and runs as a `Flight`: a task of its own, not the
 client's, so the answer is finished and remembered even when the client that asked has left (the
 very moment its SDK retries). Every client of the key follows the flight, the first one included:
 
 - a retry while the flight runs joins it: a whole answer waits for the same result; a stream gets
   what was sent so far at once, then follows live;
-- a retry after it completed is replayed from the store (`gateway.stores.idempotency`), the same
+- a retry after it completed is replayed from the store (`gateway.idempotency.store`), the same
   bytes, with `x-llms-idempotent-replay: true`;
 - a joined or replayed request calls no upstream and its record carries no usage nor cost
   (`Record.replayed`): listeners count the first request's usage once.
@@ -25,13 +25,11 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from litestar.types import Receive
-
-from gateway.edge.disconnect import ClientDisconnected, DisconnectGuard
-from gateway.pipeline.delivery import Streamed, Whole, kept_stream
-from gateway.pipeline.record import Outcome, Record
-from gateway.state.config import IdempotencyConfig
-from gateway.stores.idempotency import IdempotencyStore, Remembered, digest_of, key_of
+from gateway.core.call import ClientDisconnected, Watching
+from gateway.core.delivery import Streamed, Whole, kept_stream
+from gateway.core.record import Outcome, Record
+from gateway.core.settings import IdempotencyConfig
+from gateway.idempotency.store import IdempotencyStore, Remembered, digest_of, key_of
 from providers.contract.errors import (
     GatewayError,
     IdempotencyKeyBusy,
@@ -179,11 +177,11 @@ def keyed(headers: Mapping[str, str], record: Record) -> str | None:
 
 
 async def answer(keys: Idempotency, sent: str, body: bytes, record: Record,
-                 config: IdempotencyConfig, receive: Receive, produce: Produce
+                 config: IdempotencyConfig, watching: Watching, produce: Produce
                  ) -> Whole | Streamed | None:
     """The answer to a keyed request: replayed, joined, or produced by a new flight (`produce`
-    runs the pipeline past admission, with no disconnect guard of its own); None when the
-    client left. A `GatewayError` when the key cannot serve this request."""
+    runs the rest of the stages, which no client's leaving cancels); None when the client left
+    (`watching`). A `GatewayError` when the key cannot serve this request."""
     key, digest = key_of(record.key_id, record.endpoint, sent), digest_of(body)
     flight = keys.running.get(key)
     if flight is None:
@@ -193,11 +191,11 @@ async def answer(keys: Idempotency, sent: str, body: bytes, record: Record,
             return _replayed(remembered, record)
         flight = keys.running.get(key)  # another request may have started it meanwhile
     if flight is not None:
-        return await _join(flight, digest, record, config, receive)
+        return await _join(flight, digest, record, config, watching)
     flight = Flight(digest, keys.store.max_entry_bytes)
     keys.launch(key, flight, produce, config.ttl)
     try:
-        async with DisconnectGuard(receive):
+        async with watching():
             await flight.opened.wait()
     except ClientDisconnected:
         flight.readers.discard(flight.first)
@@ -263,7 +261,7 @@ def _first(keys: Idempotency, flight: Flight) -> Whole | Streamed:
 
 
 async def _join(flight: Flight, digest: str, record: Record, config: IdempotencyConfig,
-                receive: Receive) -> Whole | Streamed | None:
+                watching: Watching) -> Whole | Streamed | None:
     """A retry of a running request: its answer, whole once it is, or streamed from its
     first chunk."""
     _check(flight.digest, digest)
@@ -275,7 +273,7 @@ async def _join(flight: Flight, digest: str, record: Record, config: Idempotency
                                  "retry shortly", param=PARAM)
     flight.waiters += 1  # until its answer is whole, or its stream over (`_followed`)
     try:
-        async with DisconnectGuard(receive):
+        async with watching():
             await flight.opened.wait()
     except ClientDisconnected:
         flight.waiters -= 1

@@ -3,7 +3,7 @@
 The upstream stream arrives peeked (`providers.contract.stream.Opened`): its first data event
 is at hand, so the client can be committed to. After it, upstream bytes go to the client as
 they come; if the upstream breaks or stops before it said it was done, the client gets an
-in-band error event instead of a silent truncation. The stream's record (`gateway.pipeline.record`)
+in-band error event instead of a silent truncation. The stream's record (`gateway.core.record`)
 hears how it ended, with the usage the stream reported.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncGenerator
 
-from gateway.pipeline.record import Outcome, Record
+from gateway.core.record import Outcome, Record
 from providers.contract.errors import (
     BadUpstreamResponse,
     GatewayError,

@@ -1,5 +1,6 @@
-"""The response cache as a step of the pipeline: look a request up before routing it, keep
-its answer once it completed (`gateway.stores.cache` holds the rules and the store)."""
+"""The cache's stage: a request is looked up before it is routed, and its answer kept once it
+completed (`gateway.cache.store` holds the rules and the store). Built for the endpoints the
+cache serves, when the defaults or some alias give the cache a `ttl`."""
 
 from __future__ import annotations
 
@@ -8,13 +9,45 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.cache import store as cache
+from gateway.cache.store import Cached, ResponseCache
+from gateway.core.call import Call, Delivery, Next, Stage
+from gateway.core.delivery import Streamed, Whole, kept_stream
+from gateway.core.record import Outcome, Record
+from gateway.core.settings import Snapshot
 from gateway.observe.metrics import Metrics
-from gateway.pipeline.delivery import Streamed, Whole, kept_stream
-from gateway.pipeline.record import Outcome, Record
-from gateway.stores import cache
-from gateway.stores.cache import Cached, ResponseCache
 from providers.contract.stream import UNREADABLE_ANSWER, close_quietly
 from providers.contract.usage import from_payload
+
+
+def caches(snapshot: Snapshot, endpoint: str) -> bool:
+    """Whether a request to `endpoint` may be cached under `snapshot`: the stage is built."""
+    return endpoint in cache.ENDPOINTS and any(
+        policy.cache.ttl for policy in (snapshot.default_policy, *snapshot.policies.values()))
+
+
+def stage_of(snapshot: Snapshot, store: ResponseCache, metrics: Metrics) -> Stage:
+    """The stage that answers from the cache, and keeps what it may."""
+
+    async def stage(call: Call, following: Next) -> Delivery:
+        ttl = snapshot.policy(call.alias).cache.ttl
+        kept = caching(call.headers, call.record, ttl, call.outgoing.json(), store, metrics) \
+            if ttl and call.outgoing is not None else None
+        if kept is None:
+            return await following(call)
+        if hit := await lookup(kept, call.record, call.wants_usage):
+            return hit
+        delivery = await following(call)
+        if not kept.write:
+            return delivery
+        if isinstance(delivery, Streamed) and delivery.media_type == "text/event-stream":
+            return keeping(delivery, kept, call.wants_usage)
+        if isinstance(delivery, Whole) and delivery.status == 200 \
+                and delivery.outcome is Outcome.COMPLETED:
+            await keep_whole(kept, call.record, delivery.body)
+        return delivery
+
+    return stage
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,60 @@
+"""The stages of each relay endpoint, composed once per config snapshot, in one place.
+
+In order, outermost first (each owned by its folder):
+
+    keys        gateway/accounts/stage.py        who it runs as; expiry, parallel, rate limits
+    room        gateway/queue/stage.py           its ticket; refused at once when full
+    admission   gateway/pipeline/admission.py    head typed, alias, candidates, the request
+    budget      gateway/accounts/stage.py        the worst case held against budgets
+    previous    gateway/adapters/responses/      a Responses `previous_response_id` known
+    turn        gateway/queue/stage.py           the wait for a slot
+    idempotency gateway/idempotency/stage.py     an `Idempotency-Key` answered once
+    cache       gateway/cache/stage.py           a hit answered, an answer kept
+    serve       gateway/pipeline/relay.py        route, then deliver
+
+A stage is built only when something in force can use it: `budget` with accounts, `previous`
+on `/v1/responses`, `idempotency` on the endpoints that generate, `cache` on those it serves
+when some alias caches. Tracing's span is opened by the edge around the whole call, so it also
+covers writing the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.accounts import stage as accounts
+from gateway.adapters.responses.previous import previous
+from gateway.cache import stage as cache
+from gateway.core.call import Next, Stage, compose
+from gateway.idempotency import flight
+from gateway.idempotency.stage import idempotency
+from gateway.pipeline.admission import HEADS, admission
+from gateway.pipeline.relay import innermost
+from gateway.queue import stage as queue
+from gateway.state.runtime import Live, Runtime
+
+
+def stacks(runtime: Runtime, live: Live) -> Mapping[str, Next]:
+    """Every relay endpoint's stages for `live`'s snapshot, as one callable each."""
+    serve = innermost(runtime, live)
+    return {endpoint: compose(stages(runtime, live, endpoint), serve) for endpoint in HEADS}
+
+
+def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
+    """The stages a call to `endpoint` passes under `live`'s snapshot, outermost first."""
+    snapshot, accounting = live.snapshot, runtime.accounts
+    built: list[Stage] = [
+        accounts.keys(snapshot, accounting, runtime.limiter),
+        queue.room(runtime.queue, snapshot.server.queue_timeout, runtime.enter, runtime.leave),
+        admission(runtime, live, endpoint),
+    ]
+    if accounting is not None:
+        built.append(accounts.budget(accounting, live.prices))
+    if endpoint == "responses":
+        built.append(previous(runtime.responses))
+    built.append(queue.turn(runtime.queue))
+    if endpoint in flight.ENDPOINTS:
+        built.append(idempotency(runtime.idempotency, snapshot.idempotency))
+    if cache.caches(snapshot, endpoint):
+        built.append(cache.stage_of(snapshot, runtime.cache, runtime.metrics))
+    return built
