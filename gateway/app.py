@@ -15,20 +15,18 @@ import hashlib
 import os
 import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import msgspec
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp
 
 import providers
 from gateway import config
-from gateway.accounts import auth
 from gateway.accounts.database import IN_MEMORY, Database
-from gateway.accounts.ledger import FileLedger, RedisLedger
+from gateway.accounts.file_ledger import FileLedger
+from gateway.accounts.ledger import RedisLedger
 from gateway.accounts.overview import Overview
 from gateway.accounts.service import Accounts
 from gateway.adapters.responses.store import ResponseStore
@@ -39,23 +37,20 @@ from gateway.cache.store import ResponseCache
 from gateway.config.loader import BIND_ENV, WORKERS_ENV, state_dir
 from gateway.core.record import request_id
 from gateway.core.settings import CachePolicy, Snapshot
-from gateway.edge import admin, admin_accounts, openapi, status_page, stored_responses
+from gateway.edge import admin, admin_accounts, reads, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe import logs
-from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.pipeline import stack
-from gateway.routing import router
 from gateway.state import discovery, reload
 from gateway.state.redis_sync import RedisSync, redis_client
-from gateway.state.runtime import Runtime, model_card
+from gateway.state.runtime import Runtime
 from providers.contract.errors import (
     GatewayError,
     InvalidRequest,
     MethodNotAllowed,
-    ModelNotAllowed,
     NotFound,
     RequestTooLarge,
     error_body,
@@ -69,9 +64,6 @@ if TYPE_CHECKING:
 
     from gateway.observe.tracing import Tracing
 
-JSON = "application/json"
-STATUS_PAGE = (Path(__file__).parent / "static" / "status.html").read_bytes()
-OPENAPI = msgspec.json.encode(openapi.document())
 # What a browser's script may read of an answer besides the CORS-safelisted headers.
 EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-model", "x-llms-attempts",
                    "x-llms-cost", "x-llms-cache", "x-llms-hedged", "x-llms-overhead-ms",
@@ -85,131 +77,6 @@ EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-model", "x-llms-at
 GC_THRESHOLDS = (2_000, 2, 500)
 
 
-@get("/v1/models")
-async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Every alias served by an enabled provider; for a key limited to some, those."""
-    runtime = _reader(request, "/v1/models")
-    limited = _limited_to(request, runtime)
-    if limited is None:
-        return Response(runtime.live.models_body, media_type=JSON)
-    listed = msgspec.json.decode(runtime.live.models_body)
-    listed["data"] = [card for card in listed["data"]
-                      if _allowed(runtime.live.snapshot, card["id"], limited)]
-    return Response(msgspec.json.encode(listed), media_type=JSON)
-
-
-def _limited_to(request: Request[Any, Any, Any], runtime: Runtime) -> frozenset[str] | None:
-    """The aliases a virtual key limited to some may see; None for any other caller."""
-    if runtime.accounts is None or (key := auth.presented_key(request.headers)) is None:
-        return None
-    account = runtime.accounts.find(key)
-    return account.models if account is not None else None
-
-
-def _allowed(snapshot: Snapshot, name: str, limited: frozenset[str]) -> bool:
-    try:
-        return snapshot.resolve(name) in limited
-    except GatewayError:
-        return False
-
-
-@get("/v1/models/{model_id:path}")
-async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
-    """One alias, or a name that serves as one (`alias_of`, a pattern); else 404
-    model_not_found (403 model_not_allowed for a key limited to other aliases, known or not)."""
-    runtime = _reader(request, "/v1/models")
-    live = runtime.live
-    alias = model_id.lstrip("/")
-    if (limited := _limited_to(request, runtime)) is not None \
-            and not _allowed(live.snapshot, alias, limited):
-        raise ModelNotAllowed(f"This key may not use the model '{alias[:200]}'", param="model")
-    routes = router.candidates(live.snapshot, live.snapshot.resolve(alias))
-    card = model_card(alias, routes[0].provider, int(_runtime(request).started))
-    return Response(msgspec.json.encode(card), media_type=JSON)
-
-
-@get("/metrics")
-async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Prometheus text format, every worker's when there are several."""
-    return Response(_reader(request, "/metrics").metrics.exposition(),
-                    media_type=METRICS_CONTENT_TYPE)
-
-
-@get("/")
-async def status_html() -> Response[bytes]:
-    """The status page: plain HTML and a small script, no build step, works offline."""
-    return Response(STATUS_PAGE, media_type="text/html; charset=utf-8")
-
-
-@get("/status.json")
-async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """What the status page shows, refreshed every two seconds; spend only to a request that
-    may read details (`auth.authenticated`): it names keys and dollars."""
-    runtime = _reader(request, "/status.json")
-    body = status_page.status(runtime)
-    details = auth.authenticated(request.headers, runtime.live.snapshot, runtime.accounts)
-    body.update(await status_page.accounts_view(runtime, request.app.state.spend, details))
-    return _json(runtime, body)
-
-
-@get("/openapi.json")
-async def openapi_document() -> Response[bytes]:
-    """The relay routes' OpenAPI document (their request bodies as the gateway checks them)."""
-    return Response(OPENAPI, media_type=JSON)
-
-
-@get("/health")
-async def health() -> Response[bytes]:
-    """Liveness: the process answers. No upstream is called."""
-    return Response(b'{"status":"ok"}', media_type=JSON)
-
-
-@get("/ready")
-async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Readiness: a config is loaded, a provider is enabled, and every pool model can answer
-    (`loading` lists those that cannot yet). Providers, circuits and load are listed only for
-    a request that may read them (`auth.authenticated`)."""
-    runtime = _runtime(request)
-    snapshot = runtime.live.snapshot
-    is_ready = any(p.enabled for p in snapshot.providers)
-    loading = sorted({alias for provider in runtime.live.providers.values()
-                      for alias in provider.loading_models()})
-    body: dict[str, Any] = {"status": "ready" if is_ready and not loading else "not_ready"}
-    if not is_ready:
-        body["reason"] = "no provider is enabled"
-    elif loading:
-        body["reason"] = "pool models are still loading"
-        body["loading"] = loading
-        is_ready = False
-    if auth.authenticated(request.headers, snapshot, runtime.accounts):
-        live = runtime.live.providers
-        body["providers"] = [
-            {"name": p.name, "type": p.kind, "enabled": p.enabled, "reason": p.disabled_reason,
-             **({"state": state} if p.name in live and (state := live[p.name].live_state())
-                else {})}
-            for p in snapshot.providers]
-        body["inflight"] = runtime.inflight
-        body["circuits"] = runtime.health.snapshot()
-    return _json(runtime, body, 200 if is_ready else 503)
-
-
-def _runtime(request: Request[Any, Any, Any]) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    return runtime
-
-
-def _json(runtime: Runtime, body: Any, status: int = 200) -> Response[bytes]:
-    """A JSON answer about the gateway's state (it quotes upstream messages): redacted."""
-    return Response(status_page.encoded(runtime, body), media_type=JSON, status_code=status)
-
-
-def _reader(request: Request[Any, Any, Any], path: str) -> Runtime:
-    """The runtime, for a request allowed to read `path` (a key, or a public path)."""
-    runtime = _runtime(request)
-    auth.check_reader(request.headers, runtime.live.snapshot, path, runtime.accounts)
-    return runtime
-
-
 def _error_response(request: Request[Any, Any, Any], error: GatewayError, status: int,
                     headers: dict[str, str] | None = None) -> Response[bytes]:
     headers = {**error.headers(), **(headers or {}),
@@ -218,7 +85,7 @@ def _error_response(request: Request[Any, Any, Any], error: GatewayError, status
     runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is not None:
         body = runtime.live.redactor.encoded(body)
-    return Response(body, status_code=status, media_type=JSON, headers=headers)
+    return Response(body, status_code=status, media_type=reads.JSON, headers=headers)
 
 
 def on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
@@ -375,8 +242,7 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     if snapshot is None:
         snapshot = config.load(config.discover())
     guarded = Guard.around(Front(Litestar(
-        route_handlers=[list_models, retrieve_model,
-                        health, ready, metrics, status_html, status_json, openapi_document,
+        route_handlers=[*reads.ROUTES,
                         admin.list_providers, admin.toggle_provider, *admin_accounts.ROUTES,
                         stored_responses.retrieve_response, stored_responses.delete_response,
                         stored_responses.list_input_items,

@@ -15,7 +15,8 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.accounts.account import NANO, Budget, Scope, window
-from gateway.accounts.ledger import HOLD_TTL, FileLedger, Hold, LocalLedger, Over, RedisLedger
+from gateway.accounts.file_ledger import FileLedger
+from gateway.accounts.ledger import HOLD_TTL, Hold, LocalLedger, Over, RedisLedger
 from gateway.accounts.pricing import worst_case
 from gateway.core.settings import Route
 from providers.contract.usage import Price

@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from gateway.accounts.account import Budget, Scope, window
-from gateway.accounts.database import Database, spend_row
+from gateway.accounts.database import Database
 from gateway.accounts.overview import Overview, near_limit
 from gateway.accounts.service import Accounts
+from gateway.accounts.spend import spend_row
 from gateway.core.settings import DatabaseConfig
 from tests import browser
 from tests.fake_gpu import install_fakes

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
-import functools
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, make_url
@@ -23,6 +21,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemy
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
+from gateway.accounts.spend import SpendRow
 from gateway.accounts.tables import audit, keys, revision, spend, teams
 from providers.contract.errors import Conflict, DatabaseUnavailable
 
@@ -57,16 +56,6 @@ def engine_url(url: str) -> str:
     if backend not in DRIVERS:
         raise ValueError(f"database.url: '{backend}' is not supported (sqlite or postgresql)")
     return parsed.set(drivername=DRIVERS[backend]).render_as_string(hide_password=False)
-
-
-@functools.lru_cache(maxsize=4)
-def _day(number: int) -> str:
-    return dt.datetime.fromtimestamp(number * 86400, dt.UTC).strftime("%Y-%m-%d")
-
-
-def utc_day(at: float) -> str:
-    """The UTC date of a time, worked out once a day rather than once a request."""
-    return _day(int(at // 86400))
 
 
 class Database:
@@ -324,33 +313,6 @@ class Database:
         async with self._tx() as conn:
             done = await conn.execute(spend.delete().where(spend.c.time < before))
             return int(done.rowcount or 0)
-
-
-class SpendRow(NamedTuple):
-    """One request's row of the `spend` table, its fields in the insert's order. The upstream
-    model comes last: it is looked up when the row is written, and added to the plain tuple the
-    request left (`Accounts.ended`)."""
-
-    time: float
-    day: str
-    request_id: str
-    key_id: str | None
-    team: str | None
-    alias: str | None
-    provider: str | None
-    endpoint: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    cost: float
-    latency_ms: float
-    status: int
-    upstream_model: str | None
-
-
-def spend_row(**fields: Any) -> SpendRow:
-    """A spend row, its `day` filled from its `time`."""
-    return SpendRow(**fields, day=utc_day(fields["time"]))
 
 
 def _insert(paramstyle: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.accounts import pricing
 from gateway.accounts.account import NANO, Account, Scope, Slots, nano
-from gateway.accounts.database import Database, SchemaTooNew, SpendRow, utc_day
+from gateway.accounts.database import Database, SchemaTooNew
 from gateway.accounts.directory import Directory
 from gateway.accounts.ledger import (
     Counted,
@@ -31,6 +31,7 @@ from gateway.accounts.ledger import (
     LocalLedger,
     Over,
 )
+from gateway.accounts.spend import SpendRow, utc_day
 from gateway.core.record import Record
 from gateway.core.settings import DatabaseConfig, Route
 from providers.contract.errors import (
