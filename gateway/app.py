@@ -35,6 +35,7 @@ from gateway.batches.runner import Runner
 from gateway.batches.store import Store
 from gateway.cache.store import ResponseCache
 from gateway.config.loader import BIND_ENV, WORKERS_ENV, state_dir
+from gateway.core.errors import MethodNotAllowed, RequestTooLarge
 from gateway.core.record import request_id
 from gateway.core.settings import CachePolicy, Snapshot
 from gateway.edge import admin, admin_accounts, reads, stored_responses
@@ -47,14 +48,7 @@ from gateway.pipeline import stack
 from gateway.state import discovery, reload
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime
-from providers.contract.errors import (
-    GatewayError,
-    InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-    RequestTooLarge,
-    error_body,
-)
+from providers.contract.errors import GatewayError, InvalidRequest, NotFound, error_body
 from providers.contract.log import get_logger
 from providers.contract.transport import Transport
 from providers.transport import AiohttpTransport

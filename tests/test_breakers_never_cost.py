@@ -15,12 +15,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from gateway.core.errors import AllProvidersFailed
 from gateway.core.settings import Route
 from gateway.routing import router
 from gateway.routing.circuit import CircuitState
 from gateway.routing.health import Planned, ProviderHealth
 from providers.contract.errors import (
-    AllProvidersFailed,
     BadUpstreamResponse,
     FirstTokenTimeout,
     ProviderError,

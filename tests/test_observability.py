@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.core.errors import Attempt
 from gateway.observe.metrics import LocalValues, Metrics, SharedValues
 from gateway.routing.health import ProviderHealth
-from providers.contract.errors import Attempt
 from providers.contract.usage import Usage
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, slow_first_token, status

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from providers.contract.errors import AllProvidersFailed, Attempt, PoolFull, PoolNotReady
+from gateway.core.errors import AllProvidersFailed, Attempt
+from providers.contract.errors import PoolFull, PoolNotReady
 from providers.contract.pace import Pace
 from providers.contract.transport import Link
 from providers.kinds.pool.engines import LLAMACPP, VLLM, WorkerPlan

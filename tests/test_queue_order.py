@@ -9,10 +9,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from gateway.core.errors import QueueTimeout
 from gateway.core.limits import KeyLimits
 from gateway.queue.fair import FairOrder
 from gateway.queue.queueing import Queue, Ticket, Turn, turn_of
-from providers.contract.errors import InvalidRequest, Overloaded, QueueTimeout
+from providers.contract.errors import InvalidRequest, Overloaded
 
 
 class Clock:

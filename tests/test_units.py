@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 from gateway import config
+from gateway.core.errors import AllProvidersFailed, Attempt, ModelNotFound
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic, Refusal, refusal
 from gateway.routing import router
 from providers.contract.errors import (
-    AllProvidersFailed,
-    Attempt,
-    ModelNotFound,
     ProviderError,
     ProviderRateLimited,
     ProviderRejected,

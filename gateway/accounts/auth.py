@@ -14,8 +14,8 @@ import ipaddress
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from gateway.core.errors import AuthenticationFailed, PermissionDenied
 from gateway.core.settings import GatewayKey, Snapshot
-from providers.contract.errors import AuthenticationFailed, PermissionDenied
 
 if TYPE_CHECKING:
     from gateway.accounts.account import Account
@@ -61,7 +61,7 @@ def _known(headers: Mapping[str, str], keys: tuple[GatewayKey, ...],
     if matched is not None:
         return matched
     if accounts is not None and (account := accounts.find(key)) is not None:
-        return account
+        return accounts.unexpired(account)
     raise AuthenticationFailed("Invalid API key")
 
 

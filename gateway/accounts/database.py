@@ -23,7 +23,7 @@ from sqlalchemy.pool import StaticPool
 
 from gateway.accounts.spend import SpendRow
 from gateway.accounts.tables import audit, keys, revision, spend, teams
-from providers.contract.errors import Conflict, DatabaseUnavailable
+from gateway.core.errors import Conflict, DatabaseUnavailable
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest migration's revision: a database already there is not handed to Alembic, which a

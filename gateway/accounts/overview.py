@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.accounts.account import Scope, window
 from gateway.accounts.service import Accounts
-from providers.contract.errors import DatabaseUnavailable
+from gateway.core.errors import DatabaseUnavailable
 
 TTL = 10.0
 NEAR = 0.8  # a budget this far used is listed

@@ -32,15 +32,15 @@ from gateway.accounts.ledger import (
     Over,
 )
 from gateway.accounts.spend import SpendRow, utc_day
-from gateway.core.record import Record
-from gateway.core.settings import DatabaseConfig, Route
-from providers.contract.errors import (
+from gateway.core.errors import (
     AuthenticationFailed,
     BudgetExceeded,
     DatabaseUnavailable,
     KeyRateLimited,
     ModelNotAllowed,
 )
+from gateway.core.record import Record
+from gateway.core.settings import DatabaseConfig, Route
 from providers.contract.log import get_logger
 from providers.contract.usage import Price
 
@@ -181,11 +181,16 @@ class Accounts:
     def find(self, secret: str) -> Account | None:
         return self.directory.find(secret)
 
+    def unexpired(self, account: Account) -> Account:
+        """`account`, unless it has expired (401): every route that acts for a key asks."""
+        if account.expires_at is not None and account.expires_at <= self.clock():
+            raise AuthenticationFailed("This API key has expired")
+        return account
+
     def check(self, account: Account, record: Record) -> None:
         """An expired key is refused; a key at its parallel limit (or its team's) too, here
         when this process alone counts them (else in `reserve`, against the shared ledger)."""
-        if account.expires_at is not None and account.expires_at <= self.clock():
-            raise AuthenticationFailed("This API key has expired")
+        self.unexpired(account)
         charge = Charge(account)
         record.charge, record.team = charge, account.team
         if account.slots and self.shared is None:

@@ -16,9 +16,9 @@ from gateway.accounts import auth
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
 from gateway.core.call import Call, Delivery, Next, Stage
+from gateway.core.errors import KeyRateLimited
 from gateway.core.limits import KeyLimits, RateLimiter
 from gateway.core.settings import Snapshot
-from providers.contract.errors import KeyRateLimited
 from providers.contract.usage import Price
 
 

@@ -23,11 +23,11 @@ from contextlib import contextmanager
 import msgspec
 
 from gateway.adapters.seam import Broke, Stitched, continuation
+from gateway.core.errors import CircuitOpen
 from gateway.core.settings import Route
 from gateway.routing.health import Planned, ProviderHealth
 from providers.contract.errors import (
     BadUpstreamResponse,
-    CircuitOpen,
     ProviderError,
     ProviderUnavailable,
     UpstreamClientError,

@@ -22,13 +22,9 @@ import msgspec
 
 from gateway.batches import jsonl
 from gateway.batches.store import Store
+from gateway.core.errors import ModelNotFound
 from gateway.state.runtime import Runtime
-from providers.contract.errors import (
-    BadUpstreamResponse,
-    InvalidRequest,
-    ModelNotFound,
-    ProviderUnavailable,
-)
+from providers.contract.errors import BadUpstreamResponse, InvalidRequest, ProviderUnavailable
 from providers.contract.provider import Provider
 
 

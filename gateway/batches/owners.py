@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from gateway.accounts import auth
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
+from gateway.core.errors import AuthenticationFailed
 from gateway.core.settings import GatewayKey, Snapshot
-from providers.contract.errors import AuthenticationFailed
 
 NOBODY = ""  # the owner of what is made on a gateway without keys
 

@@ -21,9 +21,10 @@ from litestar.handlers import HTTPRouteHandler
 from gateway.batches import jsonl, native, owners
 from gateway.batches.objects import batch_object, file_object, page
 from gateway.batches.store import Store, new_id
+from gateway.core.errors import RequestTooLarge
 from gateway.core.settings import BatchesConfig
 from gateway.state.runtime import Runtime
-from providers.contract.errors import InvalidRequest, NotFound, RequestTooLarge
+from providers.contract.errors import InvalidRequest, NotFound
 
 JSON = "application/json"
 WINDOW = "24h"  # the one completion window OpenAI offers

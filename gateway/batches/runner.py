@@ -25,13 +25,14 @@ from gateway.batches import jsonl, owners
 from gateway.batches.store import COMPLETED, FAILED, Held, Store, new_id
 from gateway.core.call import Call
 from gateway.core.delivery import Streamed
+from gateway.core.errors import DatabaseUnavailable
 from gateway.core.limits import PRIORITY_BOUND
 from gateway.core.record import Record, request_id
 from gateway.core.settings import BatchesConfig
 from gateway.pipeline import relay
 from gateway.queue.queueing import PRIORITY_HEADER
 from gateway.state.runtime import Runtime
-from providers.contract.errors import DatabaseUnavailable, GatewayError, error_body
+from providers.contract.errors import GatewayError, error_body
 from providers.contract.log import get_logger
 from providers.contract.stream import close_quietly
 

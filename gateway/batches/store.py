@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.batches import jsonl
 from gateway.batches.tables import batches, files, requests
-from providers.contract.errors import DatabaseUnavailable
+from gateway.core.errors import DatabaseUnavailable
 
 PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
 # A batch's statuses: those whose requests may still start, and those that are over.

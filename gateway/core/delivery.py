@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 
+from gateway.core.errors import AllProvidersFailed
 from gateway.core.record import Outcome, Record
-from providers.contract.errors import AllProvidersFailed, GatewayError, error_body
+from providers.contract.errors import GatewayError, error_body
 from providers.contract.log import get_logger
 from providers.contract.redact import Redactor
 from providers.contract.usage import Usage

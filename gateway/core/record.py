@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from providers.contract.errors import Attempt, Dialect
+from gateway.core.errors import Attempt
+from providers.contract.errors import Dialect
 from providers.contract.provider import Resumes
 from providers.contract.usage import Price, Usage
 from providers.contract.usage import cost as cost_of

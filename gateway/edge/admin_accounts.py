@@ -21,12 +21,9 @@ from gateway.accounts import auth
 from gateway.accounts.account import Period, digest, new_secret
 from gateway.accounts.database import GROUPS, GroupBy
 from gateway.accounts.service import Accounts
+from gateway.core.errors import DatabaseUnavailable
 from gateway.state.runtime import Runtime
-from providers.contract.errors import (
-    DatabaseUnavailable,
-    InvalidRequest,
-    NotFound,
-)
+from providers.contract.errors import InvalidRequest, NotFound
 
 JSON = "application/json"
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")]

@@ -23,21 +23,14 @@ from litestar.types import Message, Receive, Scope, Send
 from gateway.adapters import native
 from gateway.core.call import Call, ClientDisconnected
 from gateway.core.delivery import Streamed, Whole
+from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
 from gateway.core.record import Record, request_id
 from gateway.edge import passthrough
 from gateway.edge.disconnect import DisconnectGuard
 from gateway.pipeline import relay
 from gateway.state.drain import Drain
 from gateway.state.runtime import Runtime
-from providers.contract.errors import (
-    Dialect,
-    InvalidRequest,
-    MethodNotAllowed,
-    RequestTooLarge,
-    ShuttingDown,
-    error_body,
-    error_event,
-)
+from providers.contract.errors import Dialect, InvalidRequest, error_body, error_event
 from providers.contract.stream import close_quietly
 
 _ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",

@@ -24,12 +24,8 @@ from typing import TYPE_CHECKING, Any
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
-from providers.contract.errors import (
-    GatewayError,
-    HeadersTooLarge,
-    RequestTimeout,
-    error_body,
-)
+from gateway.core.errors import HeadersTooLarge, RequestTimeout
+from providers.contract.errors import GatewayError, error_body
 
 if TYPE_CHECKING:
     from gateway.core.settings import ServerConfig

@@ -28,9 +28,9 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config.snapshots import is_loopback
+from gateway.core.errors import PermissionDenied
 from gateway.core.settings import ServerConfig
 from gateway.edge.guard import answer
-from providers.contract.errors import PermissionDenied
 
 # Addresses a server binds to mean "every interface"; as a name they are no gateway's own.
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})

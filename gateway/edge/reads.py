@@ -10,15 +10,13 @@ import msgspec
 from litestar import Request, Response, get
 
 from gateway.accounts import auth
+from gateway.core.errors import ModelNotAllowed
 from gateway.core.settings import Snapshot
 from gateway.edge import openapi, status_page
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.routing import router
 from gateway.state.runtime import Runtime, model_card
-from providers.contract.errors import (
-    GatewayError,
-    ModelNotAllowed,
-)
+from providers.contract.errors import GatewayError
 
 if TYPE_CHECKING:
 

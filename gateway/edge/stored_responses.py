@@ -17,8 +17,8 @@ from litestar.params import Parameter
 from gateway.accounts import auth
 from gateway.adapters.responses.request import input_items
 from gateway.adapters.responses.store import StoredTurn, readable
+from gateway.core.errors import ResponseNotFound
 from gateway.state.runtime import Runtime
-from providers.contract.errors import ResponseNotFound
 
 JSON = "application/json"
 Limit = Annotated[int, Parameter(ge=1, le=100)]
@@ -72,7 +72,7 @@ async def _owned(request: Request[Any, Any, Any], response_id: str) -> StoredTur
     """The stored response, if this request's key may see it; else 404."""
     runtime = _runtime(request)
     snapshot = runtime.live.snapshot
-    key = auth.check(request.headers, snapshot)
+    key = auth.check(request.headers, snapshot, runtime.accounts)
     turn = await runtime.responses.turn(response_id)
     if turn is None or not len(turn.response):
         raise ResponseNotFound(response_id, param="response_id")

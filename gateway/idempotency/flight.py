@@ -27,15 +27,11 @@ from dataclasses import dataclass
 
 from gateway.core.call import ClientDisconnected, Watching
 from gateway.core.delivery import Streamed, Whole, kept_stream
+from gateway.core.errors import IdempotencyKeyBusy, IdempotencyKeyReused
 from gateway.core.record import Outcome, Record
 from gateway.core.settings import IdempotencyConfig
 from gateway.idempotency.store import IdempotencyStore, Remembered, digest_of, key_of
-from providers.contract.errors import (
-    GatewayError,
-    IdempotencyKeyBusy,
-    IdempotencyKeyReused,
-    InvalidRequest,
-)
+from providers.contract.errors import GatewayError, InvalidRequest
 from providers.contract.log import get_logger
 from providers.contract.stream import close_quietly
 

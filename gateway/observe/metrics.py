@@ -35,9 +35,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from gateway.core.errors import Attempt
 from gateway.routing.health import ProviderHealth
 from gateway.routing.hedging import Hedging
-from providers.contract.errors import Attempt
 from providers.contract.usage import Usage
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -18,13 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from providers.contract.errors import (
-    ModelLoading,
-    Overloaded,
-    PoolFull,
-    PoolNotReady,
-    QueueTimeout,
-)
+from gateway.core.errors import QueueTimeout
+from providers.contract.errors import ModelLoading, Overloaded, PoolFull, PoolNotReady
 
 HORIZON = 600
 SAMPLES_PER_SECOND = 128

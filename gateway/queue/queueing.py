@@ -27,9 +27,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gateway.core.errors import QueueTimeout
 from gateway.core.limits import PRIORITY_BOUND, KeyLimits
 from gateway.queue.fair import Entry, FairOrder
-from providers.contract.errors import InvalidRequest, Overloaded, QueueTimeout
+from providers.contract.errors import InvalidRequest, Overloaded
 from providers.contract.pace import Pace
 
 PRIORITY_HEADER = "x-llms-priority"

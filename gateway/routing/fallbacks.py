@@ -19,16 +19,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.core.errors import AllProvidersFailed, Attempt, ContextTooLong
 from gateway.core.settings import Route, Snapshot
 from gateway.routing import router, sizing
 from gateway.routing.router import Routing, Served
-from providers.contract.errors import (
-    AllProvidersFailed,
-    Attempt,
-    ContextTooLong,
-    GatewayError,
-    UpstreamClientError,
-)
+from providers.contract.errors import GatewayError, UpstreamClientError
 from providers.contract.provider import Answer, Outgoing, Provider, Reply
 from providers.contract.refusals import filtered
 from providers.contract.stream import Opened

@@ -28,17 +28,14 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from gateway.core.errors import AllProvidersFailed, Attempt, CircuitOpen, ModelNotFound
 from gateway.core.settings import Route, Snapshot
 from gateway.routing.health import Planned, ProviderHealth
 from gateway.routing.hedging import AliasHedging
 from gateway.routing.strategy import Latencies
 from providers.contract.errors import (
-    AllProvidersFailed,
-    Attempt,
-    CircuitOpen,
     ContentRefused,
     ContextLengthExceeded,
-    ModelNotFound,
     ProviderError,
     UpstreamClientError,
 )

@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
+from gateway.core.errors import Attempt
 from gateway.core.settings import Route
 from gateway.core.tokens import chat_tokens
 from providers.contract import messages
-from providers.contract.errors import Attempt
 
 TOO_SMALL = "context_too_small"
 # The fields each endpoint's clients ask for an answer's length with.

@@ -12,7 +12,8 @@ from gateway.adapters.responses.events import ResponseEvents
 from gateway.adapters.responses.request import to_chat
 from gateway.adapters.responses.store import ResponseStore, StoredTurn
 from gateway.adapters.seam import RESUMED
-from providers.contract.errors import ProviderError, ProviderUnavailable, ResponseNotFound
+from gateway.core.errors import ResponseNotFound
+from providers.contract.errors import ProviderError, ProviderUnavailable
 from providers.contract.provider import Adapter, Outgoing, Provider, Reply
 from providers.contract.stream import close_quietly
 from providers.wire import sse

@@ -8,7 +8,7 @@ from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.responses.store import ResponseStore
 from gateway.adapters.stack import bare
 from gateway.core.call import Call, Delivery, Next, Stage
-from providers.contract.errors import ResponseNotFound
+from gateway.core.errors import ResponseNotFound
 
 
 def previous(store: ResponseStore) -> Stage:
