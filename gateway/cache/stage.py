@@ -17,7 +17,8 @@ from gateway.core.record import Outcome, Record
 from gateway.core.settings import Snapshot
 from gateway.observe.metrics import Metrics
 from providers.contract.stream import UNREADABLE_ANSWER, close_quietly
-from providers.contract.usage import from_payload
+from providers.contract.usage import Usage, from_payload
+from providers.wire import sse
 
 
 def caches(snapshot: Snapshot, endpoint: str) -> bool:
@@ -94,8 +95,18 @@ async def lookup(caching: Caching, record: Record, wants_usage: bool) -> Whole |
     if not record.stream:
         record.usage = from_payload(kept)
         return Whole(kept, record.headers(), record)
-    usage = from_payload(kept.rsplit(b"data: ", 2)[-2]) if b'"usage"' in kept else None
-    return kept_stream(kept, record, usage)
+    return kept_stream(kept, record, _stream_usage(kept))
+
+
+def _stream_usage(kept: bytes) -> Usage | None:
+    """The usage a kept stream reported: its last event that carries one (the one SSE reader
+    reads it, `[DONE]` and comments skipped)."""
+    if b'"usage"' not in kept:
+        return None
+    for event in reversed(sse.Reader().feed(kept)):
+        if b'"usage"' in event.data and not event.done:
+            return from_payload(event.data)
+    return None
 
 
 async def keep_whole(caching: Caching, record: Record, body: bytes) -> None:

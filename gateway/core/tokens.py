@@ -1,6 +1,7 @@
-"""The gateway's one estimate of a prompt's tokens, for a provider that cannot count them
-(`count_tokens`), for routing by context window (`gateway.routing.sizing`) and for a budget's
-worst case (`gateway.accounts.pricing`)."""
+"""The estimate of a prompt's tokens from its content, for a provider that cannot count them
+(`count_tokens`) and for routing by context window (`gateway.routing.sizing`). A budget's worst
+case takes a token per four bytes of the whole body instead (`gateway.accounts.pricing`): never
+less than this, with no second parse."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from providers.contract import messages
+from gateway.core.messages import to_chat
 
 # Per message and per tool, what a chat template adds around the text, in tokens (estimates).
 MESSAGE_OVERHEAD = 4
@@ -19,7 +20,7 @@ TOOL_OVERHEAD = 8
 def estimated_tokens(body: dict[str, Any]) -> int:
     """`count_tokens` for a provider that cannot count: about four characters a token of the
     text, tool definitions and tool calls, plus a few per message (docs/api.md says so)."""
-    return chat_tokens(messages.to_chat(body))
+    return chat_tokens(to_chat(body))
 
 
 def chat_tokens(chat: Mapping[str, Any]) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from gateway.core import schemas
-from providers.contract.messages import CountTokensRequest, MessagesRequest
+from gateway.core.messages import CountTokensRequest, MessagesRequest
 
 # Uploads (`multipart/form-data`): the head's text fields, and its files as binary parts.
 FORMS: dict[str, type[schemas.FormHead]] = {

@@ -21,12 +21,12 @@ from gateway.adapters.messages import ENDPOINTS as MESSAGES_ENDPOINTS
 from gateway.core import schemas
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.errors import ModelNotFound
+from gateway.core.messages import CountTokensRequest, MessagesRequest
 from gateway.core.schemas import FormHead
 from gateway.core.settings import Route, Snapshot
 from gateway.routing import router, strategy
 from gateway.routing.fallbacks import as_alias
 from gateway.state.runtime import Live, Runtime
-from providers.contract.messages import CountTokensRequest, MessagesRequest
 from providers.contract.provider import Outgoing
 
 HEADS: Mapping[str, type[Any]] = {

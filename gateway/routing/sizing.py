@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 
 from gateway.core.errors import Attempt
+from gateway.core.messages import to_chat
 from gateway.core.settings import Route
 from gateway.core.tokens import chat_tokens
-from providers.contract import messages
 
 TOO_SMALL = "context_too_small"
 # The fields each endpoint's clients ask for an answer's length with.
@@ -50,7 +50,7 @@ def size(endpoint: str, body: Mapping[str, Any]) -> Size | None:
         if endpoint == "chat/completions":
             prompt = chat_tokens(body)
         elif endpoint == "messages":
-            prompt = chat_tokens(messages.to_chat(dict(body)))
+            prompt = chat_tokens(to_chat(dict(body)))
         elif endpoint in ("completions", "responses"):
             said = [body.get(name) for name in ("prompt", "input", "instructions")]
             prompt = (len(msgspec.json.encode([s for s in said if s])) + 3) // 4
