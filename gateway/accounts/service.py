@@ -240,7 +240,7 @@ class Accounts:
             raise BudgetExceeded(_over(held, amount),
                                  held.resets_at - now if held.resets_at else None)
         charge.hold = held
-        record.budget_remaining = held.remaining
+        record.mark("x-llms-budget-remaining", f"{max(held.remaining, 0.0):.6f}")
 
     async def _hold_slots(self, charge: Charge) -> None:
         """A unit of each of the key's (and team's) parallel limits, in the ledger every

@@ -92,6 +92,7 @@ async def lookup(caching: Caching, record: Record, wants_usage: bool) -> Whole |
         return None
     caching.metrics.cache_lookup(model, "hit")
     record.provider, record.cache_hit = found.provider, True
+    record.mark("x-llms-cache", "hit")
     if not record.stream:
         record.usage = from_payload(kept)
         return Whole(kept, record.headers(), record)

@@ -58,7 +58,8 @@ class Record:
     # What accounts hold for it, its parallel slot and its budget hold
     # (`gateway.accounts.service.Charge`).
     charge: object | None = None
-    budget_remaining: float | None = None  # dollars left in its tightest budget, when one applies
+    # Headers the stages that own them give the answer (`mark`).
+    marks: dict[str, str] | None = None
     provider: str | None = None
     cache_hit: bool = False  # answered from the response cache (`provider` said who first did)
     # Answered by the request its `Idempotency-Key` repeats (`gateway.idempotency.flight`):
@@ -117,15 +118,19 @@ class Record:
             headers["x-llms-cost"] = f"{self.cost:.6f}"
         if self.hedged:
             headers["x-llms-hedged"] = "1"
-        if self.cache_hit:
-            headers["x-llms-cache"] = "hit"
-        if self.replayed:
-            headers["x-llms-idempotent-replay"] = "true"
-        if self.budget_remaining is not None:
-            headers["x-llms-budget-remaining"] = f"{max(self.budget_remaining, 0.0):.6f}"
+        if self.marks is not None:
+            headers.update(self.marks)
         if self.resumes is not None and self.resumes.ok:  # a whole answer's (a stream's
             headers["x-llms-resumed"] = str(self.resumes.ok)  # headers left before)
         return headers
+
+    def mark(self, header: str, value: str) -> None:
+        """A header the answer carries for a stage that owns it (a cache hit, a replay, a
+        budget's remainder)."""
+        if self.marks is None:
+            self.marks = {header: value}
+        else:
+            self.marks[header] = value
 
     def used(self, usage: Usage | None, price: Price | None) -> None:
         """What the answer used, priced."""

@@ -36,6 +36,7 @@ from providers.contract.log import get_logger
 from providers.contract.stream import close_quietly
 
 HEADER = "idempotency-key"
+REPLAY_HEADER = "x-llms-idempotent-replay"
 PARAM = "Idempotency-Key"
 MAX_KEY_CHARS = 255
 ENDPOINTS = frozenset({"chat/completions", "completions", "responses", "embeddings",
@@ -306,6 +307,7 @@ async def _started(chunks: AsyncGenerator[bytes, None], keys: Idempotency, fligh
 def _follows(record: Record, first: Record) -> None:
     """`record` is answered by `first`'s answer: who served it, nothing used of its own."""
     record.replayed = True
+    record.mark(REPLAY_HEADER, "true")
     record.provider, record.alias, record.failed = first.provider, first.alias, ()
 
 
@@ -333,6 +335,7 @@ async def _followed(chunks: AsyncGenerator[bytes, None], flight: Flight, record:
 def _replayed(remembered: Remembered, record: Record) -> Whole | Streamed:
     """A completed request's answer, again, for its retry."""
     record.replayed = True
+    record.mark(REPLAY_HEADER, "true")
     record.provider, record.alias = remembered.provider, remembered.alias or record.alias
     if not remembered.stream:
         return Whole(remembered.body, record.headers(), record,

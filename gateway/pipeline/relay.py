@@ -48,16 +48,16 @@ async def handle(call: Call, runtime: Runtime) -> Delivery:
         return internal_error(record, live.redactor)
 
 
-def innermost(runtime: Runtime, live: Live) -> Next:
-    """The bottom of the stack for `live`'s snapshot: route, then deliver."""
+def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
+    """The bottom of `endpoint`'s stack for `live`'s snapshot: route, then deliver."""
+    chain = fallbacks.Chain(live.snapshot, live.adapted[endpoint],
+                            lambda name: ordered(runtime, endpoint, name),
+                            lambda name: _routing(runtime, name))
 
     async def serve(call: Call) -> Delivery:
-        record, endpoint, outgoing = call.record, call.endpoint, call.outgoing
+        record, outgoing = call.record, call.outgoing
         assert outgoing is not None, "admission builds the request before it is served"
         try:
-            chain = fallbacks.Chain(live.snapshot, call.providers,
-                                    lambda name: ordered(runtime, endpoint, name),
-                                    lambda name: _routing(runtime, name))
             runtime.stage("provider")
             began = time.perf_counter()
             try:

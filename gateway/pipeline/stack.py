@@ -36,8 +36,8 @@ from gateway.state.runtime import Live, Runtime
 
 def stacks(runtime: Runtime, live: Live) -> Mapping[str, Next]:
     """Every relay endpoint's stages for `live`'s snapshot, as one callable each."""
-    serve = innermost(runtime, live)
-    return {endpoint: compose(stages(runtime, live, endpoint), serve) for endpoint in HEADS}
+    return {endpoint: compose(stages(runtime, live, endpoint), innermost(runtime, live, endpoint))
+            for endpoint in HEADS}
 
 
 def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
