@@ -7,9 +7,10 @@ after its first event (a reset, an idle timeout, a malformed or an error event, 
 ends unfinished) and no tool call has started, the alias's candidates are asked, in file order
 from the one after the provider that broke and that provider last (so an alias with one
 provider retries it), to continue the partial answer (`seam.continuation`); the first whose
-stream opens is spliced in (`seam.Stitched`). Breakers and cooldowns order them as they do the
-router's tries (`ProviderHealth.plan`): a candidate whose circuit is open or that is cooling
-down is asked only after the others, and each continuation's outcome counts in its circuit.
+stream opens is spliced in (`seam.Stitched`). The candidates are tried by the router's one
+failover loop (`gateway.routing.router.attempt`), so breakers and cooldowns order them as they
+order any request's: a candidate whose circuit is open or that is cooling down is asked only
+after the others, and each continuation's outcome counts in its circuit.
 A resume that finds no candidate, or one more break than `max_resumes` allows, ends the
 stream with the break's error, as without resume.
 A break before the first event is not this module's: the router fails over as always.
@@ -17,25 +18,26 @@ A break before the first event is not this module's: the router fails over as al
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import replace
 
 import msgspec
 
 from gateway.adapters.seam import Broke, Stitched, continuation
-from gateway.core.errors import CircuitOpen
+from gateway.core.errors import AllProvidersFailed
 from gateway.core.settings import Route
-from gateway.routing.health import Planned, ProviderHealth
+from gateway.routing import router
+from gateway.routing.health import ProviderHealth
 from providers.contract.errors import (
     BadUpstreamResponse,
+    ModelLimit,
     ProviderError,
     ProviderUnavailable,
     UpstreamClientError,
 )
 from providers.contract.log import get_logger
-from providers.contract.provider import Adapter, Outgoing, Provider, Resumes
-from providers.contract.spec import CircuitPolicy
-from providers.contract.stream import UNREADABLE_ANSWER, close_quietly, peek, unreadable
+from providers.contract.provider import Adapter, Answer, Outgoing, Provider, Resumes
+from providers.contract.stream import Opened, close_quietly
 from providers.wire import sse
 
 ENDPOINT = "chat/completions"
@@ -98,90 +100,71 @@ class Resuming(Adapter):
 
     async def _continuation(self, request: Outgoing, stitched: Stitched, reason: str
                             ) -> AsyncIterator[bytes]:
-        """The first candidate's stream that opens asked to continue `stitched`; the break's
-        error if none does."""
+        """The first candidate's stream that opens asked to continue `stitched`, tried by the
+        router's one failover loop (its ordering by breakers and cooldowns, its circuit
+        accounting); the break's error if none does."""
         partial = stitched.text
         log = get_logger()
-        for provider, planned in self._order(request.model):
-            dialect = provider.continues()
-            body = continuation(request.json(), partial, dialect, stitched.tokens)
-            asked = Outgoing(ENDPOINT, msgspec.json.encode(body), request.model, True,
-                             request.request_id, request.client_wants_usage, request.key_id,
-                             betas=request.betas, resumes=request.resumes,
-                             priority=request.priority)
-            try:
-                with _accounted(self.health, provider, planned):
-                    opened = await peek(provider.stream(asked, planned.route.upstream_model))
-            except ProviderError as exc:
+        continuing = {name: _Continuing(provider, partial, stitched.tokens)
+                      for name, provider in self.providers.items()
+                      if provider.supports(ENDPOINT)}
+        asked = Outgoing(ENDPOINT, request.raw, request.model, True, request.request_id,
+                         request.client_wants_usage, request.key_id, betas=request.betas,
+                         resumes=request.resumes, priority=request.priority)
+        try:
+            served = await router.attempt(request.model, self._order(request.model),
+                                          continuing, asked, router.Routing(self.health))
+        except AllProvidersFailed as exc:
+            for tried in exc.attempts:
                 log.info("resume_try_failed", request_id=request.request_id,
-                         provider=provider.name, reason=exc.reason)
-                continue
-            except UNREADABLE_ANSWER as exc:  # its kind could not read what came
-                log.info("resume_try_failed", request_id=request.request_id,
-                         provider=provider.name, reason=unreadable(provider.name, exc).reason)
-                continue
-            except UpstreamClientError as exc:  # it refused the continuation (a prefill it
-                log.info("resume_try_refused", request_id=request.request_id,  # cannot take)
-                         provider=provider.name, status=exc.status)
-                continue
-            log.info("stream_resumed", request_id=request.request_id, broke=self.name,
-                     provider=provider.name, dialect=dialect, reason=reason[:200],
-                     sent_chars=len(partial))
-            stitched.resumed(partial[len(partial.rstrip()):] if dialect == "prefill" else "")
-            request.resumes.by = provider.name
-            return _joined(opened.head, opened.rest)
-        request.resumes.failed += 1
-        raise ProviderUnavailable(f"{reason} (and no candidate could resume the stream)")
+                         provider=tried.provider, reason=tried.reason, status=tried.status)
+            request.resumes.failed += 1
+            raise ProviderUnavailable(f"{reason} (and no candidate could resume the "
+                                      "stream)") from None
+        opened = served.answer
+        assert isinstance(opened, Opened), "a continuation is asked as a stream"
+        dialect = continuing[served.provider].inner.continues()
+        log.info("stream_resumed", request_id=request.request_id, broke=self.name,
+                 provider=served.provider, dialect=dialect, reason=reason[:200],
+                 sent_chars=len(partial))
+        stitched.resumed(partial[len(partial.rstrip()):] if dialect == "prefill" else "")
+        request.resumes.by = served.provider
+        return _joined(opened.head, opened.rest)
 
-    def _order(self, alias: str) -> list[tuple[Provider, Planned]]:
-        """The alias's candidates after this provider, then those before it, then itself;
-        those whose circuit is open or that cool down after them (`ProviderHealth.plan`)."""
+    def _order(self, alias: str) -> tuple[Route, ...]:
+        """The alias's candidates after this provider, then those before it, then itself (the
+        router puts those whose circuit is open or that cool down after them)."""
         routes = self.routes.get(alias, ())
         mine = [i for i, route in enumerate(routes) if route.provider == self.name]
         at = mine[0] if mine else len(routes)
-        ordered = [*routes[at + 1:], *routes[:at], *routes[at:at + 1]]
-        planned = self.health.plan(ordered, self._policy) if self.health is not None \
-            else [Planned(route) for route in ordered]
-        return [(provider, plan) for plan in planned
-                if (provider := self.providers.get(plan.route.provider)) is not None
-                and provider.supports(ENDPOINT)]
-
-    def _policy(self, name: str) -> CircuitPolicy:
-        provider = self.providers.get(name)
-        return provider.spec.circuit if provider is not None else CircuitPolicy()
+        return (*routes[at + 1:], *routes[:at], *routes[at:at + 1])
 
 
-@contextmanager
-def _accounted(health: ProviderHealth | None, provider: Provider, planned: Planned
-               ) -> Iterator[None]:
-    """A continuation try with its candidate's circuit claimed and its outcome recorded, as
-    the router records a try: a provider's failure in its circuit, an answer (or a sensible
-    refusal) as a success. A circuit that refuses the claim (its half-open probe is out) is
-    a failed try here: there is no later turn to put it in."""
-    if health is None:
-        yield
-        return
-    policy = provider.spec.circuit
-    claimed = health.acquire(planned, policy)
-    if not claimed and not planned.forced:
-        route = planned.route
-        raise CircuitOpen(f"circuit open for {route.provider}/{route.upstream_model}")
-    verdict = False
-    try:
-        yield
-    except ProviderError as exc:
-        verdict = exc.trips_circuit
-        if verdict:
-            health.failed(planned.route, policy, exc)
-        raise
-    except UpstreamClientError:
-        verdict = True
-        health.succeeded(planned, policy)
-        raise
-    finally:
-        if claimed and not verdict:
-            health.released(planned.route, policy)
-    health.succeeded(planned, policy)
+class ContinuationRefused(ModelLimit):
+    """A candidate refused the continuation it was asked for (a prefill it cannot take): the
+    gateway's request, not the client's, so the next candidate is asked."""
+
+    reason = "continuation_refused"
+
+
+class _Continuing(Adapter):
+    """A candidate asked to continue a broken stream: the request rewritten for the way it
+    continues (`Provider.continues`: a prefill, or an instruction)."""
+
+    kind = "continuing"
+
+    def __init__(self, inner: Provider, partial: str, tokens: int) -> None:
+        super().__init__(inner)
+        self.partial = partial
+        self.tokens = tokens
+
+    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
+        body = continuation(request.json(), self.partial, self.inner.continues(), self.tokens)
+        asked = replace(request, raw=msgspec.json.encode(body), _json=body)
+        try:
+            return await self.inner.answer(asked, upstream_model)
+        except UpstreamClientError as exc:
+            raise ContinuationRefused(exc) from None
 
 
 def _may_resume(stitched: Stitched, reason: str, spliced: bool, most: int,
