@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -24,6 +24,7 @@ from providers.contract.messages import STOP_REASONS, THINKING_BUDGETS, image_bl
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
 from providers.contract.stream import event_object
+from providers.contract.translate import translated
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic_batches as batches
@@ -469,22 +470,9 @@ class AnthropicProvider(Provider):
             return Reply(payload, usage=msgspec.convert(usage_of(message.usage), Usage))
         return chat_reply(payload, upstream_model)
 
-    async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
+    def stream(self, request: Outgoing, upstream_model: str) -> AsyncGenerator[bytes, None]:
         chunks = self.http.stream(self._url, self._body(request, upstream_model),
                                   self._betas(request))
         if request.endpoint == "messages":  # the client speaks Messages too: bytes as they come
-            try:
-                async for chunk in chunks:
-                    yield chunk
-            finally:
-                await chunks.aclose()
-            return
-        translator = StreamTranslator(upstream_model)
-        try:
-            async for chunk in chunks:
-                if out := translator.feed(chunk):
-                    yield out
-            if tail := translator.close():
-                yield tail
-        finally:
-            await chunks.aclose()
+            return chunks
+        return translated(chunks, StreamTranslator(upstream_model))

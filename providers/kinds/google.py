@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -23,6 +23,7 @@ from providers.contract.chat import ChatRequest, checked, content_text
 from providers.contract.errors import BadUpstreamResponse, ProviderRejected, UpstreamClientError
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.translate import translated
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds.google_stream import SIGNATURE_KEY, StreamTranslator, to_chat_completion
@@ -426,18 +427,12 @@ class GoogleProvider(Provider):
         return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
 
     async def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
-        translator = StreamTranslator(upstream_model)
         chunks = self.http.stream(self._url(upstream_model, "streamGenerateContent") + "?alt=sse",
                                   self._body(request))
-        try:
-            with _key_rejections():
-                async for chunk in chunks:
-                    if out := translator.feed(chunk):
-                        yield out
-            if tail := translator.close():
-                yield tail
-        finally:
-            await chunks.aclose()
+        with _key_rejections():
+            async with aclosing(translated(chunks, StreamTranslator(upstream_model))) as out:
+                async for piece in out:
+                    yield piece
 
     async def list_models(self) -> list[str]:
         ids: list[str] = []

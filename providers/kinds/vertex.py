@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import aclosing, contextmanager
+from typing import Any
 from urllib.parse import quote
 
 import msgspec
@@ -22,6 +22,7 @@ from providers.contract.errors import BadUpstreamResponse, ProviderRejected
 from providers.contract.lasting import Lasting
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.translate import Translator, translated
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic
@@ -129,23 +130,6 @@ def from_predict(payload: bytes, texts: list[str], model: str,
     return embeddings.embedding_list([e.values for e in found], model, tokens, encoding_format)
 
 
-class _Translator(Protocol):
-    def feed(self, chunk: bytes) -> bytes: ...
-    def close(self) -> bytes: ...
-
-
-async def _translated(chunks: AsyncGenerator[bytes, None],
-                      translator: _Translator) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in chunks:
-            if out := translator.feed(chunk):
-                yield out
-        if tail := translator.close():
-            yield tail
-    finally:
-        await chunks.aclose()
-
-
 class VertexProvider(Provider):
     """Vertex AI's Gemini and Claude models behind the OpenAI chat-completions interface."""
 
@@ -250,12 +234,13 @@ class VertexProvider(Provider):
             upstream_model, "streamRawPredict" if claude else "streamGenerateContent")
         if not claude:
             url += "?alt=sse"
-        translator: _Translator = (anthropic.StreamTranslator(upstream_model) if claude
-                                   else StreamTranslator(upstream_model))
+        translator: Translator = (anthropic.StreamTranslator(upstream_model) if claude
+                                  else StreamTranslator(upstream_model))
         chunks = self.http.stream(url, self._body(request, upstream_model), headers)
         with self._watching(token):
-            async for out in _translated(chunks, translator):
-                yield out
+            async with aclosing(translated(chunks, translator)) as out:
+                async for piece in out:
+                    yield piece
 
     @contextmanager
     def _watching(self, token: str) -> Iterator[None]:
