@@ -29,7 +29,8 @@ from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic_batches as batches
 from providers.wire import sse
-from providers.wire.http import HttpUpstream, scrub
+from providers.wire.http import HttpUpstream
+from providers.wire.upstream_errors import scrub
 
 API_VERSION = "2023-06-01"
 DEFAULT_BASE_URL = "https://api.anthropic.com"

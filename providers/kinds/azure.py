@@ -35,7 +35,9 @@ from providers.contract.translate import translated
 from providers.contract.transport import Transport
 from providers.kinds.openai import OpenAIProvider
 from providers.wire import sse
-from providers.wire.http import DATA, HttpUpstream, scrub
+from providers.wire.deadline import DATA
+from providers.wire.http import HttpUpstream
+from providers.wire.upstream_errors import scrub
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential

@@ -45,7 +45,8 @@ from providers.kinds.bedrock_converse import (
     to_chat_completion,
     to_converse,
 )
-from providers.wire.http import HttpUpstream, scrub
+from providers.wire.http import HttpUpstream
+from providers.wire.upstream_errors import scrub
 
 SERVICE = "bedrock"  # the signing name of bedrock-runtime
 ANTHROPIC_VERSION = "bedrock-2023-05-31"

@@ -35,7 +35,7 @@ from providers.contract.errors import (
 from providers.contract.messages import usage_of
 from providers.kinds.anthropic import MAX_BREAKPOINTS, cache_control, format_instruction
 from providers.wire import sse
-from providers.wire.http import scrub
+from providers.wire.upstream_errors import scrub
 
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                 "tool_use": "tool_calls", "guardrail_intervened": "content_filter",
