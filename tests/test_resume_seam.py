@@ -12,7 +12,7 @@ from gateway.adapters.seam import INSTRUCTION, RESUMED, Stitched, continuation, 
 from gateway.state import config as llms_config
 from providers import load_kinds
 from providers.contract.usage import Usage
-from providers.kinds.anthropic import to_messages
+from providers.kinds.anthropic_request import to_messages
 from providers.kinds.google import to_gemini
 from providers.wire import sse
 

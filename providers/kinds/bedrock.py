@@ -39,6 +39,7 @@ from providers.contract.translate import Translator, translated
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic
+from providers.kinds.anthropic_request import to_messages
 from providers.kinds.bedrock_converse import (
     EventReader,
     StreamTranslator,
@@ -102,7 +103,7 @@ def caches_prompts(model_id: str) -> bool:
 def anthropic_body(body: Mapping[str, Any], model_id: str) -> dict[str, Any]:
     """The InvokeModel body for Claude: the Messages request, its version in the body, its
     model in the URL, and no `stream` (streaming is another operation)."""
-    request = anthropic.to_messages(body, model_id)
+    request = to_messages(body, model_id)
     request.pop("model", None)
     request.pop("stream", None)
     return {"anthropic_version": ANTHROPIC_VERSION, **request}

@@ -33,7 +33,7 @@ from providers.contract.errors import (
     ProviderUnavailable,
 )
 from providers.contract.messages import usage_of
-from providers.kinds.anthropic import MAX_BREAKPOINTS, cache_control, format_instruction
+from providers.kinds.anthropic_request import MAX_BREAKPOINTS, cache_control, format_instruction
 from providers.wire import sse
 from providers.wire.upstream_errors import scrub
 

@@ -27,6 +27,7 @@ from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic
 from providers.kinds import google as gemini
+from providers.kinds.anthropic_request import to_messages
 from providers.kinds.google_stream import StreamTranslator
 from providers.kinds.vertex_auth import AccessTokens, fingerprint, service_account_credentials
 from providers.wire.http import HttpUpstream
@@ -83,7 +84,7 @@ def to_raw_predict(body: Mapping[str, Any], upstream_model: str,
                    spec: ProviderSpec) -> bytes:
     """The `rawPredict` body for an OpenAI chat body: a Messages request without `model`
     (it is in the URL) and with Vertex's `anthropic_version`."""
-    request = anthropic.to_messages(body, upstream_model)
+    request = to_messages(body, upstream_model)
     del request["model"]
     request["anthropic_version"] = ANTHROPIC_VERSION
     for name in spec.drop_params:
