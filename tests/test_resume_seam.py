@@ -13,7 +13,7 @@ from gateway.state import config as llms_config
 from providers import load_kinds
 from providers.contract.usage import Usage
 from providers.kinds.anthropic_request import to_messages
-from providers.kinds.google import to_gemini
+from providers.kinds.google_request import to_gemini
 from providers.wire import sse
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,

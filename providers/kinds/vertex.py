@@ -28,6 +28,7 @@ from providers.contract.usage import Usage
 from providers.kinds import anthropic
 from providers.kinds import google as gemini
 from providers.kinds.anthropic_request import to_messages
+from providers.kinds.google_request import request_body
 from providers.kinds.google_stream import StreamTranslator
 from providers.kinds.vertex_auth import AccessTokens, fingerprint, service_account_credentials
 from providers.wire.http import HttpUpstream
@@ -205,7 +206,7 @@ class VertexProvider(Provider):
         if is_claude(upstream_model):
             return to_raw_predict({**request.json(), "stream": request.stream}, upstream_model,
                                   self.spec)
-        return gemini.request_body(request, self.spec)
+        return request_body(request, self.spec)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         if request.endpoint == "embeddings":
