@@ -1,9 +1,10 @@
 """`"type": "bedrock"`: AWS Bedrock's runtime API behind OpenAI's chat completions and embeddings.
 
-Chat goes through Converse / ConverseStream (`bedrock_converse` translates), except Anthropic's
-models (`anthropic.*`, `us.anthropic.*`), which go through InvokeModel with the Messages body the
-`anthropic` kind builds, so what Claude can do (thinking, the same tool shapes) is not lost to a
-second translation. Embeddings are Titan's: one InvokeModel call per input, a few at a time.
+Chat goes through Converse / ConverseStream (`bedrock_converse` and `bedrock_stream` translate),
+except Anthropic's models (`anthropic.*`, `us.anthropic.*`), which go through InvokeModel with
+the Messages body the `anthropic` kind builds, so what Claude can do (thinking, the same tool
+shapes) is not lost to a second translation. Embeddings are Titan's: one InvokeModel call per
+input, a few at a time.
 
 AWS does the infrastructure through botocore's public API: the credential chain
 (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/`AWS_SESSION_TOKEN`, profiles, SSO, roles), resolved
@@ -40,12 +41,8 @@ from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic
 from providers.kinds.anthropic_request import to_messages
-from providers.kinds.bedrock_converse import (
-    EventReader,
-    StreamTranslator,
-    to_chat_completion,
-    to_converse,
-)
+from providers.kinds.bedrock_converse import to_chat_completion, to_converse
+from providers.kinds.bedrock_stream import EventReader, StreamTranslator
 from providers.wire.http import HttpUpstream
 from providers.wire.upstream_errors import scrub
 
