@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from providers.kinds.anthropic import to_chat_completion, to_messages
+from providers.kinds.anthropic import to_chat_completion
+from providers.kinds.anthropic_request import to_messages
 from tests.fake_anthropic import OVERLOADED, FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, status, stream_cut, tool_call

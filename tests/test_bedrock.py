@@ -31,12 +31,8 @@ from providers.kinds.bedrock import (
     read_options,
     sign,
 )
-from providers.kinds.bedrock_converse import (
-    EventReader,
-    StreamTranslator,
-    to_chat_completion,
-    to_converse,
-)
+from providers.kinds.bedrock_converse import to_chat_completion, to_converse
+from providers.kinds.bedrock_stream import EventReader, StreamTranslator
 from tests.fake_bedrock import (
     SIGNATURE_MISMATCH,
     TOO_LONG,

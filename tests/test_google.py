@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
-from providers.kinds.google import clean_schema, media_part, model_ids, to_gemini
+from providers.kinds.google import model_ids
+from providers.kinds.google_request import clean_schema, media_part, to_gemini
 from providers.kinds.google_stream import StreamTranslator, to_chat_completion
 from tests.fake_gemini import SIGNATURE, FakeGemini, error_body, safety_block
 from tests.gateway_process import GatewayProcess, config, provider

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from providers.contract.usage import Price, Usage, cost
-from providers.kinds.anthropic import MAX_BREAKPOINTS, to_messages
+from providers.kinds.anthropic_request import MAX_BREAKPOINTS, to_messages
 from providers.kinds.bedrock_converse import to_converse
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_bedrock import FakeBedrock

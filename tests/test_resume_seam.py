@@ -12,8 +12,8 @@ from gateway import config as llms_config
 from gateway.adapters.seam import INSTRUCTION, RESUMED, Stitched, continuation, overlap, whole_usage
 from providers import load_kinds
 from providers.contract.usage import Usage
-from providers.kinds.anthropic import to_messages
-from providers.kinds.google import to_gemini
+from providers.kinds.anthropic_request import to_messages
+from providers.kinds.google_request import to_gemini
 from providers.wire import sse
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,

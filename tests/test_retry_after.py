@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from providers.wire.http import retry_after_seconds
+from providers.wire.upstream_errors import retry_after_seconds
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, ok, status
 

@@ -1,5 +1,5 @@
-"""The stream watchdog (`providers.wire.http.read_stream`): which timeout fires, and when it must
-not.
+"""The stream watchdog (`providers.wire.deadline.read_stream`): which timeout fires, and when it
+must not.
 
 Driven with aiohttp's StreamReader (what the transport's answers read from) fed by the test, on a
 real event loop; times are short but the margins are several times the limits, so a slow machine
@@ -18,7 +18,7 @@ from aiohttp.base_protocol import BaseProtocol
 
 from providers.contract.errors import FirstTokenTimeout, IdleTimeout, ProviderTimeout, TotalTimeout
 from providers.contract.spec import Timeouts
-from providers.wire.http import Deadline, read_stream
+from providers.wire.deadline import Deadline, read_stream
 
 EVENT = b'data: {"choices": []}\n\n'
 

@@ -22,7 +22,12 @@ from providers.contract.errors import (
 from providers.contract.provider import Outgoing, Reply
 from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.stream import SSEWatch
-from providers.wire.http import error_for_status, read_error, retry_after_seconds, scrub
+from providers.wire.upstream_errors import (
+    error_for_status,
+    read_error,
+    retry_after_seconds,
+    scrub,
+)
 
 SNAPSHOT = config.parse(
     '{"providers": {'

@@ -4,18 +4,33 @@ The gateway reads only the text fields it routes by (`model`) and rewrites only 
 for the provider that serves it; every other part, the uploaded file included, goes on as the
 client sent its bytes. The body is at hand whole (bounded by the upload limit before it was read):
 failover sends it again to the next candidate.
+
+The framing is read by `multipart`'s `PushMultipartParser` (the parser Litestar uses), with its
+limits on headers and parts; this module only places each part's value in the body, from the
+sizes the parser counted, so that a value can be replaced in place.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from email.message import Message
+
+from multipart import (
+    MultipartError,
+    MultipartSegment,
+    ParserLimitReached,
+    PushMultipartParser,
+    parse_content_disposition,
+    parse_options_header,
+)
 
 from providers.contract.errors import InvalidRequest
 
 MAX_FIELD = 64 * 1024  # a text field the gateway reads; an upload's other fields are not read
-_DISPOSITION = re.compile(rb'^content-disposition:(.*)$', re.IGNORECASE | re.MULTILINE)
+MAX_BOUNDARY = 200  # RFC 2046 allows 70 characters; more is not a client's upload
+# Parts in one body: OpenAI's largest upload (an image edit) has a few fields and at most 16
+# images; each part costs the parser an object, so a body of tiny parts is refused early.
+MAX_PARTS = 1000
+_HEADER_END = b"\r\n\r\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,46 +45,64 @@ class Part:
 
 def boundary(content_type: str | None) -> bytes:
     """The boundary a `multipart/form-data` content type declares; a 400 for anything else."""
-    message = Message()
-    message["content-type"] = content_type or ""
-    if message.get_content_type() != "multipart/form-data":
+    kind, options = parse_options_header(content_type or "")
+    if kind != "multipart/form-data":
         raise InvalidRequest("Request body must be multipart/form-data (an upload)")
-    found = message.get_param("boundary")
-    if not isinstance(found, str) or not found or len(found) > 200:
+    found = options.get("boundary")
+    if not isinstance(found, str) or not found or len(found) > MAX_BOUNDARY \
+            or not found.isascii():
         raise InvalidRequest("multipart/form-data without a boundary")
-    return found.encode("latin-1")
+    return found.encode("ascii")
 
 
 def parts(body: bytes, content_type: str | None) -> list[Part]:
     """The body's parts, in order; a 400 naming what is wrong with its framing."""
-    delimiter = b"--" + boundary(content_type)
-    found: list[Part] = []
-    at = body.find(delimiter)
+    return _read(body, content_type)[0]
+
+
+def _read(body: bytes, content_type: str | None) -> tuple[list[Part], int]:
+    """The body's parts, and where its closing delimiter starts."""
+    marker = boundary(content_type)
+    at = body.find(b"--" + marker)  # where the parser finds its first delimiter too
     if at < 0:
         raise InvalidRequest("multipart body has no part")
-    while True:
-        at += len(delimiter)
-        if body[at:at + 2] == b"--":  # the closing delimiter
-            return found
-        head_end = body.find(b"\r\n\r\n", at)
-        following = body.find(b"\r\n" + delimiter, at)
-        if head_end < 0 or following < 0 or head_end > following:
+    found: list[Part] = []
+    # The framing is checked by the parser: each value is the `size` bytes after its head, and
+    # the next delimiter follows it. A head holds no blank line, so its end is the first one.
+    for segment in _segments(body, marker):
+        start = body.find(_HEADER_END, at + len(marker) + 2) + len(_HEADER_END)
+        end = start + segment.size
+        if not body.startswith(b"\r\n--" + marker, end):  # never, for what the parser read
             raise InvalidRequest("multipart body is malformed or ended before its last part")
-        found.append(_part(body[at:head_end], head_end + 4, following))
-        at = following + 2
+        found.append(Part(_name(segment), segment.filename, start, end))
+        at = end + 2  # the next delimiter, after the line break that belongs to it
+    return found, at
 
 
-def _part(head: bytes, start: int, end: int) -> Part:
-    match = _DISPOSITION.search(head)
-    if match is None:
-        raise InvalidRequest("multipart part without a Content-Disposition")
-    message = Message()
-    message["content-disposition"] = match.group(1).decode("utf-8", "replace").strip()
-    name = message.get_param("name", header="content-disposition")
-    filename = message.get_param("filename", header="content-disposition")
-    if not isinstance(name, str):
+def _segments(body: bytes, marker: bytes) -> list[MultipartSegment]:
+    """The parts' heads as the parser read them, every one complete."""
+    try:
+        parser = PushMultipartParser(marker, max_segment_count=MAX_PARTS)
+        segments = [event for event in parser.parse(body)
+                    if isinstance(event, MultipartSegment)]
+        parser.close()  # a body that ended before its closing delimiter is refused here
+    except ParserLimitReached as exc:
+        raise InvalidRequest(f"multipart body over a limit: {exc}") from None
+    except MultipartError as exc:
+        if "Content-Disposition" in str(exc):
+            raise InvalidRequest("multipart part without a Content-Disposition") from None
+        raise InvalidRequest("multipart body is malformed or ended before its last part"
+                             ) from None
+    return segments
+
+
+def _name(segment: MultipartSegment) -> str:
+    # Without `name` the parser (not strict) says "": only a header naming none is refused.
+    name = segment.name
+    if not name and parse_content_disposition(segment.header("Content-Disposition", ""))[1] \
+            is None:
         raise InvalidRequest("multipart part without a field name")
-    return Part(name, filename if isinstance(filename, str) else None, start, end)
+    return str(name)
 
 
 def fields(body: bytes, content_type: str | None) -> dict[str, str]:
@@ -95,10 +128,10 @@ def with_field(body: bytes, content_type: str | None, name: str, value: str) -> 
     """The same body with text field `name` set to `value` (every copy of it; added at the
     end if absent); every other byte as it was."""
     encoded = value.encode("utf-8")
-    chosen = [p for p in parts(body, content_type) if p.name == name and p.filename is None]
+    found, close = _read(body, content_type)
+    chosen = [p for p in found if p.name == name and p.filename is None]
     if not chosen:
         delimiter = b"--" + boundary(content_type)
-        close = body.rfind(delimiter + b"--")
         added = (delimiter + b'\r\nContent-Disposition: form-data; name="'
                  + name.encode("utf-8") + b'"\r\n\r\n' + encoded + b"\r\n")
         return body[:close] + added + body[close:]

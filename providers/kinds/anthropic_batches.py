@@ -19,7 +19,7 @@ import msgspec
 
 from providers.contract.batches import answered, unanswered
 from providers.contract.errors import ANTHROPIC_TYPES, BadUpstreamResponse, InvalidRequest
-from providers.wire.http import scrub
+from providers.wire.upstream_errors import scrub
 
 ENDPOINT = "/v1/chat/completions"  # what a message batch's requests are, in OpenAI's terms
 WINDOW = "24h"  # a message batch's, as OpenAI's

@@ -31,10 +31,13 @@ from providers.contract.lasting import Lasting
 from providers.contract.provider import Outgoing, ProviderDisabled, Reply
 from providers.contract.refusals import filtered, filtered_first
 from providers.contract.spec import ProviderSpec
+from providers.contract.translate import translated
 from providers.contract.transport import Transport
 from providers.kinds.openai import OpenAIProvider
 from providers.wire import sse
-from providers.wire.http import DATA, HttpUpstream, scrub
+from providers.wire.deadline import DATA
+from providers.wire.http import HttpUpstream
+from providers.wire.upstream_errors import scrub
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -211,33 +214,39 @@ class BearerUpstream(HttpUpstream):
             await chunks.aclose()
 
 
-async def written_first(chunks: AsyncGenerator[bytes, None], provider: str
-                        ) -> AsyncGenerator[bytes, None]:
+class WrittenFirst:
     """A chat stream held back until it has written something; `ContentRefused` when the
-    content filter stopped it first (nothing was sent, so it is still a failover)."""
-    reader = sse.Reader()
-    held: list[bytes] = []
-    events = 0
-    decided = False
-    try:
-        async for chunk in chunks:
-            held.append(chunk)
-            for event in reader.feed(chunk):
-                events += 1
-                settled = False if event.done else filtered_first(event.data)
-                if settled:
-                    raise filter_refusal(provider)
-                if settled is False or events >= MAX_HELD_EVENTS:
-                    decided = True
-                    break
-            if decided:
-                break
-        if held:  # decided, or ended having written nothing: the watch judges what came
-            yield b"".join(held)
-        async for chunk in chunks:  # the rest passes as it comes
-            yield chunk
-    finally:
-        await chunks.aclose()
+    content filter stopped it first (nothing was sent, so it is still a failover). Once it
+    has written, the rest passes as it comes."""
+
+    def __init__(self, provider: str) -> None:
+        self._provider = provider
+        self._reader: sse.Reader | None = sse.Reader()  # None once decided
+        self._held: list[bytes] = []
+        self._events = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What is held, once `chunk` decides; the chunk itself after that."""
+        if self._reader is None:
+            return chunk
+        self._held.append(chunk)
+        for event in self._reader.feed(chunk):
+            self._events += 1
+            settled = False if event.done else filtered_first(event.data)
+            if settled:
+                raise filter_refusal(self._provider)
+            if settled is False or self._events >= MAX_HELD_EVENTS:
+                return self._released()
+        return b""
+
+    def close(self) -> bytes:
+        """A stream that ended having written nothing: what came, for the watch to judge."""
+        return self._released() if self._reader is not None else b""
+
+    def _released(self) -> bytes:
+        self._reader = None
+        held, self._held = b"".join(self._held), []
+        return held
 
 
 class AzureProvider(OpenAIProvider):
@@ -293,7 +302,7 @@ class AzureProvider(OpenAIProvider):
         chunks = super().stream(request, upstream_model)
         if request.endpoint != "chat/completions":
             return chunks
-        return written_first(chunks, self.name)
+        return translated(chunks, WrittenFirst(self.name))
 
     async def list_models(self) -> list[str]:
         raise NotImplementedError("an Azure OpenAI resource's deployments are named in models: "

@@ -1,9 +1,10 @@
 """`"type": "bedrock"`: AWS Bedrock's runtime API behind OpenAI's chat completions and embeddings.
 
-Chat goes through Converse / ConverseStream (`bedrock_converse` translates), except Anthropic's
-models (`anthropic.*`, `us.anthropic.*`), which go through InvokeModel with the Messages body the
-`anthropic` kind builds, so what Claude can do (thinking, the same tool shapes) is not lost to a
-second translation. Embeddings are Titan's: one InvokeModel call per input, a few at a time.
+Chat goes through Converse / ConverseStream (`bedrock_converse` and `bedrock_stream` translate),
+except Anthropic's models (`anthropic.*`, `us.anthropic.*`), which go through InvokeModel with
+the Messages body the `anthropic` kind builds, so what Claude can do (thinking, the same tool
+shapes) is not lost to a second translation. Embeddings are Titan's: one InvokeModel call per
+input, a few at a time.
 
 AWS does the infrastructure through botocore's public API: the credential chain
 (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/`AWS_SESSION_TOKEN`, profiles, SSO, roles), resolved
@@ -19,6 +20,7 @@ import base64
 import os
 import re
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import Any
 from urllib.parse import quote
 
@@ -34,16 +36,15 @@ from providers.contract.errors import BadUpstreamResponse, ProviderRejected
 from providers.contract.lasting import Lasting
 from providers.contract.provider import Outgoing, Provider, ProviderDisabled, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.translate import Translator, translated
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic
-from providers.kinds.bedrock_converse import (
-    EventReader,
-    StreamTranslator,
-    to_chat_completion,
-    to_converse,
-)
-from providers.wire.http import HttpUpstream, scrub
+from providers.kinds.anthropic_request import to_messages
+from providers.kinds.bedrock_converse import to_chat_completion, to_converse
+from providers.kinds.bedrock_stream import EventReader, StreamTranslator
+from providers.wire.http import HttpUpstream
+from providers.wire.upstream_errors import scrub
 
 SERVICE = "bedrock"  # the signing name of bedrock-runtime
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
@@ -99,7 +100,7 @@ def caches_prompts(model_id: str) -> bool:
 def anthropic_body(body: Mapping[str, Any], model_id: str) -> dict[str, Any]:
     """The InvokeModel body for Claude: the Messages request, its version in the body, its
     model in the URL, and no `stream` (streaming is another operation)."""
-    request = anthropic.to_messages(body, model_id)
+    request = to_messages(body, model_id)
     request.pop("model", None)
     request.pop("stream", None)
     return {"anthropic_version": ANTHROPIC_VERSION, **request}
@@ -240,19 +241,11 @@ class BedrockProvider(Provider):
                         "invoke-with-response-stream" if claude else "converse-stream")
         body = self._chat_body(request, upstream_model)
         chunks = self.http.stream(url, body, await self._signed(url, body), progress=EVENT_MARK)
-        try:
-            if claude:
-                async for out in _claude_chunks(chunks, upstream_model):
-                    yield out
-                return
-            translator = StreamTranslator(upstream_model)
-            async for chunk in chunks:
-                if out := translator.feed(chunk):
-                    yield out
-            if tail := translator.close():
-                yield tail
-        finally:
-            await chunks.aclose()
+        translator: Translator = ClaudeStreamTranslator(upstream_model) if claude \
+            else StreamTranslator(upstream_model)
+        async with aclosing(translated(chunks, translator)) as out:
+            async for piece in out:
+                yield piece
 
     async def _embed(self, request: Outgoing, model_id: str) -> Reply:
         body = request.json()
@@ -284,19 +277,23 @@ class BedrockProvider(Provider):
         return Reply(msgspec.json.encode(listed), usage=msgspec.convert(listed["usage"], Usage))
 
 
-async def _claude_chunks(chunks: AsyncIterator[bytes], model_id: str) -> AsyncIterator[bytes]:
-    """InvokeModelWithResponseStream: each `chunk` event carries one Messages stream event,
-    base64 in JSON, translated as the `anthropic` kind translates it."""
-    reader = EventReader()
-    translator = anthropic.StreamTranslator(model_id)
-    async for chunk in chunks:
-        out = b""
-        for kind, payload in reader.feed(chunk):
-            if kind == "chunk":
-                out += translator.translate(_chunk_bytes(payload))
-        if out:
-            yield out
-    reader.close()
+class ClaudeStreamTranslator:
+    """InvokeModelWithResponseStream in, OpenAI chat chunks out: each `chunk` event carries one
+    Messages stream event, base64 in JSON, translated as the `anthropic` kind translates it."""
+
+    def __init__(self, model_id: str) -> None:
+        self._reader = EventReader()
+        self._messages = anthropic.StreamTranslator(model_id)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Chunks for every event whole in `chunk`; an exception message raises."""
+        return b"".join(self._messages.translate(_chunk_bytes(payload))
+                        for kind, payload in self._reader.feed(chunk) if kind == "chunk")
+
+    def close(self) -> bytes:
+        """At the upstream's end: the exception it carried raised; nothing is held back."""
+        self._reader.close()
+        return b""
 
 
 def _chunk_bytes(payload: bytes) -> bytes:

@@ -218,7 +218,7 @@ class StreamNormalizer:
             return complete
         return b"".join(self._event(e) for e in sse.split(complete))
 
-    def flush(self) -> bytes:
+    def close(self) -> bytes:
         """Whatever is held when the stream ends."""
         return self._framer.flush()
 

@@ -19,7 +19,7 @@ import msgspec
 from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 from providers.contract.stream import event_object
 from providers.wire import sse
-from providers.wire.http import scrub
+from providers.wire.upstream_errors import scrub
 
 FINISH_REASONS = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter",
                   "RECITATION": "content_filter", "BLOCKLIST": "content_filter",

@@ -17,6 +17,7 @@ from providers.contract.answer import check_json
 from providers.contract.provider import Answer, Outgoing, Provider, Reply, decode_body
 from providers.contract.spec import ProviderSpec
 from providers.contract.stream import flowing
+from providers.contract.translate import translated
 from providers.contract.transport import Transport
 from providers.kinds.compat import (
     OpenAIOptions,
@@ -160,20 +161,9 @@ class OpenAIProvider(Provider):
         return (not self.options.legacy_functions and b'"function' in request.raw
                 and used_legacy_functions(request.json()))
 
-    async def stream(self, request: Outgoing, upstream_model: str
-                     ) -> AsyncGenerator[bytes, None]:
+    def stream(self, request: Outgoing, upstream_model: str) -> AsyncGenerator[bytes, None]:
         chunks = self.http.stream(self.url(request.endpoint, upstream_model),
                                   build_body(request, upstream_model, self.spec, self.options))
         if request.endpoint != "chat/completions":
-            async for chunk in chunks:
-                yield chunk
-            return
-        normalizer = StreamNormalizer(self._legacy(request))
-        try:
-            async for chunk in chunks:
-                if normalized := normalizer.feed(chunk):
-                    yield normalized
-            if rest := normalizer.flush():
-                yield rest
-        finally:
-            await chunks.aclose()
+            return chunks
+        return translated(chunks, StreamNormalizer(self._legacy(request)))

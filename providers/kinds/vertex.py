@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import aclosing, contextmanager
+from typing import Any
 from urllib.parse import quote
 
 import msgspec
@@ -22,10 +22,13 @@ from providers.contract.errors import BadUpstreamResponse, ProviderRejected
 from providers.contract.lasting import Lasting
 from providers.contract.provider import Outgoing, Provider, Reply
 from providers.contract.spec import ProviderSpec
+from providers.contract.translate import Translator, translated
 from providers.contract.transport import Transport
 from providers.contract.usage import Usage
 from providers.kinds import anthropic
 from providers.kinds import google as gemini
+from providers.kinds.anthropic_request import to_messages
+from providers.kinds.google_request import request_body
 from providers.kinds.google_stream import StreamTranslator
 from providers.kinds.vertex_auth import AccessTokens, fingerprint, service_account_credentials
 from providers.wire.http import HttpUpstream
@@ -82,7 +85,7 @@ def to_raw_predict(body: Mapping[str, Any], upstream_model: str,
                    spec: ProviderSpec) -> bytes:
     """The `rawPredict` body for an OpenAI chat body: a Messages request without `model`
     (it is in the URL) and with Vertex's `anthropic_version`."""
-    request = anthropic.to_messages(body, upstream_model)
+    request = to_messages(body, upstream_model)
     del request["model"]
     request["anthropic_version"] = ANTHROPIC_VERSION
     for name in spec.drop_params:
@@ -127,23 +130,6 @@ def from_predict(payload: bytes, texts: list[str], model: str,
     found = [p.embeddings for p in predicted.predictions]
     tokens = int(sum(e.statistics.token_count for e in found))
     return embeddings.embedding_list([e.values for e in found], model, tokens, encoding_format)
-
-
-class _Translator(Protocol):
-    def feed(self, chunk: bytes) -> bytes: ...
-    def close(self) -> bytes: ...
-
-
-async def _translated(chunks: AsyncGenerator[bytes, None],
-                      translator: _Translator) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in chunks:
-            if out := translator.feed(chunk):
-                yield out
-        if tail := translator.close():
-            yield tail
-    finally:
-        await chunks.aclose()
 
 
 class VertexProvider(Provider):
@@ -220,7 +206,7 @@ class VertexProvider(Provider):
         if is_claude(upstream_model):
             return to_raw_predict({**request.json(), "stream": request.stream}, upstream_model,
                                   self.spec)
-        return gemini.request_body(request, self.spec)
+        return request_body(request, self.spec)
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         if request.endpoint == "embeddings":
@@ -250,12 +236,13 @@ class VertexProvider(Provider):
             upstream_model, "streamRawPredict" if claude else "streamGenerateContent")
         if not claude:
             url += "?alt=sse"
-        translator: _Translator = (anthropic.StreamTranslator(upstream_model) if claude
-                                   else StreamTranslator(upstream_model))
+        translator: Translator = (anthropic.StreamTranslator(upstream_model) if claude
+                                  else StreamTranslator(upstream_model))
         chunks = self.http.stream(url, self._body(request, upstream_model), headers)
         with self._watching(token):
-            async for out in _translated(chunks, translator):
-                yield out
+            async with aclosing(translated(chunks, translator)) as out:
+                async for piece in out:
+                    yield piece
 
     @contextmanager
     def _watching(self, token: str) -> Iterator[None]:

@@ -29,7 +29,7 @@ from providers.contract.errors import (
     ProviderRejected,
     ProviderUnavailable,
 )
-from providers.wire.http import scrub
+from providers.wire.upstream_errors import scrub
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 

@@ -14,12 +14,13 @@ normalised into one vector per input (`pooled`).
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import msgspec
 
 from providers.contract.errors import BadUpstreamResponse
+from providers.contract.translate import translated
 from providers.wire import sse
 
 
@@ -45,24 +46,12 @@ class _Event(msgspec.Struct):
     usage: dict[str, Any] | None = None
 
 
-async def with_usage(chunks: AsyncIterator[bytes], prompt_tokens: int,
-                     model: str) -> AsyncGenerator[bytes, None]:
+def with_usage(chunks: AsyncGenerator[bytes, None], prompt_tokens: int,
+               model: str) -> AsyncGenerator[bytes, None]:
     """`chunks` with a usage event before `[DONE]` when the stream had none of its own;
     EmptyStream when it had no event at all. Closing this closes `chunks` (the worker's
     request: it stops generating)."""
-    counter = _Counter(prompt_tokens, model)
-    try:
-        async for chunk in chunks:
-            if out := counter.feed(chunk):
-                yield out
-        if tail := counter.close():
-            yield tail
-        if not counter.events:
-            raise EmptyStream
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
+    return translated(chunks, _Counter(prompt_tokens, model))
 
 
 class EmptyStream(Exception):
@@ -84,8 +73,12 @@ class _Counter:
         return self._passed(self.reader.feed(chunk))
 
     def close(self) -> bytes:
-        """At the stream's end: a last event it did not end with a blank line."""
-        return self._passed(self.reader.flush())
+        """At the stream's end: a last event it did not end with a blank line; EmptyStream
+        when there was no event at all."""
+        out = self._passed(self.reader.flush())
+        if not self.events:
+            raise EmptyStream
+        return out
 
     def _passed(self, events: list[sse.Event]) -> bytes:
         if self.reader.garbage:  # left out here, it would pass unnoticed by the relay's checks
