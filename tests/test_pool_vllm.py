@@ -421,7 +421,8 @@ def test_shutdown_drains_in_flight_requests_before_stopping_workers(tmp_path: Pa
     outcome: dict[str, httpx.Response] = {}
     slow = threading.Thread(target=lambda: outcome.setdefault("r", ask(gateway, fake_delay=1.5)))
     slow.start()
-    time.sleep(0.5)
+    wait_until(lambda: sum(w["inflight"] for w in workers(gateway)) == 1,
+               what="the slow request held by a worker")
     gateway.stop()
     slow.join()
     assert outcome["r"].status_code == 200, "the in-flight answer was finished"
