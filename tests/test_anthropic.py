@@ -11,7 +11,8 @@ import pytest
 
 from providers.kinds.anthropic import to_chat_completion, to_messages
 from tests.fake_anthropic import OVERLOADED, FakeAnthropic
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, provider
+from tests.kinds import fresh_client, started
 from tests.upstream import FakeUpstream, ok, status, stream_cut, tool_call
 
 WEATHER = {"type": "function", "function": {
@@ -27,31 +28,20 @@ def claude() -> Iterator[FakeAnthropic]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, claude: FakeAnthropic,
             backup: FakeUpstream) -> Iterator[GatewayProcess]:
-    doc = config({
+    yield from started(tmp_path_factory.mktemp("anthropic"), {
         "anthropic": {"type": "anthropic", "base_url": claude.base_url,
                       "api_key": "sk-ant-test-key-0123456789",
                       "models": {"claude": "claude-sonnet-4-5"}},
         "backup": provider(backup.base_url, {"claude": "backup-model"}),
-    }, defaults={"circuit": {"enabled": False}})
-    process = GatewayProcess(tmp_path_factory.mktemp("anthropic"), doc).start()
-    yield process
-    process.stop()
+    })
 
 
 @pytest.fixture
 def client(gateway: GatewayProcess, claude: FakeAnthropic,
            backup: FakeUpstream) -> openai.OpenAI:
-    claude.reset()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, claude, backup)
 
 
 def test_text_answer_and_the_request_claude_received(client: openai.OpenAI,

@@ -46,7 +46,8 @@ from tests.fake_bedrock import (
     exception_event,
     frame,
 )
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, provider
+from tests.kinds import fresh_client, started
 from tests.openapi import validate
 from tests.upstream import FakeUpstream, Recorded, _words, ok, status, tool_call
 
@@ -78,19 +79,13 @@ def bedrock() -> Iterator[FakeBedrock]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, bedrock: FakeBedrock,
             backup: FakeUpstream) -> Iterator[GatewayProcess]:
     def aws(models: dict[str, str], **extra: Any) -> dict[str, Any]:
         return {"type": "bedrock", "region": "us-east-1", "base_url": bedrock.url,
                 "models": models, **extra}
 
-    doc = config({
+    yield from started(tmp_path_factory.mktemp("bedrock"), {
         "backup-first": provider(backup.base_url, {"to-bedrock": "backup-model"}),
         "stale": aws({"signed": NOVA, "stale-only": NOVA}, aws_access_key_id="$STALE_KEY_ID",
                      aws_secret_access_key="$STALE_SECRET"),
@@ -108,19 +103,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, bedrock: FakeBedrock,
         "whole": aws({"nova-whole": NOVA, "claude-whole": CLAUDE}, stream_upstream=False),
         "backup": provider(backup.base_url, {"from-bedrock": "backup-model",
                                              "signed": "backup-model", "long": "backup-model"}),
-    }, defaults={"circuit": {"enabled": False}})
-    process = GatewayProcess(tmp_path_factory.mktemp("bedrock"), doc, env=ENV).start()
-    yield process
-    process.stop()
+    }, ENV)
 
 
 @pytest.fixture
 def client(gateway: GatewayProcess, bedrock: FakeBedrock,
            backup: FakeUpstream) -> openai.OpenAI:
-    bedrock.reset()
     bedrock.refusals.clear()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, bedrock, backup)
 
 
 def last(fake: FakeBedrock) -> Recorded:

@@ -15,7 +15,8 @@ from providers.contract.errors import BadUpstreamResponse, ProviderUnavailable
 from providers.kinds.google import clean_schema, media_part, model_ids, to_gemini
 from providers.kinds.google_stream import StreamTranslator, to_chat_completion
 from tests.fake_gemini import SIGNATURE, FakeGemini, error_body, safety_block
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, provider
+from tests.kinds import fresh_client, started
 from tests.openapi import validate
 from tests.upstream import FakeUpstream, Recorded, ok, status, stream_cut, tool_call
 
@@ -36,26 +37,17 @@ def gemini() -> Iterator[FakeGemini]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, gemini: FakeGemini,
             backup: FakeUpstream) -> Iterator[GatewayProcess]:
     def google(key: str, models: Any) -> dict[str, Any]:
         return {"type": "google", "base_url": gemini.base_url, "api_key": key, "models": models}
 
-    doc = config({
+    yield from started(tmp_path_factory.mktemp("google"), {
         "stale": google("AIzaSyStale-key-that-google-refuses", {"keyed": "gemini-2.5-flash"}),
         "google": google(KEY, {"gemini": "gemini-2.5-flash", "keyed": "gemini-2.5-flash"}),
         "backup": provider(backup.base_url, {"gemini": "backup-model"}),
         "listed": {**google(KEY, "*"), "discover_interval": 60},
-    }, defaults={"circuit": {"enabled": False}})
-    process = GatewayProcess(tmp_path_factory.mktemp("google"), doc).start()
-    yield process
-    process.stop()
+    })
 
 
 def posts(fake: FakeGemini) -> list[Recorded]:
@@ -70,9 +62,7 @@ def sent(fake: FakeGemini) -> Any:
 
 @pytest.fixture
 def client(gateway: GatewayProcess, gemini: FakeGemini, backup: FakeUpstream) -> openai.OpenAI:
-    gemini.reset()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, gemini, backup)
 
 
 def test_text_answer_and_the_request_gemini_received(client: openai.OpenAI,

@@ -86,12 +86,6 @@ def served_by(response: httpx.Response) -> str:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gpu_pool(tmp_path_factory: pytest.TempPathFactory,
              backup: FakeUpstream) -> Iterator[tuple[GatewayProcess, Env, int]]:
     tmp = tmp_path_factory.mktemp("vllm-pool")

@@ -21,7 +21,8 @@ from providers.kinds.vertex import from_predict, model_url, read_settings, to_pr
 from providers.kinds.vertex_auth import AccessTokens, refresh_error, service_account_credentials
 from providers.transport import AiohttpTransport
 from tests.fake_vertex import EMAIL, FakeVertex, service_account
-from tests.gateway_process import GatewayProcess, config, provider, wait_until
+from tests.gateway_process import GatewayProcess, provider, wait_until
+from tests.kinds import fresh_client, started
 from tests.openapi import validate
 from tests.upstream import (
     FakeUpstream,
@@ -54,12 +55,6 @@ def vertex() -> Iterator[FakeVertex]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def accounts(tmp_path_factory: pytest.TempPathFactory, vertex: FakeVertex) -> dict[str, Path]:
     """Key files: one the fake trusts, and one with the same account and a key it never saw."""
     folder = tmp_path_factory.mktemp("accounts")
@@ -78,7 +73,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, vertex: FakeVertex, backup
         return {"type": "vertex", "location": "us-central1", "base_url": vertex.base_url,
                 "models": models, **found, **extra}
 
-    doc = config({
+    env = {"GOOGLE_APPLICATION_CREDENTIALS": str(accounts["trusted"])}
+    yield from started(tmp_path_factory.mktemp("vertex"), {
         "down": provider(refusing_url(), {"to-vertex": "m"}),
         "refused": on_vertex({"refused": "gemini-2.5-flash", "refused-only": "gemini-2.5-flash"},
                              accounts["stranger"]),
@@ -95,19 +91,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, vertex: FakeVertex, backup
         "backup": provider(backup.base_url, {"gemini": "backup-model", "claude": "backup-model",
                                              "refused": "backup-model",
                                              "elsewhere": "backup-model"}),
-    }, defaults={"circuit": {"enabled": False}})
-    env = {"GOOGLE_APPLICATION_CREDENTIALS": str(accounts["trusted"])}
-    process = GatewayProcess(tmp_path_factory.mktemp("vertex"), doc, env=env).start()
-    yield process
-    process.stop()
+    }, env)
 
 
 @pytest.fixture
 def client(gateway: GatewayProcess, vertex: FakeVertex, backup: FakeUpstream) -> openai.OpenAI:
-    vertex.reset()
-    vertex.anthropic.reset()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, vertex, vertex.anthropic, backup)
 
 
 def bearer(call: Recorded) -> str:
