@@ -1,6 +1,9 @@
 """An OpenAI client talks to AWS Bedrock through the gateway without knowing it: every request
 SigV4-signed with the environment's credentials and checked by a fake that recomputes the
-signature, streams in AWS's event-stream framing, Claude through InvokeModel."""
+signature, streams in AWS's event-stream framing, Claude through InvokeModel.
+
+What every kind does alike (a stream translated, a stream broken, the Responses bridge) is
+told once for all of them, in tests/test_kinds.py."""
 
 from __future__ import annotations
 
@@ -145,25 +148,6 @@ def test_a_whole_answer_through_converse_signed_with_the_environments_credential
     assert "/us-east-1/bedrock/aws4_request" in call.headers["authorization"]
     assert call.headers["x-amz-security-token"] == TOKEN
     assert bedrock.refusals == []
-
-
-def test_a_streamed_answer_from_converse_stream(client: openai.OpenAI, gateway: GatewayProcess,
-                                               bedrock: FakeBedrock) -> None:
-    chunks = list(client.chat.completions.create(model="nova", stream=True, messages=HI,
-                                                 stream_options={"include_usage": True}))
-    plain = httpx.post(f"{gateway.base_url}/chat/completions",
-                       json={"model": "nova", "stream": True, "messages": HI}).text
-
-    for chunk in chunks:
-        validate(chunk.model_dump(mode="json", exclude_unset=True),
-                 "CreateChatCompletionStreamResponse")
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
-        "Hello from bedrock"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
-    assert '"usage"' not in plain, "usage only when the client asked for it"
-    assert plain.rstrip().endswith("data: [DONE]")
-    assert last(bedrock).path == f"/model/{NOVA}/converse-stream"
 
 
 def test_a_whole_answer_asked_upstream_as_a_stream_is_assembled(client: openai.OpenAI,
@@ -393,29 +377,6 @@ def test_throttling_is_rate_limited_and_too_long_is_the_models_limit(
     bedrock.set_mode(status(400, TOO_LONG))
     moved = client.chat.completions.with_raw_response.create(model="long", messages=HI)
     assert moved.headers["x-llms-provider"] == "backup"
-
-
-def test_an_exception_mid_stream_is_an_in_band_error_never_a_clean_end(
-        gateway: GatewayProcess, bedrock: FakeBedrock) -> None:
-    bedrock.set_mode(exception_event("modelStreamErrorException", after_chunks=2))
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
-                      json={"model": "nova", "stream": True, "messages": HI}) as answer:
-        lines = [line for line in answer.iter_lines() if line]
-
-    assert answer.status_code == 200
-    assert "[DONE]" not in "".join(lines)
-    error = json.loads(lines[-1].removeprefix("data: "))["error"]
-    assert "modelStreamErrorException" in error["message"]
-    assert any('"Hello"' in line for line in lines), "what came before the exception came"
-
-
-def test_an_exception_before_the_first_token_fails_over(client: openai.OpenAI,
-                                                        bedrock: FakeBedrock) -> None:
-    bedrock.set_mode(exception_event("throttlingException", after_chunks=0))
-    answer = client.chat.completions.with_raw_response.create(model="from-bedrock", stream=True,
-                                                              messages=HI)
-
-    assert answer.headers["x-llms-provider"] == "backup"
 
 
 # -- pure pieces -------------------------------------------------------------------------------

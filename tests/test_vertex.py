@@ -1,5 +1,8 @@
 """An OpenAI client talks to Gemini and Claude on Vertex AI through the gateway, which gets its
-OAuth2 tokens from a service account (or the environment's credentials) by itself."""
+OAuth2 tokens from a service account (or the environment's credentials) by itself.
+
+What every kind does alike (a stream translated, a stream broken, the Responses bridge) is
+told once for all of them, in tests/test_kinds.py."""
 
 from __future__ import annotations
 
@@ -31,7 +34,6 @@ from tests.upstream import (
     ok,
     refusing_url,
     status,
-    stream_cut,
     tool_call,
 )
 
@@ -129,20 +131,6 @@ def test_a_whole_answer_carries_a_token_minted_for_the_service_account(
     assert bearer(call) in vertex.tokens_minted()
 
 
-def test_a_streamed_answer_is_translated_event_by_event(client: openai.OpenAI,
-                                                        vertex: FakeVertex) -> None:
-    chunks = list(client.chat.completions.create(model="gemini", stream=True, messages=HI,
-                                                 stream_options={"include_usage": True}))
-
-    for chunk in chunks:
-        validate(chunk.model_dump(mode="json", exclude_unset=True),
-                 "CreateChatCompletionStreamResponse")
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
-        "Hello from vertex"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
-    assert vertex.calls()[-1].path == f"{GEMINI_PATH}/gemini-2.5-flash:streamGenerateContent"
-
-
 def test_tool_calls_whole_and_streamed(client: openai.OpenAI, vertex: FakeVertex) -> None:
     vertex.set_mode(tool_call("get_weather", '{"city": "Oslo"}'))
     whole = client.chat.completions.create(model="gemini", tools=[WEATHER],  # type: ignore[list-item]
@@ -233,18 +221,6 @@ def test_the_messages_and_responses_apis_reach_vertex_through_the_bridges(
     assert response.output_text == "Hello from vertex"
     assert [c.path.rsplit(":", 1)[-1] for c in vertex.calls()] == ["rawPredict",
                                                                    "generateContent"]
-
-
-def test_a_stream_cut_before_any_output_fails_over(client: openai.OpenAI,
-                                                   vertex: FakeVertex) -> None:
-    vertex.set_mode(stream_cut(after_chunks=0))
-
-    raw = client.chat.completions.with_raw_response.create(model="gemini", messages=HI,
-                                                           stream=True)
-
-    assert raw.headers["x-llms-provider"] == "backup"
-    assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices) == \
-        "Hello from backup"
 
 
 @pytest.mark.parametrize(("code", "stream"), [(429, False), (503, True), (403, False)])
