@@ -83,6 +83,14 @@ def secondary() -> Iterator[FakeUpstream]:
         yield upstream
 
 
+@pytest.fixture(scope="module")
+def backup() -> Iterator[FakeUpstream]:
+    """An OpenAI-compatible fake, a module's own, that its aliases fail over to: it answers
+    "Hello from backup"."""
+    with FakeUpstream(name="backup") as fake:
+        yield fake
+
+
 @pytest.fixture(scope="session")
 def pair_gateway(tmp_path_factory: pytest.TempPathFactory, primary: FakeUpstream,
                  secondary: FakeUpstream) -> Iterator[GatewayProcess]:

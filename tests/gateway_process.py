@@ -10,11 +10,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+# The tests' one way to wait for an effect, importable from here too, where it first lived.
+from tests.waiting import wait_until as wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,16 +29,6 @@ def dies_with_us() -> None:
 
 
 PR_SET_PDEATHSIG = 1
-
-
-def wait_until(condition: Callable[[], bool], within: float = 10.0) -> None:
-    """Poll `condition` until it holds; AssertionError after `within` seconds."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {within}s")
 
 
 def free_port() -> int:
@@ -143,6 +135,13 @@ class GatewayProcess:
                 return found
             time.sleep(0.05)
         raise AssertionError(f"no {event!r} log line within {timeout}s:\n{self.logs()}")
+
+    def request_line(self, request_id: str, timeout: float = 5.0) -> dict[str, Any]:
+        """The `request` log line of the request `request_id` (its answer's `x-request-id`),
+        once written: just after its answer is sent."""
+        return wait_until(lambda: next((line for line in self.log_events("request")
+                                        if line.get("request_id") == request_id), None),
+                          within=timeout, what=f"the request log line of {request_id}")
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import secrets
 import shutil
 import socket
 import subprocess
 import time
 
-from tests.gateway_process import dies_with_us
+import httpx
+import redis
+
+from tests.gateway_process import GatewayProcess, dies_with_us
 from tests.upstream import free_port
+from tests.waiting import wait_until
 
 
 class RedisServer:
@@ -40,3 +46,33 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+    def synced(self, gateway: GatewayProcess, key: str | None = None,
+               prefix: str = "llms-gateway:") -> None:
+        """Return once `gateway` has run a whole sync with this Redis that began after the
+        call: what it had to share is written, what the others shared is read.
+
+        Nothing a gateway serves says when it synced, so markers do: a cooldown for a provider
+        no config names, put in the shared health hash, shows in the gateway's /ready (asked
+        with `key` when the gateway has keys) once a sync has read it. A sync reads that hash
+        first, then shares counts and latencies: the sync that shows the first marker did all
+        of that after the call, and it has ended once a later sync shows a second marker."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+        def read_by_a_sync() -> None:
+            marker = f"sync-marker-{secrets.token_hex(4)}"
+            client.hset(f"{prefix}health", f"{marker}\x1f", json.dumps([time.time() + 30, 0]))
+
+            def shown() -> bool:
+                ready = httpx.get(f"{gateway.url}/ready", headers=headers, timeout=5).json()
+                return any(c["provider"] == marker for c in ready["circuits"])
+
+            wait_until(shown, within=5, what=f"{gateway.url} reading {marker} from Redis")
+            client.hdel(f"{prefix}health", f"{marker}\x1f")  # read: Redis is as it was
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            read_by_a_sync()  # by a sync that then shares the rest, after the call
+            read_by_a_sync()  # by a later one: that sync has ended
+        finally:
+            client.close()

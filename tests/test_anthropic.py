@@ -1,19 +1,22 @@
-"""An OpenAI client talks to Claude through the gateway without knowing it."""
+"""An OpenAI client talks to Claude through the gateway without knowing it.
+
+What every kind does alike (a stream translated, a stream broken, the Responses bridge) is
+told once for all of them, in tests/test_kinds.py."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 
-import httpx
 import openai
 import pytest
 
 from providers.kinds.anthropic import to_chat_completion
 from providers.kinds.anthropic_request import to_messages
 from tests.fake_anthropic import OVERLOADED, FakeAnthropic
-from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream, ok, status, stream_cut, tool_call
+from tests.gateway_process import GatewayProcess, provider
+from tests.kinds import fresh_client, started
+from tests.upstream import FakeUpstream, ok, status, tool_call
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -28,31 +31,20 @@ def claude() -> Iterator[FakeAnthropic]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, claude: FakeAnthropic,
             backup: FakeUpstream) -> Iterator[GatewayProcess]:
-    doc = config({
+    yield from started(tmp_path_factory.mktemp("anthropic"), {
         "anthropic": {"type": "anthropic", "base_url": claude.base_url,
                       "api_key": "sk-ant-test-key-0123456789",
                       "models": {"claude": "claude-sonnet-4-5"}},
         "backup": provider(backup.base_url, {"claude": "backup-model"}),
-    }, defaults={"circuit": {"enabled": False}})
-    process = GatewayProcess(tmp_path_factory.mktemp("anthropic"), doc).start()
-    yield process
-    process.stop()
+    })
 
 
 @pytest.fixture
 def client(gateway: GatewayProcess, claude: FakeAnthropic,
            backup: FakeUpstream) -> openai.OpenAI:
-    claude.reset()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, claude, backup)
 
 
 def test_text_answer_and_the_request_claude_received(client: openai.OpenAI,
@@ -72,16 +64,6 @@ def test_text_answer_and_the_request_claude_received(client: openai.OpenAI,
     headers = claude.requests[-1].headers
     assert headers["x-api-key"] == "sk-ant-test-key-0123456789"
     assert headers["anthropic-version"] == "2023-06-01"
-
-
-def test_streaming_translates_event_by_event(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model="claude", stream=True,
-                                            messages=[{"role": "user", "content": "Hi"}])
-    chunks = list(stream)
-
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
-        "Hello from claude"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
 def test_tool_call_round_trip(client: openai.OpenAI, claude: FakeAnthropic) -> None:
@@ -164,39 +146,6 @@ def test_overloaded_529_fails_over_to_the_next_provider(client: openai.OpenAI,
 
     assert raw.headers["x-llms-provider"] == "backup"
     assert raw.parse().choices[0].message.content == "Hello from backup"
-
-
-def test_an_error_event_mid_stream_reaches_the_client_as_an_error(
-        gateway: GatewayProcess, claude: FakeAnthropic) -> None:
-    claude.reset()
-    claude.set_mode(stream_cut())
-
-    response = httpx.post(f"{gateway.base_url}/chat/completions",
-                          json={"model": "claude", "stream": True,
-                                "messages": [{"role": "user", "content": "Hi"}]})
-
-    assert response.headers["x-llms-provider"] == "anthropic"
-    assert "data: [DONE]" not in response.text
-    assert "overloaded_error" in response.text.splitlines()[-2]
-
-
-def test_an_error_event_before_any_output_fails_over(
-        gateway: GatewayProcess, claude: FakeAnthropic) -> None:
-    claude.reset()
-    claude.set_mode(stream_cut(after_chunks=0))
-
-    response = httpx.post(f"{gateway.base_url}/chat/completions",
-                          json={"model": "claude", "stream": True,
-                                "messages": [{"role": "user", "content": "Hi"}]})
-
-    assert response.headers["x-llms-provider"] == "backup"
-    assert response.text.rstrip().endswith("data: [DONE]")
-
-
-def test_responses_api_works_through_the_bridge(client: openai.OpenAI) -> None:
-    response = client.responses.create(model="claude", input="Hi", instructions="Be brief.")
-
-    assert response.output_text == "Hello from claude"
 
 
 @pytest.mark.parametrize(("openai_body", "expected"), [

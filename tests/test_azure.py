@@ -29,6 +29,7 @@ from tests.fake_azure import (
     tls_context,
 )
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
+from tests.kinds import fresh_client, started
 from tests.openapi import validate
 from tests.upstream import FakeUpstream, ok, status, tool_call
 
@@ -69,17 +70,14 @@ def entra(azure: FakeAzure, ca: trustme.CA) -> Iterator[FakeEntra]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, azure: FakeAzure, entra: FakeEntra,
             ca: trustme.CA, backup: FakeUpstream) -> Iterator[GatewayProcess]:
+    # Entra ID is reached over TLS only: the test CA is trusted the way a private one is.
+    workdir = tmp_path_factory.mktemp("azure")
+    ca.cert_pem.write_to_path(str(workdir / "ca.pem"))
     # Candidates follow the providers' order: `gpt` is Azure then the backup, `to-azure` the
     # backup then Azure; `wrong-key` and `locked-out` reach Azure with a key it refuses.
-    doc = config({
+    yield from started(workdir, {
         "first": provider(backup.base_url, {"to-azure": "backup-model"}),
         "azure": azure_entry(azure.base_url, {"gpt": "gpt-4o-deploy", "to-azure": "gpt-4o-deploy",
                                               "azure-only": "gpt-4o-deploy",
@@ -95,14 +93,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, azure: FakeAzure, entra: F
                                          "entra-refused"),
         "backup": provider(backup.base_url, {"gpt": "backup-model", "wrong-key": "backup-model",
                                              "entra-refused": "backup-model"}),
-    }, defaults={"circuit": {"enabled": False}})
-    # Entra ID is reached over TLS only: the test CA is trusted the way a private one is.
-    workdir = tmp_path_factory.mktemp("azure")
-    ca.cert_pem.write_to_path(str(workdir / "ca.pem"))
-    process = GatewayProcess(workdir, doc,
-                             env={**ENV, "SSL_CERT_FILE": str(workdir / "ca.pem")}).start()
-    yield process
-    process.stop()
+    }, {**ENV, "SSL_CERT_FILE": str(workdir / "ca.pem")})
 
 
 def entra_entry(base_url: str, entra: FakeEntra, secret: str, alias: str) -> dict[str, object]:
@@ -115,10 +106,7 @@ def entra_entry(base_url: str, entra: FakeEntra, secret: str, alias: str) -> dic
 @pytest.fixture
 def client(gateway: GatewayProcess, azure: FakeAzure, entra: FakeEntra,
            backup: FakeUpstream) -> openai.OpenAI:
-    azure.reset()
-    entra.reset()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, azure, entra, backup)
 
 
 def test_chat_goes_to_the_deployment_with_the_api_version_and_key(

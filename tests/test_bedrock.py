@@ -1,6 +1,9 @@
 """An OpenAI client talks to AWS Bedrock through the gateway without knowing it: every request
 SigV4-signed with the environment's credentials and checked by a fake that recomputes the
-signature, streams in AWS's event-stream framing, Claude through InvokeModel."""
+signature, streams in AWS's event-stream framing, Claude through InvokeModel.
+
+What every kind does alike (a stream translated, a stream broken, the Responses bridge) is
+told once for all of them, in tests/test_kinds.py."""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ from tests.fake_bedrock import (
     exception_event,
     frame,
 )
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, provider
+from tests.kinds import fresh_client, started
 from tests.openapi import validate
 from tests.upstream import FakeUpstream, Recorded, _words, ok, status, tool_call
 
@@ -74,19 +78,13 @@ def bedrock() -> Iterator[FakeBedrock]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, bedrock: FakeBedrock,
             backup: FakeUpstream) -> Iterator[GatewayProcess]:
     def aws(models: dict[str, str], **extra: Any) -> dict[str, Any]:
         return {"type": "bedrock", "region": "us-east-1", "base_url": bedrock.url,
                 "models": models, **extra}
 
-    doc = config({
+    yield from started(tmp_path_factory.mktemp("bedrock"), {
         "backup-first": provider(backup.base_url, {"to-bedrock": "backup-model"}),
         "stale": aws({"signed": NOVA, "stale-only": NOVA}, aws_access_key_id="$STALE_KEY_ID",
                      aws_secret_access_key="$STALE_SECRET"),
@@ -104,19 +102,14 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, bedrock: FakeBedrock,
         "whole": aws({"nova-whole": NOVA, "claude-whole": CLAUDE}, stream_upstream=False),
         "backup": provider(backup.base_url, {"from-bedrock": "backup-model",
                                              "signed": "backup-model", "long": "backup-model"}),
-    }, defaults={"circuit": {"enabled": False}})
-    process = GatewayProcess(tmp_path_factory.mktemp("bedrock"), doc, env=ENV).start()
-    yield process
-    process.stop()
+    }, ENV)
 
 
 @pytest.fixture
 def client(gateway: GatewayProcess, bedrock: FakeBedrock,
            backup: FakeUpstream) -> openai.OpenAI:
-    bedrock.reset()
     bedrock.refusals.clear()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, bedrock, backup)
 
 
 def last(fake: FakeBedrock) -> Recorded:
@@ -151,25 +144,6 @@ def test_a_whole_answer_through_converse_signed_with_the_environments_credential
     assert "/us-east-1/bedrock/aws4_request" in call.headers["authorization"]
     assert call.headers["x-amz-security-token"] == TOKEN
     assert bedrock.refusals == []
-
-
-def test_a_streamed_answer_from_converse_stream(client: openai.OpenAI, gateway: GatewayProcess,
-                                               bedrock: FakeBedrock) -> None:
-    chunks = list(client.chat.completions.create(model="nova", stream=True, messages=HI,
-                                                 stream_options={"include_usage": True}))
-    plain = httpx.post(f"{gateway.base_url}/chat/completions",
-                       json={"model": "nova", "stream": True, "messages": HI}).text
-
-    for chunk in chunks:
-        validate(chunk.model_dump(mode="json", exclude_unset=True),
-                 "CreateChatCompletionStreamResponse")
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
-        "Hello from bedrock"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
-    assert '"usage"' not in plain, "usage only when the client asked for it"
-    assert plain.rstrip().endswith("data: [DONE]")
-    assert last(bedrock).path == f"/model/{NOVA}/converse-stream"
 
 
 def test_a_whole_answer_asked_upstream_as_a_stream_is_assembled(client: openai.OpenAI,
@@ -399,29 +373,6 @@ def test_throttling_is_rate_limited_and_too_long_is_the_models_limit(
     bedrock.set_mode(status(400, TOO_LONG))
     moved = client.chat.completions.with_raw_response.create(model="long", messages=HI)
     assert moved.headers["x-llms-provider"] == "backup"
-
-
-def test_an_exception_mid_stream_is_an_in_band_error_never_a_clean_end(
-        gateway: GatewayProcess, bedrock: FakeBedrock) -> None:
-    bedrock.set_mode(exception_event("modelStreamErrorException", after_chunks=2))
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
-                      json={"model": "nova", "stream": True, "messages": HI}) as answer:
-        lines = [line for line in answer.iter_lines() if line]
-
-    assert answer.status_code == 200
-    assert "[DONE]" not in "".join(lines)
-    error = json.loads(lines[-1].removeprefix("data: "))["error"]
-    assert "modelStreamErrorException" in error["message"]
-    assert any('"Hello"' in line for line in lines), "what came before the exception came"
-
-
-def test_an_exception_before_the_first_token_fails_over(client: openai.OpenAI,
-                                                        bedrock: FakeBedrock) -> None:
-    bedrock.set_mode(exception_event("throttlingException", after_chunks=0))
-    answer = client.chat.completions.with_raw_response.create(model="from-bedrock", stream=True,
-                                                              messages=HI)
-
-    assert answer.headers["x-llms-provider"] == "backup"
 
 
 # -- pure pieces -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import httpx
 from tests.conftest import Pair
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, hang, ok, slow_first_token
+from tests.waiting import wait_until
 
 BODY = {"model": "chat-model", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -84,12 +85,14 @@ def test_whole_streamed_failed_and_abandoned_answers_all_give_their_slot_back(
     with httpx.stream("POST", url, json={**BODY, "stream": True}) as streamed:
         next(streamed.iter_bytes())
     pair.primary.set_mode(slow_first_token(5))
+    asked = len(pair.primary.requests)
     with socket.create_connection(("127.0.0.1", pair.gateway.port)) as sock:
         payload = json.dumps({**BODY, "stream": True}).encode()
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(payload), payload))
-        time.sleep(0.3)
+        wait_until(lambda: len(pair.primary.requests) > asked,
+                   what="the request waiting on the slow upstream")
     assert pair.primary.wait_for_cancel(), "the abandoned request was cancelled upstream"
 
     assert _settles_to_zero(pair.gateway), "a slot was never given back"
@@ -102,7 +105,7 @@ def test_a_client_that_leaves_a_hung_whole_request_frees_its_slot(pair: Pair) ->
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(payload), payload))
-        time.sleep(0.3)
+        wait_until(lambda: pair.primary.requests, what="the request held by the hung upstream")
         assert _inflight(pair.gateway) == 1
 
     assert pair.primary.wait_for_cancel()

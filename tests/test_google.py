@@ -1,4 +1,7 @@
-"""An OpenAI client talks to Gemini through the gateway without knowing it."""
+"""An OpenAI client talks to Gemini through the gateway without knowing it.
+
+What every kind does alike (a stream translated, a stream broken, the Responses bridge) is
+told once for all of them, in tests/test_kinds.py."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -16,9 +18,10 @@ from providers.kinds.google import model_ids
 from providers.kinds.google_request import clean_schema, media_part, to_gemini
 from providers.kinds.google_stream import StreamTranslator, to_chat_completion
 from tests.fake_gemini import SIGNATURE, FakeGemini, error_body, safety_block
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import GatewayProcess, provider
+from tests.kinds import fresh_client, started
 from tests.openapi import validate
-from tests.upstream import FakeUpstream, Recorded, ok, status, stream_cut, tool_call
+from tests.upstream import FakeUpstream, Recorded, ok, status, tool_call
 
 KEY = "AIzaSyTest-gemini-key-0123456789abcdef"
 WEATHER = {"type": "function", "function": {
@@ -37,26 +40,17 @@ def gemini() -> Iterator[FakeGemini]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, gemini: FakeGemini,
             backup: FakeUpstream) -> Iterator[GatewayProcess]:
     def google(key: str, models: Any) -> dict[str, Any]:
         return {"type": "google", "base_url": gemini.base_url, "api_key": key, "models": models}
 
-    doc = config({
+    yield from started(tmp_path_factory.mktemp("google"), {
         "stale": google("AIzaSyStale-key-that-google-refuses", {"keyed": "gemini-2.5-flash"}),
         "google": google(KEY, {"gemini": "gemini-2.5-flash", "keyed": "gemini-2.5-flash"}),
         "backup": provider(backup.base_url, {"gemini": "backup-model"}),
         "listed": {**google(KEY, "*"), "discover_interval": 60},
-    }, defaults={"circuit": {"enabled": False}})
-    process = GatewayProcess(tmp_path_factory.mktemp("google"), doc).start()
-    yield process
-    process.stop()
+    })
 
 
 def posts(fake: FakeGemini) -> list[Recorded]:
@@ -71,9 +65,7 @@ def sent(fake: FakeGemini) -> Any:
 
 @pytest.fixture
 def client(gateway: GatewayProcess, gemini: FakeGemini, backup: FakeUpstream) -> openai.OpenAI:
-    gemini.reset()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, gemini, backup)
 
 
 def test_text_answer_and_the_request_gemini_received(client: openai.OpenAI,
@@ -98,24 +90,6 @@ def test_text_answer_and_the_request_gemini_received(client: openai.OpenAI,
     # Asked as a stream (early failover), assembled into the whole answer the client asked for.
     assert call.path == "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
     assert call.headers["x-goog-api-key"] == KEY
-
-
-def test_streaming_translates_event_by_event(client: openai.OpenAI,
-                                             gateway: GatewayProcess) -> None:
-    chunks = list(client.chat.completions.create(model="gemini", stream=True, messages=HI,
-                                                 stream_options={"include_usage": True}))
-    plain = httpx.post(f"{gateway.base_url}/chat/completions",
-                       json={"model": "gemini", "stream": True, "messages": HI}).text
-
-    for chunk in chunks:
-        validate(chunk.model_dump(mode="json", exclude_unset=True),
-                 "CreateChatCompletionStreamResponse")
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
-        "Hello from gemini"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
-    assert '"usage"' not in plain, "usage only when the client asked for it"
-    assert plain.rstrip().endswith("data: [DONE]")
 
 
 def test_tool_call_round_trip(client: openai.OpenAI, gemini: FakeGemini) -> None:
@@ -239,7 +213,7 @@ def test_a_bad_request_is_the_clients_error_and_never_shows_the_key(
     assert "Invalid argument" in caught.value.message
     assert KEY not in caught.value.response.text
     assert backup.requests == [], "a 400 is not failed over"
-    time.sleep(0.2)  # the access log line is written after the answer
+    gateway.request_line(caught.value.response.headers["x-request-id"])
     assert KEY not in gateway.logs()
 
 
@@ -251,37 +225,6 @@ def test_a_key_google_refuses_fails_over_to_the_next_provider(client: openai.Ope
     assert [r.headers["x-goog-api-key"] for r in posts(gemini)] == \
         ["AIzaSyStale-key-that-google-refuses", KEY]
     assert "AIzaSyStale" not in raw.http_response.text
-
-
-def test_a_stream_cut_after_output_ends_in_an_error_event(gateway: GatewayProcess,
-                                                          gemini: FakeGemini) -> None:
-    gemini.reset()
-    gemini.set_mode(stream_cut(after_chunks=2))
-
-    response = httpx.post(f"{gateway.base_url}/chat/completions",
-                          json={"model": "gemini", "stream": True, "messages": HI})
-
-    assert response.headers["x-llms-provider"] == "google"
-    assert '"Hello"' in response.text and "data: [DONE]" not in response.text
-    assert '"error"' in response.text.splitlines()[-2]
-
-
-def test_a_stream_cut_before_any_output_fails_over(gateway: GatewayProcess,
-                                                   gemini: FakeGemini) -> None:
-    gemini.reset()
-    gemini.set_mode(stream_cut(after_chunks=0))
-
-    response = httpx.post(f"{gateway.base_url}/chat/completions",
-                          json={"model": "gemini", "stream": True, "messages": HI})
-
-    assert response.headers["x-llms-provider"] == "backup"
-    assert response.text.rstrip().endswith("data: [DONE]")
-
-
-def test_responses_api_works_through_the_bridge(client: openai.OpenAI) -> None:
-    response = client.responses.create(model="gemini", input="Hi", instructions="Be brief.")
-
-    assert response.output_text == "Hello from gemini"
 
 
 def test_listed_models_are_served_by_the_discovering_provider(gateway: GatewayProcess,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -154,10 +153,10 @@ def test_a_gateway_shares_state_caches_and_stores_responses_through_one_redis_cl
     follow = httpx.post(f"{gateway.base_url}/responses", json={
         "model": "m", "input": "more", "previous_response_id": first.json()["id"]})
     assert follow.status_code == 200
-    time.sleep(0.5)  # a sync or two more
 
     client = redis.Redis.from_url(redis_server.url)
     own = str(client.client_id())
+    wait_until(lambda: client.exists("llms-gateway:latency"), what="a sync writing latencies")
     connections = [c for c in client.client_list() if c["id"] != own]
     keys = {key.decode().split(":")[1] for key in client.keys("llms-gateway:*")}
     client.close()

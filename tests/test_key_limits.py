@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import httpx
@@ -10,17 +9,11 @@ import pytest
 
 from gateway.core.limits import KeyLimits, RateLimiter
 from tests.gateway_process import GatewayProcess, config, provider
+from tests.minutes import within_one_minute
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream
 
 MESSAGES = [{"role": "user", "content": "hello"}]
-
-
-def away_from_a_minute_boundary() -> None:
-    """Fixed windows reset on the minute: keep a test's requests inside one window."""
-    left = 60 - time.time() % 60
-    if left < 8:
-        time.sleep(left + 0.2)
 
 
 def test_limiter_counts_requests_and_tokens_per_window() -> None:
@@ -45,6 +38,9 @@ def test_limiter_adds_what_other_replicas_reported() -> None:
     assert limiter.admit(team) is not None
 
 
+KEY = "unlimited-key"  # to read a gateway's /ready
+
+
 def chat(gateway: GatewayProcess, key: str) -> httpx.Response:
     return httpx.post(f"{gateway.base_url}/chat/completions",
                       json={"model": "m", "messages": MESSAGES},
@@ -62,28 +58,33 @@ def limited_config(up: FakeUpstream, **state: object) -> dict:
 
 
 def test_a_key_over_its_limits_gets_429_while_others_carry_on(
-        start_gateway: Callable[..., GatewayProcess],
+        tmp_path_factory: pytest.TempPathFactory,
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
     up = upstream_factory("up")
-    gateway = start_gateway(limited_config(up))
-    away_from_a_minute_boundary()
 
-    statuses = [chat(gateway, "key-for-team-a").status_code for _ in range(4)]
-    refused = chat(gateway, "key-for-team-a")
+    def story() -> None:  # in one minute, on a gateway of its own: its counts start at zero
+        gateway = GatewayProcess(tmp_path_factory.mktemp("limits"), limited_config(up)).start()
+        try:
+            statuses = [chat(gateway, "key-for-team-a").status_code for _ in range(4)]
+            refused = chat(gateway, "key-for-team-a")
 
-    assert statuses == [200, 200, 200, 429]
-    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-    assert refused.json()["error"]["type"] == "rate_limit_error"
-    assert 1 <= int(refused.headers["retry-after"]) <= 60
-    assert "key-for-team-a" not in refused.text
-    assert chat(gateway, "unlimited-key").status_code == 200
-    # Each answer reports 7 tokens: after three (21) the budget of 20 is spent.
-    assert [chat(gateway, "key-for-team-b").status_code for _ in range(4)] == [
-        200, 200, 200, 429]
-    logged = gateway.wait_for_log("request", 10)  # written once each answer is sent
-    assert {r["key_id"] for r in logged} == {"team-a", "team-b", "key-" + __import__(
-        "hashlib").sha256(b"unlimited-key").hexdigest()[:8]}
-    assert "key-for-team" not in gateway.logs()
+            assert statuses == [200, 200, 200, 429]
+            assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert 1 <= int(refused.headers["retry-after"]) <= 60
+            assert "key-for-team-a" not in refused.text
+            assert chat(gateway, "unlimited-key").status_code == 200
+            # Each answer reports 7 tokens: after three (21) the budget of 20 is spent.
+            assert [chat(gateway, "key-for-team-b").status_code for _ in range(4)] == [
+                200, 200, 200, 429]
+            logged = gateway.wait_for_log("request", 10)  # written once each answer is sent
+            assert {r["key_id"] for r in logged} == {"team-a", "team-b", "key-" + __import__(
+                "hashlib").sha256(b"unlimited-key").hexdigest()[:8]}
+            assert "key-for-team" not in gateway.logs()
+        finally:
+            gateway.stop()
+
+    within_one_minute(story)
 
 
 def test_limits_hold_across_replicas_sharing_redis(
@@ -91,19 +92,25 @@ def test_limits_hold_across_replicas_sharing_redis(
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
     up = upstream_factory("up")
     doc = limited_config(up, backend="redis", url=redis_server.url, sync_interval=0.1)
-    first = GatewayProcess(tmp_path_factory.mktemp("a"), doc).start()
-    second = GatewayProcess(tmp_path_factory.mktemp("b"), doc).start()
-    try:
-        first.wait_for_log("shared_state_connected")
-        second.wait_for_log("shared_state_connected")
-        away_from_a_minute_boundary()
-        assert [chat(first, "key-for-team-a").status_code for _ in range(2)] == [200, 200]
-        time.sleep(0.5)
 
-        assert chat(second, "key-for-team-a").status_code == 200
-        time.sleep(0.5)
-        assert chat(second, "key-for-team-a").status_code == 429
-        assert chat(first, "key-for-team-a").status_code == 429
-    finally:
-        first.stop()
-        second.stop()
+    def story() -> None:  # in one minute, on gateways and a Redis of its own
+        redis_server.stop()
+        redis_server.start()
+        first = GatewayProcess(tmp_path_factory.mktemp("a"), doc).start()
+        second = GatewayProcess(tmp_path_factory.mktemp("b"), doc).start()
+        try:
+            first.wait_for_log("shared_state_connected")
+            second.wait_for_log("shared_state_connected")
+            assert [chat(first, "key-for-team-a").status_code for _ in range(2)] == [200, 200]
+            redis_server.synced(first, KEY)  # its two are counted in Redis
+
+            assert chat(second, "key-for-team-a").status_code == 200
+            redis_server.synced(second, KEY)  # its third is counted: it read 3 back
+            redis_server.synced(first, KEY)  # and so has the first
+            assert chat(second, "key-for-team-a").status_code == 429
+            assert chat(first, "key-for-team-a").status_code == 429
+        finally:
+            first.stop()
+            second.stop()
+
+    within_one_minute(story)

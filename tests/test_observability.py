@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +16,7 @@ from gateway.routing.health import ProviderHealth
 from providers.contract.usage import Usage
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, slow_first_token, status
+from tests.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 PRICE = {"input": 2.0, "output": 10.0}  # dollars per million tokens
@@ -113,7 +113,7 @@ def test_the_inflight_gauge_counts_requests_holding_an_upstream(
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(httpx.post, f"{gateway.base_url}/chat/completions",
                               json={"model": "m", "messages": MESSAGES}, timeout=10)
-        time.sleep(0.7)
+        wait_until(lambda: up.requests, what="the request held by the slow upstream")
         during = value(scrape(gateway), "llms_inflight_requests")
         assert waiting.result().status_code == 200
     after = value(scrape(gateway), "llms_inflight_requests")
@@ -126,7 +126,7 @@ def test_metrics_add_up_across_workers(start_gateway: Callable[..., GatewayProce
     up = upstream_factory("up")
     gateway = start_gateway(config({"up": provider(up.base_url, {"m": "m"})}),
                             extra_args=("--workers", "2"))
-    time.sleep(1.0)  # both workers up
+    gateway.wait_for_log("gateway_started", count=2)  # both workers up
 
     sent = 0
     with httpx.Client() as client:  # fresh connections, until both workers have served
@@ -136,7 +136,7 @@ def test_metrics_add_up_across_workers(start_gateway: Callable[..., GatewayProce
                         json={"model": "m", "messages": MESSAGES},
                         headers={"Connection": "close"})
             sent += 1
-    time.sleep(0.3)  # the last log lines reach the file
+    gateway.wait_for_log("request", count=sent)  # the last log lines reach the file
     samples = scrape(gateway)
 
     assert len({line["pid"] for line in gateway.log_events("request")}) == 2

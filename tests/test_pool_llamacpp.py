@@ -40,12 +40,6 @@ def pool_entry(port: int, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory,
             backup: FakeUpstream) -> Iterator[GatewayProcess]:
     doc = config({"local": pool_entry(free_port()),

@@ -86,12 +86,6 @@ def served_by(response: httpx.Response) -> str:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gpu_pool(tmp_path_factory: pytest.TempPathFactory,
              backup: FakeUpstream) -> Iterator[tuple[GatewayProcess, Env, int]]:
     tmp = tmp_path_factory.mktemp("vllm-pool")
@@ -421,7 +415,8 @@ def test_shutdown_drains_in_flight_requests_before_stopping_workers(tmp_path: Pa
     outcome: dict[str, httpx.Response] = {}
     slow = threading.Thread(target=lambda: outcome.setdefault("r", ask(gateway, fake_delay=1.5)))
     slow.start()
-    time.sleep(0.5)
+    wait_until(lambda: sum(w["inflight"] for w in workers(gateway)) == 1,
+               what="the slow request held by a worker")
     gateway.stop()
     slow.join()
     assert outcome["r"].status_code == 200, "the in-flight answer was finished"

@@ -16,6 +16,7 @@ import httpx
 from tests.conftest import Pair
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, slow_first_token
+from tests.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 BODY = json.dumps({"model": "chat-model", "messages": MESSAGES}).encode()
@@ -50,7 +51,7 @@ def test_past_the_concurrency_cap_with_no_queue_clients_get_503_with_retry_after
             for _ in range(2)]
     for thread in held:
         thread.start()
-    time.sleep(0.3)
+    wait_until(lambda: len(slow.requests) == 2, what="both slots held by the slow upstream")
 
     refused = httpx.post(url, json=body)
 
@@ -94,6 +95,15 @@ def test_binding_beyond_loopback_without_keys_is_refused_unless_asked(tmp_path: 
     assert "--allow-unauthenticated" in refused.stderr
 
 
+def _answers(gateway: GatewayProcess) -> bool:
+    """Whether a new connection is served."""
+    try:
+        httpx.get(f"{gateway.url}/health", timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 def test_sigterm_lets_open_streams_finish_then_exits(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
@@ -110,16 +120,12 @@ def test_sigterm_lets_open_streams_finish_then_exits(
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
         os.killpg(gateway.process.pid, signal.SIGTERM)
-        time.sleep(0.3)
-        try:
-            httpx.get(f"{gateway.url}/health", timeout=1)
-            accepted_new = True
-        except httpx.HTTPError:
-            accepted_new = False
+        # Within a second, while the stream has some 1.4 s to go: one that has exited refuses.
+        wait_until(lambda: not _answers(gateway), within=1.0,
+                   what="no new connections once shutting down")
         rest = [line for line in lines if line]
 
     assert rest[-1] == "data: [DONE]", "the in-flight stream finished"
-    assert not accepted_new, "no new connections once shutting down"
     # A graceful shutdown exits 0 (or re-raises SIGTERM, as some servers do for init systems).
     assert gateway.process.wait(timeout=10) in (0, -signal.SIGTERM)
 

@@ -11,6 +11,7 @@ import pytest
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, status
+from tests.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -29,6 +30,11 @@ def chat(gateway: GatewayProcess) -> httpx.Response:
     return response
 
 
+def breaker_open(gateway: GatewayProcess, provider: str) -> bool:
+    circuits = httpx.get(f"{gateway.url}/ready").json()["circuits"]
+    return any(c["provider"] == provider and c["state"] == "open" for c in circuits)
+
+
 def test_a_failure_seen_by_one_gateway_is_skipped_by_the_other_within_a_second(
         tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
@@ -39,7 +45,8 @@ def test_a_failure_seen_by_one_gateway_is_skipped_by_the_other_within_a_second(
     second = GatewayProcess(tmp_path_factory.mktemp("b"), doc).start()
     try:
         assert chat(first).headers["x-llms-attempts"] == "2"
-        time.sleep(1.0)
+        wait_until(lambda: breaker_open(second, "flaky"), within=1.0,
+                   what="the second gateway hearing that flaky's breaker opened")
 
         answer = chat(second)
 

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -117,7 +116,9 @@ def _stream_text(gateway: GatewayProcess, into: list[str]) -> None:
     with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=30,
                       headers={"Authorization": f"Bearer {KEY}"},
                       json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
-        into.extend(line for line in response.iter_lines() if line)
+        for line in response.iter_lines():  # one by one: the test watches them come
+            if line:
+                into.append(line)
 
 
 def _workers(pid: int) -> list[int]:
@@ -136,7 +137,7 @@ def test_sighup_reloads_the_config_and_an_open_stream_still_finishes(
     lines: list[str] = []
     streaming = threading.Thread(target=_stream_text, args=(gateway, lines))
     streaming.start()
-    time.sleep(0.5)
+    wait_until(lambda: lines, what="the stream's first event")
     gateway.write_config(config({"b": provider(b.base_url, {"m": "m"})},
                                 server={"api_keys": ["$GW_KEY"], "reload_interval": 600}))
 
@@ -166,7 +167,7 @@ def test_sighup_to_the_server_process_reloads_in_place_keeping_streams_and_switc
     lines: list[str] = []
     streaming = threading.Thread(target=_stream_text, args=(gateway, lines))
     streaming.start()
-    time.sleep(0.5)
+    wait_until(lambda: lines, what="the stream's first event")
     # An operator's switch the edit does not mention: a respawned worker would forget it.
     assert httpx.post(f"{gateway.url}/admin/providers/b/disable").status_code == 200
     gateway.write_config(config({"b": three["b"], "c": three["c"]}, server=server))

@@ -108,11 +108,12 @@ def _summed(usage: dict[str, Any], completion: int) -> None:
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
-def test_a_gemini_stream_cut_halfway_is_finished_by_the_next_candidate(
-        fresh: Kinds, streamed: bool) -> None:
-    _cut(fresh, "gemini", "vllm")
+@pytest.mark.parametrize("kind", ["gemini", "ollama"])
+def test_a_stream_of_the_kind_cut_halfway_is_finished_by_the_next_candidate(
+        fresh: Kinds, kind: str, streamed: bool) -> None:
+    _cut(fresh, kind, "vllm")
 
-    text, usage, said = fresh.answered("gemini-breaks", streamed)
+    text, usage, said = fresh.answered(f"{kind}-breaks", streamed)
 
     assert text == ANSWER and said in (": resumed", "1")
     asked = fresh.fakes["vllm"].last_json
@@ -135,19 +136,6 @@ def test_gemini_continues_a_cut_answer_asked_in_words_and_its_repeat_is_trimmed(
     assert "cut off" in contents[2]["parts"][0]["text"]
     # Gemini bills the words it repeated at the seam: the client is not told fewer.
     _summed(usage, WORDS + REPEATED_WORDS)
-
-
-@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
-def test_an_ollama_stream_cut_halfway_is_finished_by_the_next_candidate(
-        fresh: Kinds, streamed: bool) -> None:
-    _cut(fresh, "ollama", "vllm")
-
-    text, usage, said = fresh.answered("ollama-breaks", streamed)
-
-    assert text == ANSWER and said in (": resumed", "1")
-    assert fresh.fakes["vllm"].last_json["messages"][-1] == {"role": "assistant",
-                                                             "content": SENT}
-    _summed(usage, WORDS)
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])

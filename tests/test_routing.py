@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -105,7 +104,8 @@ def test_two_gateways_on_one_redis_share_what_latency_learned(
     two = GatewayProcess(tmp_path / "two", doc).start()
     try:
         assert [served_by(one) for _ in range(3)] == ["slow", "fast", "fast"]
-        time.sleep(0.5)  # a few syncs
+        redis.synced(one)  # what one measured is in Redis
+        redis.synced(two)  # and two has read it
         slow.reset()
         assert {served_by(two) for _ in range(5)} == {"fast"}, "learned from the other"
         assert not slow.requests

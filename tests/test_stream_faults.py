@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import Pair
 from tests.gateway_process import ROOT, GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, ok, slow_first_token, stream_cut
+from tests.waiting import wait_until
 
 BODY = {"model": "chat-model", "messages": [{"role": "user", "content": "hello"}], "stream": True}
 
@@ -84,7 +85,7 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(pair: Pair) 
 
     with socket.create_connection(("127.0.0.1", pair.gateway.port)) as sock:
         sock.sendall(request)
-        time.sleep(0.5)  # the gateway is now waiting on the slow upstream
+        wait_until(lambda: pair.primary.requests, what="the gateway waiting on the slow upstream")
     started = time.monotonic()
 
     assert pair.primary.wait_for_cancel(timeout=5)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,7 +75,7 @@ def test_a_malformed_field_in_redis_is_skipped_not_a_crash_of_every_workers_sync
     client.hset("llms-gateway:health", mapping={"a\x1fm": b"not json", "\xff": b"[1]"})
 
     gateway.wait_for_log("shared_state_value_ignored")
-    time.sleep(0.5)
+    redis_server.synced(gateway)  # and a whole sync since
 
     assert not gateway.log_events("background_task_failed")
     assert all(t["restarts"] == 0 for t in _status(gateway)["tasks"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 
@@ -101,16 +102,22 @@ def test_a_kept_alive_connection_the_upstream_dropped_costs_the_client_nothing(
 def test_an_upstream_talking_out_of_turn_on_an_idle_connection_costs_the_next_request_nothing(
         start_gateway: Callable[..., GatewayProcess],
         scripted: Callable[[Reply], tuple[str, dict[str, int]]]) -> None:
+    strayed = threading.Event()
+
+    def stray(transport: asyncio.Transport) -> None:
+        transport.write(b"HTTP/1.1 200 OK\r\n")
+        strayed.set()
+
     def chatty(transport: asyncio.Transport, body: bytes, n: int) -> None:
         transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(COMPLETION), COMPLETION))
-        asyncio.get_running_loop().call_later(0.05, transport.write, b"HTTP/1.1 200 OK\r\n")
+        asyncio.get_running_loop().call_later(0.05, stray, transport)
 
     base_url, _ = scripted(chatty)
     gateway = start_gateway(config({"up": provider(base_url, {"m": "m"})}))
 
     first = _ask(gateway)
-    time.sleep(0.3)  # the stray bytes arrive while the connection is idle
+    assert strayed.wait(5)  # the stray bytes arrive while the connection is idle
     second = _ask(gateway)
 
     # aiohttp parses each answer with a fresh parser: the half answer is dropped, and the next

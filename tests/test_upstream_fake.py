@@ -26,6 +26,7 @@ from tests.upstream import (
     status,
     stream_cut,
 )
+from tests.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "say hello to me"}]
 
@@ -273,8 +274,7 @@ def test_stop_with_a_request_in_flight_is_quick_and_leaves_nothing_behind(
 
     client = threading.Thread(target=call)
     client.start()
-    while not up.requests:
-        time.sleep(0.01)
+    wait_until(lambda: up.requests, what="the request held by the hung fake")
 
     started = time.monotonic()
     up.stop()

@@ -1,5 +1,8 @@
 """An OpenAI client talks to Gemini and Claude on Vertex AI through the gateway, which gets its
-OAuth2 tokens from a service account (or the environment's credentials) by itself."""
+OAuth2 tokens from a service account (or the environment's credentials) by itself.
+
+What every kind does alike (a stream translated, a stream broken, the Responses bridge) is
+told once for all of them, in tests/test_kinds.py."""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from providers.kinds.vertex import from_predict, model_url, read_settings, to_pr
 from providers.kinds.vertex_auth import AccessTokens, refresh_error, service_account_credentials
 from providers.transport import AiohttpTransport
 from tests.fake_vertex import EMAIL, FakeVertex, service_account
-from tests.gateway_process import GatewayProcess, config, provider, wait_until
+from tests.gateway_process import GatewayProcess, provider, wait_until
+from tests.kinds import fresh_client, started
 from tests.openapi import validate
 from tests.upstream import (
     FakeUpstream,
@@ -30,7 +34,6 @@ from tests.upstream import (
     ok,
     refusing_url,
     status,
-    stream_cut,
     tool_call,
 )
 
@@ -54,12 +57,6 @@ def vertex() -> Iterator[FakeVertex]:
 
 
 @pytest.fixture(scope="module")
-def backup() -> Iterator[FakeUpstream]:
-    with FakeUpstream(name="backup") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def accounts(tmp_path_factory: pytest.TempPathFactory, vertex: FakeVertex) -> dict[str, Path]:
     """Key files: one the fake trusts, and one with the same account and a key it never saw."""
     folder = tmp_path_factory.mktemp("accounts")
@@ -78,7 +75,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, vertex: FakeVertex, backup
         return {"type": "vertex", "location": "us-central1", "base_url": vertex.base_url,
                 "models": models, **found, **extra}
 
-    doc = config({
+    env = {"GOOGLE_APPLICATION_CREDENTIALS": str(accounts["trusted"])}
+    yield from started(tmp_path_factory.mktemp("vertex"), {
         "down": provider(refusing_url(), {"to-vertex": "m"}),
         "refused": on_vertex({"refused": "gemini-2.5-flash", "refused-only": "gemini-2.5-flash"},
                              accounts["stranger"]),
@@ -95,19 +93,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, vertex: FakeVertex, backup
         "backup": provider(backup.base_url, {"gemini": "backup-model", "claude": "backup-model",
                                              "refused": "backup-model",
                                              "elsewhere": "backup-model"}),
-    }, defaults={"circuit": {"enabled": False}})
-    env = {"GOOGLE_APPLICATION_CREDENTIALS": str(accounts["trusted"])}
-    process = GatewayProcess(tmp_path_factory.mktemp("vertex"), doc, env=env).start()
-    yield process
-    process.stop()
+    }, env)
 
 
 @pytest.fixture
 def client(gateway: GatewayProcess, vertex: FakeVertex, backup: FakeUpstream) -> openai.OpenAI:
-    vertex.reset()
-    vertex.anthropic.reset()
-    backup.reset()
-    return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    return fresh_client(gateway, vertex, vertex.anthropic, backup)
 
 
 def bearer(call: Recorded) -> str:
@@ -138,20 +129,6 @@ def test_a_whole_answer_carries_a_token_minted_for_the_service_account(
                          "systemInstruction": {"parts": [{"text": "Be brief."}]},
                          "generationConfig": {"maxOutputTokens": 64}}
     assert bearer(call) in vertex.tokens_minted()
-
-
-def test_a_streamed_answer_is_translated_event_by_event(client: openai.OpenAI,
-                                                        vertex: FakeVertex) -> None:
-    chunks = list(client.chat.completions.create(model="gemini", stream=True, messages=HI,
-                                                 stream_options={"include_usage": True}))
-
-    for chunk in chunks:
-        validate(chunk.model_dump(mode="json", exclude_unset=True),
-                 "CreateChatCompletionStreamResponse")
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
-        "Hello from vertex"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
-    assert vertex.calls()[-1].path == f"{GEMINI_PATH}/gemini-2.5-flash:streamGenerateContent"
 
 
 def test_tool_calls_whole_and_streamed(client: openai.OpenAI, vertex: FakeVertex) -> None:
@@ -244,18 +221,6 @@ def test_the_messages_and_responses_apis_reach_vertex_through_the_bridges(
     assert response.output_text == "Hello from vertex"
     assert [c.path.rsplit(":", 1)[-1] for c in vertex.calls()] == ["rawPredict",
                                                                    "generateContent"]
-
-
-def test_a_stream_cut_before_any_output_fails_over(client: openai.OpenAI,
-                                                   vertex: FakeVertex) -> None:
-    vertex.set_mode(stream_cut(after_chunks=0))
-
-    raw = client.chat.completions.with_raw_response.create(model="gemini", messages=HI,
-                                                           stream=True)
-
-    assert raw.headers["x-llms-provider"] == "backup"
-    assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices) == \
-        "Hello from backup"
 
 
 @pytest.mark.parametrize(("code", "stream"), [(429, False), (503, True), (403, False)])
