@@ -20,10 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.core.messages import MessagesRequest
+from gateway.core.messages import MessagesRequest, to_chat
 from gateway.core.schemas import parse
 from providers.contract.errors import InvalidRequest
-from providers.contract.messages import to_chat
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, Recorded, ok, stream_cut, tool_call
