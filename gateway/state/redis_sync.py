@@ -141,7 +141,7 @@ class RedisSync:
     async def _sync_counts(self, limiter: RateLimiter) -> None:
         # INCRBY returns the cluster total; INCRBY 0 refreshes a window we added nothing to.
         pending = limiter.take_pending()
-        window = int(time.time() // WINDOW)
+        window = int(limiter.clock() // WINDOW)  # the limiter's own clock, as it counts
         counted = set(pending) | {c for c in limiter.local if c[1] == window}
         ordered = sorted(counted)
         try:
