@@ -167,3 +167,54 @@ def test_the_same_events_in_any_framing_assemble_into_the_same_answer() -> None:
 
     assert answers["lf"] == answers["crlf"] == answers["comments"]
     assert answers["lf"]["choices"][0]["message"]["content"] == "Hello"
+
+
+def test_plain_chunks_and_chunks_with_more_assemble_alike() -> None:
+    """Common chunks (a role and text) take a typed fast path; chunks with anything more take
+    the general one. Mixed in one stream, every field still lands where a whole answer has it."""
+    from gateway.adapters.assemble import ChatAssembler
+
+    class General(ChatAssembler):  # every chunk by the general path, for comparison
+        def _data(self, payload: bytes) -> None:
+            super(ChatAssembler, self)._data(payload)
+
+    events = [
+        b'{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m",'
+        b'"system_fingerprint":"fp","choices":[{"index":0,"delta":{"role":"assistant",'
+        b'"content":""},"logprobs":null,"finish_reason":null}]}',
+        b'{"id":"c1","choices":[{"index":0,"delta":{"content":"Hel"},"stop_reason":null}]}',
+        b'{"id":"c1","choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}',
+        b'{"id":"c1","choices":[{"index":0,"delta":{"content":"lo"},"logprobs":{"content":'
+        b'[{"token":"lo","logprob":-0.1,"bytes":[108,111],"top_logprobs":[]}]}}]}',
+        b'{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t1",'
+        b'"type":"function","function":{"name":"f","arguments":"{}"}}]}}]}',
+        b'{"id":"c1","choices":[{"index":1,"delta":{"role":"assistant","content":"B"}}]}',
+        b'{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop",'
+        b'"stop_reason":42,"matched_stop":"x"}]}',
+        b'{"id":"c1","choices":[{"index":1,"delta":{},"finish_reason":"length"}]}',
+        b'{"id":"c1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,'
+        b'"total_tokens":7}}',
+    ]
+    body = b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    fast, general = ChatAssembler(choices=2), General(choices=2)
+    for assembler in (fast, general):
+        assembler.feed(body)
+
+    answer = fast.answer()
+    assert fast.done and general.done and fast.data_events == general.data_events
+    assert answer == general.answer()
+    first = answer["choices"][0]
+    assert first["message"]["content"] == "Hello" and first["stop_reason"] == 42
+
+
+def test_an_error_event_or_garbage_breaks_the_assembly_on_either_path() -> None:
+    from gateway.adapters.assemble import ChatAssembler
+
+    for event, broken_by in ((b'{"error":{"message":"boom"}}', "error_event"),
+                             (b'{"object":"error","message":"boom"}', "error_event"),
+                             (b'{"choices":[{"index":0,"delta":{"content":"x"}}', "malformed"),
+                             (b'[1,2]', "malformed")):
+        assembler = ChatAssembler()
+        assembler.feed(b"data: " + event + b"\n\n")
+        assert assembler.broken, event
+        assert getattr(assembler, broken_by), event

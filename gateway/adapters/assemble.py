@@ -213,12 +213,83 @@ class _Assembler:
         return grown
 
 
+class _Delta(msgspec.Struct, forbid_unknown_fields=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct, forbid_unknown_fields=True):
+    index: int = 0
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+    logprobs: None = None
+    stop_reason: int | str | msgspec.UnsetType | None = msgspec.UNSET
+    matched_stop: int | str | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class _Chunk(msgspec.Struct):
+    """The common chat chunk: one choice's role and text, nothing else in its choices (other
+    top-level fields are not kept whole either way). Anything more fails to decode as this
+    and takes the general path."""
+
+    choices: list[_Choice] | None = None
+    id: Any = None
+    created: Any = None
+    model: Any = None
+    system_fingerprint: Any = None
+    service_tier: Any = None
+    usage: Any = None
+    object: Any = None
+    error: Any = msgspec.UNSET
+
+
+_CHUNK = msgspec.json.Decoder(_Chunk)
+
+
 class ChatAssembler(_Assembler):
     """`chat.completion.chunk` events into a `chat.completion`. Text arrives in pieces, kept
     in lists (`_texts`) and joined once in `_done`: appending to a string per event would copy
-    the whole answer each time."""
+    the whole answer each time. The common chunk (role and content only) is decoded into typed
+    structs (`_Chunk`); any other takes the general path, as a dict."""
 
     object_name = "chat.completion"
+
+    def _data(self, payload: bytes) -> None:
+        try:
+            chunk = _CHUNK.decode(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            super()._data(payload)  # says what was wrong with it, as for any event
+            return
+        if chunk.error is not msgspec.UNSET or chunk.object == "error":
+            self.data_events += 1
+            self.error_event = payload
+            return
+        self.data_events += 1
+        top = self.top
+        for name in _TOP:
+            if name not in top and (value := getattr(chunk, name)):
+                top[name] = value
+        if chunk.usage:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            self._grow_typed(choice)
+
+    def _grow_typed(self, choice: _Choice) -> None:
+        grown = self.choices.get(choice.index)
+        if grown is None:
+            grown = self.choices[choice.index] = self._new(choice.index)
+        if (delta := choice.delta) is not None:
+            if delta.role:
+                grown["message"]["role"] = delta.role
+            if delta.content is not None:
+                grown["_texts"].setdefault("content", []).append(delta.content)
+        if choice.finish_reason is not None:
+            grown["finish_reason"] = choice.finish_reason
+            self._ended.add(choice.index)
+        if choice.stop_reason is not msgspec.UNSET:
+            grown["stop_reason"] = choice.stop_reason
+        if choice.matched_stop is not msgspec.UNSET:
+            grown["matched_stop"] = choice.matched_stop
 
     def _new(self, index: int) -> dict[str, Any]:
         return {"index": index, "message": {"role": "assistant", "content": None},

@@ -4,10 +4,11 @@
 `/v1/messages/count_tokens` and the native endpoints (moderations, rerank, images, audio:
 `gateway.adapters.native`) are the data plane: the relay (`gateway.pipeline.relay`) needs none
 of Litestar's per-request work (routing, its Request object, response conversion), so `Front` reads
-the request from the scope, asks the relay for an answer, and turns that framework-free value into
-ASGI messages here, and only here. The request's in-flight slot is taken and given back here too,
-once, however the answer ends. `/passthrough/...` is served as plain ASGI too (`passthrough`).
-Only `scope`, `receive` and `send` are touched, so any ASGI server runs it.
+the request from the scope into a framework-free `Call`, runs it through its endpoint's stages
+(`relay.handle`), and turns the delivery into ASGI messages here, and only here. Once the answer
+is sent, however it ended, the call is closed, and its stages give back what they held (the
+queue's slot). `/passthrough/...` is served as plain ASGI too (`passthrough`). Only `scope`,
+`receive` and `send` are touched, so any ASGI server runs it.
 """
 
 from __future__ import annotations
