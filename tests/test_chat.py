@@ -128,3 +128,22 @@ def test_legacy_completions_stream(pair: Pair) -> None:
     stream = pair.client().completions.create(model="chat-model", prompt="Say", stream=True)
 
     assert "".join(c.choices[0].text for c in stream if c.choices) == "Hello from primary"
+
+
+def test_every_answer_says_the_gateway_s_own_time_apart_from_the_upstream_s(pair: Pair) -> None:
+    from tests.upstream import slow_first_token
+
+    pair.primary.set_mode(slow_first_token(0.5), slow_first_token(0.5))
+    whole = pair.client().chat.completions.with_raw_response.create(
+        model="chat-model", messages=MESSAGES, extra_headers={"x-request-id": "overhead-1"})
+    with httpx.stream("POST", f"{pair.gateway.base_url}/chat/completions",
+                      json={"model": "chat-model", "messages": MESSAGES, "stream": True}) as resp:
+        streamed = float(resp.headers["x-llms-overhead-ms"])
+        resp.read()
+    logged = pair.gateway.request_line("overhead-1")
+
+    # The upstream took half a second to answer each; that half second is not the gateway's.
+    overhead = float(whole.headers["x-llms-overhead-ms"])
+    assert 0 <= overhead < 500 and 0 <= streamed < 500
+    assert logged["overhead_ms"] == round(logged["overhead_ms"], 2) and logged["overhead_ms"] < 500
+    assert logged["latency_ms"] >= 500 > logged["overhead_ms"]
