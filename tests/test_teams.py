@@ -187,6 +187,33 @@ def test_an_expired_key_is_refused(start_gateway: Callable[..., GatewayProcess],
     assert refused.status_code == 401 and "expired" in refused.json()["error"]["message"]
 
 
+def test_an_expired_key_is_refused_on_every_route_that_acts_for_a_key(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
+        database: str) -> None:
+    models = {"m": {"id": "m-upstream", "price": PRICE}}
+    gateway = start_gateway(config(
+        {"main": provider(upstream.base_url, models, passthrough=["/v1/models"])},
+        **on(database)))
+    admin = Admin(gateway)
+    live, expired = admin.key()["key"], admin.key(expires_at="2020-01-01T00:00:00Z")["key"]
+    keyed_everywhere(gateway)
+    routes = [("GET", "/v1/models"), ("GET", "/v1/models/m"), ("GET", "/metrics"),
+              ("GET", "/status.json"), ("GET", "/v1/files"), ("GET", "/v1/batches"),
+              ("GET", "/v1/responses/resp_unknown"), ("GET", "/passthrough/main/v1/models")]
+
+    for method, path in routes:
+        answer = httpx.request(method, f"{gateway.url}{path}", timeout=10,
+                               headers={"Authorization": f"Bearer {expired}"})
+        assert answer.status_code == 401, (path, answer.text)
+        assert "expired" in answer.json()["error"]["message"], path
+    for method, path in routes:  # the same routes answer a key that has not expired
+        answer = httpx.request(method, f"{gateway.url}{path}", timeout=10,
+                               headers={"Authorization": f"Bearer {live}"})
+        assert answer.status_code in (200, 404), (path, answer.text)
+    ready = httpx.get(f"{gateway.url}/ready", headers={"Authorization": f"Bearer {expired}"})
+    assert "providers" not in ready.json(), "no details for an expired key"
+
+
 @pytest.mark.parametrize("workers", [1, 2], ids=["one worker", "two workers, no Redis"])
 def test_fifty_concurrent_streams_never_overshoot_a_one_cent_budget(
         start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream,
