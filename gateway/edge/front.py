@@ -113,11 +113,8 @@ class Front:
                     Record(request_id(request.headers), endpoint, runtime.listeners),
                     request.body, request.watching)
         try:
-            if runtime.tracing is None:
+            with runtime.serving(request.headers, endpoint):  # its span, when traced
                 await self._answer(call, request, runtime, send)
-            else:  # the request's server span, current while it is answered
-                with runtime.tracing.serving(request.headers, endpoint):
-                    await self._answer(call, request, runtime, send)
         finally:
             call.close()
 

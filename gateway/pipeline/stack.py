@@ -14,8 +14,8 @@ In order, outermost first (each owned by its folder):
 
 A stage is built only when something in force can use it: `budget` with accounts, `previous`
 on `/v1/responses`, `idempotency` on the endpoints that generate, `cache` on those it serves
-when some alias caches. Tracing's span is opened by the edge around the whole call, so it also
-covers writing the answer.
+when some alias caches. Tracing's span is what the edge serves the whole call within
+(`Runtime.serving`), so it also covers writing the answer.
 """
 
 from __future__ import annotations

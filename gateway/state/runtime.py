@@ -9,9 +9,11 @@ so a request sees either the old config or the new one, never half of each.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,12 @@ STAGES = ("request", "admitted", "provider", "reply", "answered", "logged")
 
 
 Composer = Callable[["Runtime", "Live"], Mapping[str, Next]]
+Serving = Callable[[Mapping[str, str], str], AbstractContextManager[Any]]
+_NOTHING = contextlib.nullcontext()  # stateless: one for every request
+
+
+def _unobserved(headers: Mapping[str, str], endpoint: str) -> AbstractContextManager[Any]:
+    return _NOTHING
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +191,9 @@ class Runtime:
         self.trace: Callable[[str], None] | None = None
         # Traces (`gateway.observe.tracing`): None when off, and then nothing of it runs.
         self.tracing = tracing
+        # What a relayed request is served within, by the edge: its server span (current while
+        # its answer is written, a stream included), or nothing when tracing is off.
+        self.serving: Serving = tracing.serving if tracing is not None else _unobserved
         # Virtual keys, teams, budgets and spend (`gateway.accounts`); None: static keys only.
         self.accounts = accounts
         charged: tuple[Listener, ...] = (accounts.ended,) if accounts is not None else ()
