@@ -28,6 +28,7 @@ from gateway.routing import fallbacks, router
 from gateway.state.runtime import Live, Runtime
 from providers.contract.errors import GatewayError
 from providers.contract.provider import Gathering
+from providers.contract.redact import Redactor
 from providers.contract.stream import Opened
 
 
@@ -36,16 +37,21 @@ async def handle(call: Call, runtime: Runtime) -> Delivery:
     error envelope, and a client that left gets nothing (None). Whoever runs the call closes
     it (`Call.close`) once its answer is sent, a stream included."""
     live = runtime.live
-    record = call.record
     try:
         return await live.stacks[call.endpoint](call)
-    except GatewayError as exc:
-        return error_delivery(exc, record, live.redactor)
-    except ClientDisconnected:
+    except Exception as exc:  # every failure leaves as an answer
+        return fallen(exc, call.record, live.redactor)
+
+
+def fallen(exc: Exception, record: Record, redactor: Redactor) -> Delivery:
+    """What a client gets for a failure: a `GatewayError`'s envelope, nothing when it left, a
+    logged 500 for a bug (counted, as every request is)."""
+    if isinstance(exc, GatewayError):
+        return error_delivery(exc, record, redactor)
+    if isinstance(exc, ClientDisconnected):
         record.end(Outcome.CLIENT_LEFT)
         return None
-    except Exception:  # a bug: logged with its traceback and counted, as every request is
-        return internal_error(record, live.redactor)
+    return internal_error(record, redactor)
 
 
 def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
@@ -67,13 +73,8 @@ def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
             finally:
                 record.upstream_wait += time.perf_counter() - began
             runtime.stage("reply")
-        except GatewayError as exc:
-            return error_delivery(exc, record, live.redactor)
-        except ClientDisconnected:
-            record.end(Outcome.CLIENT_LEFT)
-            return None
-        except Exception:  # a bug: logged with its traceback and counted, as every request is
-            return internal_error(record, live.redactor)
+        except Exception as exc:  # a flight's run must end as an answer too
+            return fallen(exc, record, live.redactor)
         record.provider, record.failed = served.provider, served.failed
         record.hedged, record.hedge_won = served.hedged, served.hedge_won
         price = live.prices.get((served.provider, record.alias))
