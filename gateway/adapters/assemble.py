@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.core import endpoints
 from providers.contract.answer import check_json
 from providers.contract.errors import AnsweredWhole, BadUpstreamResponse, ProviderUnavailable
 from providers.contract.provider import Adapter, Answer, Gathering, Outgoing, Provider, Reply
@@ -31,7 +32,7 @@ from providers.contract.stream import (
 from providers.contract.usage import Usage
 from providers.wire import sse
 
-ENDPOINTS = frozenset({"chat/completions", "completions"})
+ENDPOINTS = endpoints.STREAMED_WHOLE
 # Fields of the first chunk that the whole answer carries as they are.
 _TOP = ("id", "created", "model", "system_fingerprint", "service_tier")
 _TEXT_LOGPROBS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")

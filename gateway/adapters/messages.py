@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from gateway.adapters.seam import RESUMED
+from gateway.core import endpoints
 from gateway.core.messages import new_id, to_chat
 from gateway.core.tokens import estimated_tokens
 from providers.contract.errors import ProviderUnavailable
@@ -24,7 +25,7 @@ from providers.contract.provider import Adapter, Outgoing, Reply
 from providers.contract.stream import close_quietly
 from providers.wire import sse
 
-ENDPOINTS = frozenset({"messages", "messages/count_tokens"})
+ENDPOINTS = endpoints.ANTHROPIC
 
 class MessagesBridge(Adapter):
     """Wraps a chat provider: Messages requests go out as chat completions, answers come back

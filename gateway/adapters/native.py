@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.core import endpoints
 from gateway.core.settings import Route
 from providers.contract.errors import InvalidRequest
 from providers.contract.provider import Provider
 
-MB = 1024 * 1024
-# OpenAI's own limits on an upload (its API reference: audio files up to 25 MB, images for an
-# edit up to 50 MB); `server.max_body_bytes` bounds them too, whichever is lower.
-UPLOADS: Mapping[str, int] = {"audio/transcriptions": 25 * MB, "audio/translations": 25 * MB,
-                              "images/edits": 50 * MB}
-ENDPOINTS = ("moderations", "rerank", "images/generations", "audio/speech", *UPLOADS)
+UPLOADS = endpoints.UPLOADS  # bounded as OpenAI bounds them, and by `server.max_body_bytes`
+ENDPOINTS = endpoints.NATIVE
 
 
 def upload_limit(endpoint: str, max_body: int) -> int:

@@ -22,12 +22,12 @@ from gateway.adapters.messages import MessagesBridge
 from gateway.adapters.responses.bridge import ResponsesBridge
 from gateway.adapters.responses.store import ResponseStore
 from gateway.adapters.resume import Resuming
+from gateway.core import endpoints
 from gateway.core.settings import Snapshot
 from gateway.routing.health import ProviderHealth
 from providers.contract.provider import Adapter, Provider
 
-ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
-             "messages/count_tokens", *native.ENDPOINTS)
+ENDPOINTS = endpoints.RELAYED
 
 Adapted = Mapping[str, Mapping[str, Provider]]
 

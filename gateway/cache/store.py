@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.adapters.assemble import ChatAssembler, CompletionAssembler
+from gateway.core import endpoints
 from gateway.core.streaming import DONE_EVENT
 from gateway.stores.kept import Kept
 from providers.contract.answer import check_json
@@ -29,7 +30,7 @@ from providers.contract.stream import SSEWatch, check_head
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-ENDPOINTS = frozenset({"chat/completions", "completions"})
+ENDPOINTS = endpoints.STREAMED_WHOLE
 # Fields that do not change what the answer says.
 _IGNORED = frozenset({"stream", "stream_options", "user"})
 

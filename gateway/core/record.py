@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.core import endpoints
 from gateway.core.errors import Attempt
 from providers.contract.errors import Dialect
 from providers.contract.provider import Resumes
@@ -22,7 +23,7 @@ from providers.contract.usage import Price, Usage
 from providers.contract.usage import cost as cost_of
 
 MAX_REQUEST_ID = 128
-MESSAGES_ENDPOINTS = frozenset({"messages", "messages/count_tokens"})
+MESSAGES_ENDPOINTS = endpoints.ANTHROPIC
 
 
 class Outcome(enum.Enum):

@@ -22,6 +22,7 @@ from litestar.enums import ScopeType
 from litestar.types import Message, Receive, Scope, Send
 
 from gateway.adapters import native
+from gateway.core import endpoints
 from gateway.core.call import Call, ClientDisconnected
 from gateway.core.delivery import Streamed, Whole
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
@@ -34,12 +35,10 @@ from gateway.state.runtime import Runtime
 from providers.contract.errors import Dialect, InvalidRequest, error_body, error_event
 from providers.contract.stream import close_quietly
 
-_ENDPOINTS = ("chat/completions", "completions", "responses", "embeddings", "messages",
-              "messages/count_tokens", *native.ENDPOINTS)
 # With and without the /v1 prefix, as vLLM and LiteLLM answer them.
 # Cohere's v2 client reranks at /v2/rerank (vLLM answers it there too, in the same shape).
-RELAY_PATHS = {**{f"/v1/{e}": e for e in _ENDPOINTS}, **{f"/{e}": e for e in _ENDPOINTS},
-               "/v2/rerank": "rerank"}
+RELAY_PATHS = {**{f"/v1/{e}": e for e in endpoints.RELAYED},
+               **{f"/{e}": e for e in endpoints.RELAYED}, "/v2/rerank": "rerank"}
 
 
 class RawRequest:

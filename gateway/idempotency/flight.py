@@ -25,6 +25,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from gateway.core import endpoints
 from gateway.core.call import ClientDisconnected, Watching
 from gateway.core.delivery import Streamed, Whole, kept_stream
 from gateway.core.errors import IdempotencyKeyBusy, IdempotencyKeyReused
@@ -39,8 +40,7 @@ HEADER = "idempotency-key"
 REPLAY_HEADER = "x-llms-idempotent-replay"
 PARAM = "Idempotency-Key"
 MAX_KEY_CHARS = 255
-ENDPOINTS = frozenset({"chat/completions", "completions", "responses", "embeddings",
-                       "messages"})
+ENDPOINTS = endpoints.GENERATING
 # What a flight's answer says of the request that ran it, not of a retry that follows it.
 _OWN_HEADERS = frozenset({"x-request-id", "x-llms-cost", "x-llms-attempts"})
 

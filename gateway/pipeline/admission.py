@@ -11,17 +11,13 @@ the request built once as the providers get it (`Outgoing`, named for its alias)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
 from gateway.adapters import embeddings, native
 from gateway.adapters.messages import ENDPOINTS as MESSAGES_ENDPOINTS
-from gateway.core import schemas
+from gateway.core import endpoints, schemas
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.errors import ModelNotFound
-from gateway.core.messages import CountTokensRequest, MessagesRequest
 from gateway.core.schemas import FormHead
 from gateway.core.settings import Route, Snapshot
 from gateway.routing import router, strategy
@@ -29,21 +25,7 @@ from gateway.routing.fallbacks import as_alias
 from gateway.state.runtime import Live, Runtime
 from providers.contract.provider import Outgoing
 
-HEADS: Mapping[str, type[Any]] = {
-    "chat/completions": schemas.ChatHead,
-    "completions": schemas.CompletionHead,
-    "responses": schemas.ResponsesHead,
-    "embeddings": schemas.EmbeddingsHead,
-    "messages": MessagesRequest,
-    "messages/count_tokens": CountTokensRequest,
-    "moderations": schemas.ModerationsHead,
-    "rerank": schemas.RerankHead,
-    "images/generations": schemas.ImagesHead,
-    "images/edits": schemas.ImageEditHead,
-    "audio/speech": schemas.SpeechHead,
-    "audio/transcriptions": schemas.TranscriptionHead,
-    "audio/translations": schemas.TranscriptionHead,
-}
+HEADS = endpoints.HEADS
 
 
 def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
