@@ -242,7 +242,7 @@ def test_loading_refuses_connections_then_the_port_is_taken(tmp_path: Path,
 def test_metrics_follow_held_requests_and_overrides(spawn: Callable[..., Worker]) -> None:
     worker = spawn("--max-num-seqs", "1", "--served-model-name", "m")
     with ThreadPoolExecutor(2) as pool:
-        held = [pool.submit(worker.post, {"fake_delay": 0.5}) for _ in range(2)]
+        held = [pool.submit(worker.post, {"fake_delay": 1.5}) for _ in range(2)]
         wait_until(lambda: worker.gauges()["vllm:num_requests_waiting"] == 1)
         assert worker.gauges() == {
             "vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 1.0,
