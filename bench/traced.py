@@ -51,15 +51,14 @@ SAMPLED = 0.01
 REPORTED = 0.1
 SIDES = ("off", "on", "tenth", "every")
 EDGE = Path("gateway/edge/front.py")
-# The edge's tracing branch: the request answered inside the server span when tracing is on.
-_BRANCH = re.compile(r"( +)if runtime\.tracing is None:\n\1    (await self\._answer\(.*\))\n"
-                     r"\1else:.*\n\1    with runtime\.tracing\.serving\(.*\):\n"
-                     r"\1        await self\._answer\(.*\)\n")
+# What the edge serves a request within (`Runtime.serving`: its server span when tracing is on,
+# nothing when off), cut out: the request answered with no tracing code around it.
+_BRANCH = re.compile(r"( +)with runtime\.serving\(.*\):.*\n\1    (await self\._answer\(.*\))\n")
 
 
 def without_tracing(work: Path) -> Path:
-    """This tree's gateway and providers, copied into `work` with the edge's tracing branch
-    cut out: what a request runs with no tracing code path."""
+    """This tree's gateway and providers, copied into `work` with what the edge serves a
+    request within cut out: what a request runs with no tracing code path."""
     folder = work / "without-tracing"
     for package in ("gateway", "providers"):
         shutil.copytree(ROOT / package, folder / package,
@@ -67,8 +66,8 @@ def without_tracing(work: Path) -> Path:
     edge = folder / EDGE
     text, cut = _BRANCH.subn(r"\1\2\n", edge.read_text())
     if cut != 1 or "tracing" in text.split('"""', 2)[2]:
-        raise SystemExit(f"bench/traced.py: {EDGE} no longer has the tracing branch it cuts "
-                         "out; update _BRANCH to its shape")
+        raise SystemExit(f"bench/traced.py: {EDGE} no longer serves a request within "
+                         "Runtime.serving as _BRANCH cuts it out; update _BRANCH to its shape")
     edge.write_text(text)
     return folder
 
