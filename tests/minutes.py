@@ -1,6 +1,6 @@
 """Stories about rate limits, told to a running gateway within one minute of the wall clock.
 
-A key's limits count in fixed minutes (`gateway.pipeline.limits`, whose window rule is tested
+A key's limits count in fixed minutes (`gateway.core.limits`, whose window rule is tested
 on an injected clock). A gateway run the way users run it reads the wall clock, so a story told
 through its socket holds only if it does not straddle the end of a minute. Rather than wait for
 the next minute to begin, a story that straddled one is told again: it takes seconds, so the
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
-MINUTE = 60  # seconds: the limiter's window (`gateway.pipeline.limits.WINDOW`)
+MINUTE = 60  # seconds: the limiter's window (`gateway.core.limits.WINDOW`)
 
 
 def within_one_minute(story: Callable[[], T]) -> T:

@@ -30,14 +30,12 @@ def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) ->
         call.key = key
         if key is not None:
             call.record.key_id = key.limits.key_id
-            if isinstance(key, Account):
-                if accounts is not None:
-                    accounts.check(key, call.record)
-                _rate_limited(limiter, key.limits)
-                if key.team_limits is not None:
-                    _rate_limited(limiter, key.team_limits)
-            else:
-                _rate_limited(limiter, key.limits)
+            account = key if isinstance(key, Account) else None
+            if account is not None and accounts is not None:
+                accounts.check(account, call.record)
+            _rate_limited(limiter, key.limits)
+            if account is not None and account.team_limits is not None:
+                _rate_limited(limiter, account.team_limits)
         return await following(call)
 
     return stage

@@ -8,9 +8,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gateway.core.settings import (
-    ConfigError,
-)
+from gateway.core.settings import ConfigError
 
 S = TypeVar("S", bound=msgspec.Struct)
 

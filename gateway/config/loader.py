@@ -49,9 +49,7 @@ from providers.contract.spec import (
     Secret,
     Timeouts,
 )
-from providers.contract.transport import (
-    DEFAULT_MAX_ANSWER_BYTES,
-)
+from providers.contract.transport import DEFAULT_MAX_ANSWER_BYTES
 
 # A config is a few KB; one this large is a mistake, and parsing it would hold a core.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024

@@ -12,10 +12,7 @@ from typing import Any
 import msgspec
 
 from gateway.config.fields import invalid, merge_over
-from gateway.core.settings import (
-    IN_CONFIG,
-    ConfigError,
-)
+from gateway.core.settings import IN_CONFIG, ConfigError
 from providers.contract.spec import (
     DEFAULT_MAX_ANSWER_EVENTS,
     CircuitPolicy,

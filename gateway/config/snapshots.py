@@ -11,18 +11,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gateway.core.facts import Facts, facts
-from gateway.core.settings import (
-    Route,
-    Snapshot,
-)
+from gateway.core.settings import Route, Snapshot
 from providers.contract.redact import url_secrets
-from providers.contract.spec import (
-    ModelEntry,
-    ProviderSpec,
-)
-from providers.contract.transport import (
-    ProxyEnvironment,
-)
+from providers.contract.spec import ModelEntry, ProviderSpec
+from providers.contract.transport import ProxyEnvironment
 
 
 def secrets(snapshot: Snapshot) -> list[str]:

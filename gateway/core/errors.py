@@ -35,12 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from providers.contract.errors import (
-    ClientError,
-    GatewayError,
-    ProviderError,
-    UpstreamClientError,
-)
+from providers.contract.errors import ClientError, GatewayError, ProviderError, UpstreamClientError
 
 
 class RequestTooLarge(ClientError):

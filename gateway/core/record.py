@@ -23,7 +23,6 @@ from providers.contract.usage import Price, Usage
 from providers.contract.usage import cost as cost_of
 
 MAX_REQUEST_ID = 128
-MESSAGES_ENDPOINTS = endpoints.ANTHROPIC
 
 
 class Outcome(enum.Enum):
@@ -90,7 +89,7 @@ class Record:
     @property
     def dialect(self) -> Dialect:
         """The error shape this endpoint's clients read."""
-        return Dialect.ANTHROPIC if self.endpoint in MESSAGES_ENDPOINTS else Dialect.OPENAI
+        return Dialect.ANTHROPIC if self.endpoint in endpoints.ANTHROPIC else Dialect.OPENAI
 
     @property
     def attempts(self) -> int:

@@ -1,7 +1,7 @@
 """The settings types: what a resolved llms.json holds, as immutable values.
 
-`gateway.config` reads the file into these; every other part of the gateway reads only these
-(the loader is imported by the composition alone). Defaults are constants here, in one place.
+`gateway.config` reads the file into these, and the rest of the gateway reads these, never the
+file. Defaults are constants here, in one place.
 """
 
 from __future__ import annotations

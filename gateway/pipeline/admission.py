@@ -14,7 +14,6 @@ from __future__ import annotations
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
 from gateway.adapters import embeddings, native
-from gateway.adapters.messages import ENDPOINTS as MESSAGES_ENDPOINTS
 from gateway.core import endpoints, schemas
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.errors import ModelNotFound
@@ -33,7 +32,7 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
     it is built for)."""
     snapshot, providers, accounts = live.snapshot, live.adapted[endpoint], runtime.accounts
     head_type = HEADS[endpoint]
-    messages = endpoint in MESSAGES_ENDPOINTS
+    messages = endpoint in endpoints.ANTHROPIC
 
     async def stage(call: Call, following: Next) -> Delivery:
         record = call.record
