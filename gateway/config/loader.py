@@ -144,7 +144,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     try:
         file = msgspec.convert(data, _File)
     except msgspec.ValidationError as exc:
-        raise invalid(str(path), "", exc) from exc
+        raise invalid(str(path), "", exc, _File) from exc
     where = str(path)
     server = _server(file.server, where)
     keys = _keys(server.api_keys, environ)
@@ -251,7 +251,7 @@ def _server(raw: dict[str, Any], where: str) -> ServerConfig:
     try:
         return msgspec.convert(raw, ServerConfig)
     except msgspec.ValidationError as exc:
-        raise invalid(where, "server", exc) from exc
+        raise invalid(where, "server", exc, ServerConfig) from exc
 
 
 def _keys(entries: tuple[str | KeyEntry, ...], environ: Mapping[str, str]

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.config.fields import invalid, merge_over
+from gateway.config.fields import invalid, merge_over, unknown_fields
 from gateway.core.settings import IN_CONFIG, ConfigError
 from providers.contract.spec import (
     DEFAULT_MAX_ANSWER_EVENTS,
@@ -47,7 +47,7 @@ def provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retrie
     try:
         entry = msgspec.convert(raw, ProviderEntry)
     except msgspec.ValidationError as exc:
-        raise invalid(file, where, exc) from exc
+        raise invalid(file, where, exc, ProviderEntry) from exc
     discovery = None
     if entry.models == "*":
         models: dict[str, ModelEntry] = {}
@@ -163,21 +163,35 @@ def _tls(tls: TlsEntry | None, environ: Mapping[str, str], file: str, where: str
 def _model(alias: str, raw: str | dict[str, Any], file: str, where: str) -> ModelEntry:
     """A model entry: an upstream id, or an object of facts about it.
 
-    An object with a `source` (or a `served_model_name`) is a model the provider runs itself (a
-    pool's): its engine options are the kind's to check, and its id is the name workers serve.
+    An object with fields beyond `ModelEntry`'s is the kind's to check (`unknown`, once the kind
+    is known): a model the provider runs itself (a pool's), whose id is the name workers serve.
     """
     if isinstance(raw, str):
         return ModelEntry(id=raw)
-    known = {k: v for k, v in raw.items() if k in ModelEntry.__struct_fields__}
-    if "source" in raw or "served_model_name" in raw:
+    known = {k: v for k, v in raw.items() if k in _MODEL_FIELDS}
+    if len(known) < len(raw):
         known["id"] = raw.get("served_model_name") or raw.get("id") or alias
-    elif set(raw) - set(known):
-        unknown = ", ".join(sorted(set(raw) - set(known)))
-        raise ConfigError(f"{file}: {where}: unknown field(s) {unknown}")
     try:
         return msgspec.convert(known, ModelEntry)
     except msgspec.ValidationError as exc:
-        raise invalid(file, where, exc) from exc
+        raise invalid(file, where, exc, ModelEntry) from exc
+
+
+_MODEL_FIELDS = frozenset(ModelEntry.__struct_fields__)
+
+
+def unknown(spec: ProviderSpec, fields: frozenset[str], model_fields: frozenset[str]
+            ) -> list[str]:
+    """Every field of a provider's object, and of its model objects, that neither the core nor
+    its kind (`fields`, `model_fields`) reads, each with the closest known name."""
+    where = f"providers.{spec.name}"
+    found = unknown_fields(spec.raw, _SHARED_FIELDS | fields, where)
+    models = spec.raw.get("models")
+    for alias, model in models.items() if isinstance(models, dict) else ():
+        if isinstance(model, dict):
+            found += unknown_fields(model, _MODEL_FIELDS | model_fields,
+                                    f"{where}.models.{alias}")
+    return found
 
 
 def expand(value: str, environ: Mapping[str, str]) -> str | None:

@@ -22,6 +22,7 @@ import msgspec
 from gateway.adapters.responses.store import ResponseStore
 from gateway.adapters.stack import Adapted, adapted
 from gateway.cache.store import ResponseCache
+from gateway.config.providers import unknown
 from gateway.config.snapshots import model_facts, with_discovered, with_provider_disabled
 from gateway.config.snapshots import secrets as config_secrets
 from gateway.core.call import Next
@@ -84,12 +85,17 @@ class Live:
 
 
 def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None:
-    """Every enabled provider names a known kind, else a ConfigError naming the field."""
+    """Every enabled provider names a known kind, and every provider of a known kind holds only
+    fields it or its kind reads; else a ConfigError naming each wrong field."""
     for spec in snapshot.enabled:
         if spec.kind not in kinds:
             known = ", ".join(sorted(kinds))
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}.type: unknown provider "
                               f"type '{spec.kind}' (known: {known})")
+    wrong = [problem for spec in snapshot.providers if (kind := kinds.get(spec.kind)) is not None
+             for problem in unknown(spec, kind.fields, kind.model_fields)]
+    if wrong:
+        raise ConfigError(f"{snapshot.source}: " + "; ".join(wrong))
 
 
 def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Provider]],

@@ -161,6 +161,11 @@ class Provider(ABC):
     #: naming it, as OpenAI's); when not (Anthropic's message batches), the gateway keeps the
     #: file and `POST batches` carries its lines (`application/jsonl`).
     batch_files: ClassVar[bool] = True
+    #: The kind's own fields in a provider's llms.json object, beyond those every kind shares
+    #: (`ProviderEntry`), and in each of its model objects, beyond `ModelEntry`'s: any other
+    #: field is a typo, refused at load with the closest known name.
+    fields: ClassVar[frozenset[str]] = frozenset()
+    model_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         self.spec = spec

@@ -182,6 +182,7 @@ class AnthropicProvider(Provider):
     endpoints = frozenset({"chat/completions", "messages", "messages/count_tokens"})
     # Message batches carry their requests: the gateway keeps the input file.
     batch_files = False
+    fields = frozenset({"batches"})
 
     def continues(self) -> str:
         """A trailing assistant turn is a prefill the Messages API continues."""

@@ -253,6 +253,7 @@ class AzureProvider(OpenAIProvider):
     """An Azure OpenAI resource: its deployments named as `models`."""
 
     kind = "azure"
+    fields = OpenAIProvider.fields | AZURE_FIELDS
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         self.azure = read_entry(spec.raw)

@@ -124,6 +124,7 @@ class BedrockProvider(Provider):
 
     kind = "bedrock"
     endpoints = frozenset({"chat/completions", "embeddings"})
+    fields = frozenset(Options.__struct_fields__)
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)

@@ -20,6 +20,7 @@ from providers.contract.stream import flowing
 from providers.contract.translate import translated
 from providers.contract.transport import Transport
 from providers.kinds.compat import (
+    OPTION_FIELDS,
     OpenAIOptions,
     StreamNormalizer,
     needs_translation,
@@ -88,6 +89,7 @@ class OpenAIProvider(Provider):
     kind = "openai"
     endpoints = frozenset({"chat/completions", "completions", "embeddings", *NATIVE})
     embedding_batch = embeddings.MAX_INPUTS
+    fields = OPTION_FIELDS
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)

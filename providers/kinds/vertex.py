@@ -138,6 +138,7 @@ class VertexProvider(Provider):
     kind = "vertex"
     endpoints = frozenset({"chat/completions", "embeddings"})
     embedding_batch = MAX_EMBEDDING_BATCH
+    fields = frozenset(VertexSettings.__struct_fields__)
 
     def takes_cache_control(self, upstream_model: str) -> bool:
         """Claude's prompt-cache marks reach it (Gemini's caching is another API)."""

@@ -34,7 +34,13 @@ from providers.kinds.pool.engines import LLAMACPP, VLLM, schedules_by_priority
 from providers.kinds.pool.picking import prefix_hashes, prompt_text
 from providers.kinds.pool.pool import Pool, Slot
 from providers.kinds.pool.protect import for_engine, output_cap
-from providers.kinds.pool.settings import fingerprint, read_settings, served_name
+from providers.kinds.pool.settings import (
+    MODEL_FIELDS,
+    POOL_FIELDS,
+    fingerprint,
+    read_settings,
+    served_name,
+)
 from providers.kinds.pool.setup import PoolUnavailable, build_pool
 from providers.kinds.pool.worker import Worker
 
@@ -55,6 +61,8 @@ class PoolProvider(Provider):
     """Routes to the pool's workers; the pool itself lasts across config snapshots."""
 
     kind = "pool"
+    fields = POOL_FIELDS
+    model_fields = MODEL_FIELDS
 
     def __init__(self, spec: ProviderSpec, transport: Transport) -> None:
         super().__init__(spec, transport)

@@ -85,6 +85,9 @@ class PoolSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 # The core's provider fields and the OpenAI options (workers speak OpenAI): present in the same
 # object, not ours to check.
 _CORE_FIELDS = (frozenset(ProviderEntry.__struct_fields__) | frozenset(OPTION_FIELDS)) - {"models"}
+# What a pool's object and its model objects may hold beyond the core's fields.
+POOL_FIELDS = frozenset(OPTION_FIELDS) | (frozenset(PoolSettings.__struct_fields__) - {"models"})
+MODEL_FIELDS = frozenset(ModelSettings.__struct_fields__)
 
 
 def read_settings(raw: Mapping[str, Any]) -> PoolSettings:
