@@ -205,3 +205,24 @@ def test_ls_says_where_each_window_and_price_came_from(tmp_path: Path) -> None:
     assert "$1/$2 per M tokens in/out (config)" in lines["priced"]
     assert lines["own"].endswith("window 8192 (config)")
     assert "claude-* -> own" in lines["claude-*"]
+
+
+def test_a_listing_piped_into_head_ends_quietly(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "llms.json"
+    path.write_text(json.dumps({"providers": {"up": {
+        "type": "openai", "base_url": "http://127.0.0.1:9/v1",
+        "models": {f"model-{i:05d}": f"upstream-{i}" for i in range(5000)}}}}))
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "ls", "--config", str(path), "--url", refusing_url()],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert listing.stdout is not None and listing.stderr is not None
+
+    first = listing.stdout.readline()  # `| head -1`: one line read, then the pipe is closed
+    listing.stdout.close()
+    errors = listing.stderr.read()
+    code = listing.wait(timeout=60)
+
+    assert first.startswith(str(path).encode())
+    assert (code, errors) == (0, b"")
