@@ -397,3 +397,10 @@ def test_budgets_at_or_past_80_percent_are_listed_fullest_first() -> None:
     assert [(r["scope"], r["name"], r["used"]) for r in listed] == [
         ("team", "t", 1.5), ("key", "z", 1.0), ("key", "a", 0.8)]
     assert listed[0]["resets_at"] is not None and listed[1]["resets_at"] is None
+
+
+def test_the_page_names_its_charset_once(three: GatewayProcess) -> None:
+    page = httpx.get(f"{three.url}/", timeout=10)
+
+    assert page.status_code == 200
+    assert page.headers.get_list("content-type") == ["text/html; charset=utf-8"]

@@ -86,7 +86,7 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
 @get("/")
 async def status_html() -> Response[bytes]:
     """The status page: plain HTML and a small script, no build step, works offline."""
-    return Response(STATUS_PAGE, media_type="text/html; charset=utf-8")
+    return Response(STATUS_PAGE, media_type="text/html")
 
 
 @get("/status.json")
