@@ -483,3 +483,28 @@ def test_the_head_a_worker_checks_for_is_the_newest_migration() -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     assert ScriptDirectory.from_config(config).get_current_head() == HEAD
+
+
+def test_the_sdks_do_not_retry_an_answer_no_retry_can_change(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    gateway = start_gateway(priced(upstream, "m", "other"))
+    admin = Admin(gateway)
+    spent = admin.key(budget={"usd": 0.000001, "period": "month"})["key"]
+    narrow = admin.key(models=["m"])["key"]
+
+    def refusals() -> int:
+        return sum(1 for line in gateway.log_events("request") if line.get("status") == 429)
+
+    with pytest.raises(openai.RateLimitError) as refused:  # the SDK retries twice by default
+        openai.OpenAI(base_url=gateway.base_url, api_key=spent).chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=8)
+    assert refused.value.code == "budget_exceeded"
+    with pytest.raises(anthropic.RateLimitError):
+        anthropic.Anthropic(base_url=gateway.url, api_key=spent).messages.create(
+            model="m", messages=MESSAGES, max_tokens=8)
+    not_allowed = chat(gateway, narrow, model="other")
+
+    wait_until(lambda: refusals() >= 2, within=5)
+    assert refusals() == 2, "one request each: neither SDK asked again"
+    assert not_allowed.status_code == 403
+    assert not_allowed.headers["x-should-retry"] == "false"

@@ -37,6 +37,9 @@ from typing import Any
 
 from providers.contract.errors import ClientError, GatewayError, ProviderError, UpstreamClientError
 
+# The longest `Retry-After` the OpenAI and Anthropic SDKs wait for before retrying themselves.
+SDK_RETRY_WAIT = 60.0
+
 
 class RequestTooLarge(ClientError):
     """The body is over the configured limit."""
@@ -100,6 +103,12 @@ class BudgetExceeded(ClientError):
         super().__init__(message)
         self.retry_after = retry_after
 
+    def headers(self) -> dict[str, str]:
+        """`Retry-After`, and `x-should-retry: false` (which the OpenAI and Anthropic SDKs obey)
+        unless the budget's window turns within the minute an SDK would wait."""
+        soon = self.retry_after is not None and self.retry_after <= SDK_RETRY_WAIT
+        return {**super().headers(), "x-should-retry": "true" if soon else "false"}
+
 
 class ModelNotAllowed(ClientError):
     """The key may not use the model it asked for (whether the model exists is not said)."""
@@ -107,6 +116,10 @@ class ModelNotAllowed(ClientError):
     http_status = 403
     error_type = "permission_error"
     code = "model_not_allowed"
+
+    def headers(self) -> dict[str, str]:
+        """`x-should-retry: false`: asking again cannot change the key's models."""
+        return {"x-should-retry": "false"}
 
 
 class Conflict(ClientError):
