@@ -13,8 +13,15 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY providers providers
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir . && useradd --system --uid 10001 --create-home gateway
 COPY llms.json /etc/llms/llms.json
+# Not root, as the other images: the gateway and the vLLM workers it spawns run as `gateway`,
+# the weights vLLM downloads and the state (keys, spend, worker logs) in that user's home. A
+# volume on the state keeps it across upgrades; one on the cache saves downloading the weights.
+RUN install -d -o gateway -g gateway /home/gateway/.cache /home/gateway/state
+ENV LLMS_STATE_DIR=/home/gateway/state HF_HOME=/home/gateway/.cache/huggingface
+VOLUME /home/gateway/state
+USER gateway
 # Workers listen on 127.0.0.1:8101+ inside the container; only the gateway's port is published.
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \

@@ -19,7 +19,7 @@ $(VENV)/bin/python:
 # far and the phase, the compile named with its typical time; a failure prints the log's tail.
 $(RUN_STAMP): pyproject.toml scripts/install_progress.py | $(VENV)/bin/python
 	@echo "Installing the gateway and its embedded model. The first time, pip compiles"
-	@echo "llama.cpp (llama-cpp-python) from source: about 5 to 10 minutes on 2 cores, once."
+	@echo "llama.cpp (llama-cpp-python) from source: 5 to 20 minutes on 2 cores, once."
 	@$(PY) scripts/install_progress.py --log $(VENV)/install.log -- \
 	  $(PY) -m pip install -e '.[local]'
 	@touch $(RUN_STAMP)

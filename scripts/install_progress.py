@@ -28,7 +28,8 @@ TAIL = 40  # lines of the log shown when the command fails
 TICK = 1.0  # seconds between redraws on a terminal
 HEARTBEAT = 60.0  # seconds between lines when nothing changes and the output is not a terminal
 # What a compile costs, said before it starts: llama.cpp from source on a 2-core machine.
-SLOW_BUILDS = {"llama-cpp-python": "compiling llama.cpp: 5 to 10 min on 2 cores, once"}
+# Short enough that the whole line fits in 80 columns (a cut would lose the end of it).
+SLOW_BUILDS = {"llama-cpp-python": "compiles llama.cpp once: 5-20 min"}
 
 # pip's lines, first match wins: (pattern, phase). `{0}` is the pattern's first group.
 PHASES = (

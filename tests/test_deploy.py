@@ -203,12 +203,14 @@ def test_every_compose_volume_is_a_path_the_image_s_user_owns() -> None:
 def test_a_volume_the_image_never_created_fails_the_check() -> None:
     """The compose worker's model cache before the Dockerfile made it: root's, unwritable."""
     dockerfile = (ROOT / "Dockerfile").read_text()
-    line = next(line for line in dockerfile.splitlines() if "/home/gateway/.cache" in line)
-    stage = stages(dockerfile.replace(line, ""))["cpu-worker"]
+    line = next(line for line in _section(dockerfile, "cpu-worker").splitlines()
+                if "/home/gateway/.cache" in line)
+    stage = stages(_without(dockerfile, "cpu-worker", line))["cpu-worker"]
     worker = compose()["services"]["worker"]
     assert mount_problems(stage, worker["volumes"]) == [
         "/home/gateway/.cache: the cpu-worker image never creates it"]
-    chowned_to_root = dockerfile.replace(line, "RUN mkdir -p /home/gateway/.cache")
+    chowned_to_root = _without(dockerfile, "cpu-worker", line,
+                               "RUN mkdir -p /home/gateway/.cache")
     assert mount_problems(stages(chowned_to_root)["cpu-worker"], worker["volumes"]) == [
         "/home/gateway/.cache: owned by root, the image runs as gateway"]
 
@@ -217,8 +219,7 @@ def test_what_copy_puts_in_an_image_its_user_cannot_rewrite() -> None:
     """The code and the config an image runs are root's: a compromised process running as the
     image's user cannot change them for the next start."""
     for stage in stages(ROOT / "Dockerfile").values():
-        if stage.user == ROOT_USER:  # the vLLM image runs as root: nothing to protect from it
-            continue
+        assert stage.user != ROOT_USER, f"the {stage.name} image runs as root"
         for path in ("/app/gateway", "/app/providers", "/app/pyproject.toml"):
             assert stage.owner(path) == ROOT_USER, (stage.name, path)
         for path, owner in stage.owners.items():
@@ -274,9 +275,9 @@ def test_the_gateway_image_keeps_its_state_where_its_user_can_write(tmp_path: Pa
     snapshot = parse(json.dumps(alone), tmp_path / "llms.json", {**ENV, **stage.env})
     assert snapshot.database.url == f"sqlite:///{directory}/gateway.db"
 
-    line = next(line for line in dockerfile.splitlines() if line.startswith("RUN install -d")
-                and directory in line)
-    directory, stage = where(dockerfile.replace(line, ""))
+    line = next(line for line in _section(dockerfile, "gateway").splitlines()
+                if line.startswith("RUN install -d") and directory in line)
+    directory, stage = where(_without(dockerfile, "gateway", line))
     assert stage.owner(directory) is None, "never made: the first start could not write it"
 
 
@@ -467,3 +468,14 @@ def test_no_deploy_file_holds_a_password() -> None:
     "ENV LLMS_GATEWAY_KEY=sk-written-in-the-image"])
 def test_a_password_written_in_a_deploy_file_is_caught(written: str) -> None:
     assert plain_secrets(written)
+
+
+def _section(dockerfile: str, stage: str) -> str:
+    """The Dockerfile from `stage`'s FROM line on."""
+    return dockerfile[dockerfile.index(f" AS {stage}\n"):]
+
+
+def _without(dockerfile: str, stage: str, line: str, instead: str = "") -> str:
+    """The Dockerfile with `line` of `stage` (and of no other stage) replaced by `instead`."""
+    at = dockerfile.index(f" AS {stage}\n")
+    return dockerfile[:at] + dockerfile[at:].replace(line + "\n", instead + "\n", 1)
