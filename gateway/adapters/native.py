@@ -28,7 +28,7 @@ def able_routes(endpoint: str, model: str, routes: tuple[Route, ...],
                 providers: Mapping[str, Provider]) -> tuple[Route, ...]:
     """The candidates whose kind has `endpoint`; a 400 naming `model` when none has."""
     able = tuple(r for r in routes if (p := providers.get(r.provider)) is not None
-                 and p.supports(endpoint))
+                 and p.serves(endpoint, r.upstream_model))
     if not able:
         names = ", ".join(sorted({r.provider for r in routes}))
         raise InvalidRequest(f"Model '{model}' cannot serve /v1/{endpoint}: its providers "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
-from gateway.adapters import embeddings, native
+from gateway.adapters import embeddings, native, tools
 from gateway.core import endpoints, schemas
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.errors import ModelNotFound
@@ -41,6 +41,8 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
         record.model, record.stream = head.model, bool(getattr(head, "stream", False))
         alias = _alias(snapshot, head.model, call.key, accounts)
         call.routes = ordered(runtime, endpoint, alias)
+        if getattr(head, "tools", None):
+            call.routes = tools.tool_routes(alias, call.routes, providers)
         record.known_model, record.alias = True, alias
         call.head, call.raw, call.alias, call.providers = head, raw, alias, providers
         options = getattr(head, "stream_options", None)

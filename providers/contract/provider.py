@@ -219,6 +219,16 @@ class Provider(ABC):
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
 
+    def serves(self, endpoint: str, upstream_model: str) -> bool:
+        """Whether `upstream_model` here serves `endpoint`: a kind whose models differ (a pool's
+        chat and embedding models) answers per model."""
+        return self.supports(endpoint)
+
+    def calls_tools(self, upstream_model: str) -> bool:
+        """Whether `upstream_model` here answers a request's `tools`; a kind whose engine would
+        ignore them says no, so the request goes where they are used, or is refused."""
+        return True
+
     def credentials(self) -> Mapping[str, str]:
         """The headers that carry this provider's credentials, as its kind sends them (for
         `/passthrough`); none for a kind that has none or signs each request."""
@@ -266,6 +276,12 @@ class Adapter(Provider):
 
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints or self.inner.supports(endpoint)
+
+    def serves(self, endpoint: str, upstream_model: str) -> bool:
+        return endpoint in self.endpoints or self.inner.serves(endpoint, upstream_model)
+
+    def calls_tools(self, upstream_model: str) -> bool:
+        return self.inner.calls_tools(upstream_model)
 
     def streams_whole_answers(self) -> bool:
         return self.inner.streams_whole_answers()

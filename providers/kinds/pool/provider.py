@@ -44,6 +44,10 @@ from providers.kinds.pool.settings import (
 from providers.kinds.pool.setup import PoolUnavailable, build_pool
 from providers.kinds.pool.worker import Worker
 
+# The endpoints a model of each non-chat `task` serves, and only those.
+TASK_ENDPOINTS = {"embeddings": "embed", "rerank": "rerank"}
+# llama-cpp-python's chat formats that call tools (chatml-function-calling, functionary-v2...).
+TOOL_CHAT_FORMATS = ("chatml-function-calling", "functionary")
 # What a client loading-model answer suggests waiting: a small model loads in seconds.
 LOADING_RETRY_AFTER = 5.0
 
@@ -101,6 +105,22 @@ class PoolProvider(Provider):
         if self._lasting is not None and self.pool is not None:
             await self._lasting.release(f"pool:{self.name}", self.pool)
         self.pool = None
+
+    def serves(self, endpoint: str, upstream_model: str) -> bool:
+        """A model serves the endpoints of its `task` only: asked of a chat model, embeddings
+        is a 400 naming the model, not a worker's error."""
+        model = self._models.get(upstream_model)
+        task = TASK_ENDPOINTS.get(endpoint, "generate")
+        return self.supports(endpoint) and (model is None or model.task == task)
+
+    def calls_tools(self, upstream_model: str) -> bool:
+        """llama-cpp-python's server calls tools only with its function-calling chat formats;
+        any other answers in text and ignores `tools` (vLLM refuses what it cannot do itself)."""
+        engine = self.pool.engine if self.pool is not None else self.settings.engine
+        model = self._models.get(upstream_model)
+        if engine != LLAMACPP or model is None:
+            return True
+        return (model.chat_format or "").startswith(TOOL_CHAT_FORMATS)
 
     def live_state(self) -> dict[str, Any] | None:
         return self.pool.view() if self.pool is not None else None
