@@ -194,10 +194,11 @@ def _machine_ledger(snapshot: Snapshot) -> FileLedger | None:
     """With several workers and no Redis, the budgets' counts they share: a file in the state
     directory, one per accounts database; None for one worker (its memory is enough)."""
     workers = os.environ.get(WORKERS_ENV, "1")
-    if not workers.isdigit() or int(workers) <= 1 or snapshot.database.url is None:
+    if not workers.isdigit() or int(workers) <= 1 or snapshot.database.url is None \
+            or snapshot.source is None:
         return None
     name = hashlib.sha256(snapshot.database.url.encode()).hexdigest()[:16]
-    return FileLedger(state_dir(os.environ) / f"budgets-{name}.sqlite3")
+    return FileLedger(state_dir(os.environ, snapshot.source) / f"budgets-{name}.sqlite3")
 
 
 def _tracing(snapshot: Snapshot) -> Tracing | None:

@@ -20,7 +20,16 @@ from typing import Any
 import msgspec
 
 from gateway import cli_accounts, cli_chat, cli_ls, config
-from gateway.config.loader import BIND_ENV, CONFIG_ENV, OPEN_ENV, WORKERS_ENV
+from gateway.config.loader import (
+    BIND_ENV,
+    CONFIG_ENV,
+    DATABASE_FILE,
+    OPEN_ENV,
+    STATE_DIR_ENV,
+    WORKERS_ENV,
+    state_dir,
+    users_state_dir,
+)
 from gateway.config.snapshots import is_loopback, model_facts
 from gateway.core.settings import ConfigError, Snapshot
 from gateway.edge import openfiles
@@ -119,6 +128,10 @@ def _serve(args: argparse.Namespace) -> int:
     path, snapshot = _load(args.config)
     check_kinds(snapshot, providers.load_kinds())
     os.environ[CONFIG_ENV] = str(path.resolve())  # the app factory in each worker reads it
+    # This gateway's own state folder, for every process it starts (the pool's workers' logs
+    # and lock among them): chosen once, here, from the config file's path.
+    os.environ[STATE_DIR_ENV] = str(state_dir(os.environ, path))
+    _state_moved(snapshot)
     os.environ[WORKERS_ENV] = str(args.workers)  # budgets shared between them (accounts)
     if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # Each worker writes its metrics here; /metrics on any worker sums them all.
@@ -147,8 +160,22 @@ def _serve(args: argparse.Namespace) -> int:
               f"({snapshot.server.max_concurrency}): past it, connections fail with 'Too many "
               f"open files'. Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker "
               f"--ulimit nofile=) or lower max_concurrency.", file=sys.stderr)
-    print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}", file=sys.stderr)
+    print(f"llms-gateway: serving http://{host}:{port}/v1 with {path}; its state in "
+          f"{os.environ[STATE_DIR_ENV]}", file=sys.stderr)
     serving.launch(snapshot.server, host, port, args.workers, open_files)
+
+
+def _state_moved(snapshot: Snapshot) -> None:
+    """Say where an earlier version's database is, the first time this gateway starts without
+    it: it was shared by every gateway of this user, and is no longer read by default."""
+    state = Path(os.environ[STATE_DIR_ENV])
+    earlier = users_state_dir(os.environ) / DATABASE_FILE
+    default = snapshot.database.url == f"sqlite:///{state / DATABASE_FILE}"
+    if default and earlier.exists() and not (state / DATABASE_FILE).exists():
+        print(f"llms-gateway: each gateway now keeps its own state ({state}); the accounts "
+              f"database earlier versions shared between all your gateways stays at {earlier}: "
+              f'to keep its keys and spend here, set "database": {{"url": '
+              f'"sqlite:///{earlier}"}} in llms.json', file=sys.stderr)
 
 
 def _migrate(snapshot: Snapshot) -> bool:

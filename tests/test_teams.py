@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.accounts.database import engine_url
+from gateway.config.loader import state_dir
 from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
 from tests.postgres_server import PostgresServer
 from tests.upstream import FakeUpstream, held, ok, stream_cut
@@ -423,8 +424,9 @@ def test_admin_routes_check_what_they_are_sent_and_who_sends_it(
 
 def test_a_database_from_a_newer_gateway_refuses_to_start(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    (state / "llms-gateway").mkdir(parents=True)
-    with sqlite3.connect(state / "llms-gateway" / "gateway.db") as db:
+    folder = state_dir({"XDG_STATE_HOME": str(state)}, tmp_path / "llms.json")
+    folder.mkdir(parents=True)
+    with sqlite3.connect(folder / "gateway.db") as db:
         db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
         db.execute("INSERT INTO alembic_version VALUES ('9999_from_the_future')")
     (tmp_path / "llms.json").write_text('{"providers": {}}')

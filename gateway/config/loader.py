@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -58,6 +59,7 @@ CONFIG_ENV = "LLMS_CONFIG"
 BIND_ENV = "LLMS_BIND_HOST"
 OPEN_ENV = "LLMS_ALLOW_UNAUTHENTICATED"
 STATE_DIR_ENV = "LLMS_STATE_DIR"  # where the default accounts database lives
+DATABASE_FILE = "gateway.db"
 WORKERS_ENV = "LLMS_WORKERS"  # set by `serve` for its workers: how many share this machine
 CONFIG_NAMES = ("llms.json", "llms.yaml", "llms.yml")
 
@@ -191,14 +193,24 @@ def _database(database: DatabaseConfig, path: Path, environ: Mapping[str, str]
                               f"{database.url.lstrip('$').strip('{}')} is not set")
         return msgspec.structs.replace(database, url=url)
     return msgspec.structs.replace(database,
-                                   url=f"sqlite:///{state_dir(environ) / 'gateway.db'}")
+                                   url=f"sqlite:///{state_dir(environ, path) / DATABASE_FILE}")
 
 
-def state_dir(environ: Mapping[str, str]) -> Path:
-    """Where the gateway keeps what outlives it: `$LLMS_STATE_DIR`, else
-    `$XDG_STATE_HOME/llms-gateway` (`~/.local/state/llms-gateway`), as the pool's worker logs."""
+def state_dir(environ: Mapping[str, str], config: Path) -> Path:
+    """Where the gateway of the config file `config` keeps what outlives it (its accounts
+    database, budget counts, pool workers' logs and lock): `$LLMS_STATE_DIR`, else a folder of
+    its own under `users_state_dir`, named for the file's folder and its absolute path, so that
+    two checkouts or two configs never share keys, spend or pool workers."""
     if explicit := environ.get(STATE_DIR_ENV):
         return Path(explicit)
+    where = config.absolute()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", where.parent.name).strip("-.")[:40] or "config"
+    return users_state_dir(environ) / f"{name}-{hashlib.sha256(bytes(where)).hexdigest()[:12]}"
+
+
+def users_state_dir(environ: Mapping[str, str]) -> Path:
+    """`$XDG_STATE_HOME/llms-gateway` (`~/.local/state/llms-gateway`): every gateway's state
+    folder is in it (earlier gateways kept one database there, shared by all of a user's)."""
     base = environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "llms-gateway"
 

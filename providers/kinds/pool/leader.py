@@ -15,8 +15,12 @@ from pathlib import Path
 class LeaderLock:
     """An exclusive, non-blocking file lock; the kernel drops it when its process dies."""
 
-    def __init__(self, key: str) -> None:
-        self.path = Path(tempfile.gettempdir()) / f"llms-gateway-pool-{key}.lock"
+    def __init__(self, key: str, folder: Path | None = None) -> None:
+        """`folder`: the gateway's state folder, so that only its own processes contend;
+        without one, the system's temporary folder."""
+        folder = folder or Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"llms-gateway-pool-{key}.lock"
         self._fd: int | None = None
 
     def try_acquire(self) -> bool:

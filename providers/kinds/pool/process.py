@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -24,10 +25,32 @@ KEPT_LINES = 30  # the tail quoted when a worker dies
 MAX_LOG_BYTES = 16 * 1024 * 1024  # a worker's log file starts over past this
 
 
-def log_dir() -> Path:
-    """Where workers' output goes: `$XDG_STATE_HOME/llms-gateway/workers`."""
+def state_dir() -> Path:
+    """The gateway's own state folder (`$LLMS_STATE_DIR`, which `llms-gateway serve` sets for
+    the processes it starts), else the user's."""
+    if explicit := os.environ.get("LLMS_STATE_DIR"):
+        return Path(explicit)
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "llms-gateway" / "workers"
+    return Path(base) / "llms-gateway"
+
+
+def log_dir() -> Path:
+    """Where workers' output goes: `workers/` in the gateway's state folder."""
+    return state_dir() / "workers"
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why a worker cannot listen on `host:port` (another program, another gateway's worker
+    among them, holds it), or None. Checked before each spawn: the new worker would fail to bind
+    while the other answered its health checks in its stead."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # our own TIME_WAITs
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (f"port {port} on {host} is in use by another program (another gateway's "
+                    f"pool?): {exc.strerror}; give this pool another `port`")
+    return None
 
 
 _PROBES = ('"GET /health ', '"GET /metrics ', '"GET /v1/models ', '"GET /docs ')

@@ -29,7 +29,7 @@ from providers.contract.spec import Secret
 from providers.contract.transport import Link, Transport
 from providers.kinds.pool.engines import WorkerPlan
 from providers.kinds.pool.leader import LeaderLock
-from providers.kinds.pool.process import WorkerProcess
+from providers.kinds.pool.process import WorkerProcess, port_taken, state_dir
 from providers.kinds.pool.scrape import parse_metrics
 from providers.kinds.pool.settings import PoolSettings
 from providers.kinds.pool.worker import Worker, WorkerState
@@ -77,7 +77,7 @@ class Supervisor:
         self.plans = plans
         self.workers = workers
         self._balancer = balancer
-        self._lock = LeaderLock(f"{settings.host}-{settings.port}")
+        self._lock = LeaderLock(f"{settings.host}-{settings.port}", state_dir())
         self._processes: dict[str, WorkerProcess] = {}
         self._wake: dict[str, asyncio.Event] = {n: asyncio.Event() for n in workers}
         self._tasks: list[asyncio.Task[None]] = []
@@ -111,6 +111,13 @@ class Supervisor:
     async def _supervise(self, plan: WorkerPlan, worker: Worker) -> None:
         backoff = self.settings.restart_backoff
         while not self._stopping:
+            if (taken := port_taken(plan.host, plan.port)) is not None:
+                worker.move(WorkerState.STARTING)  # a start that failed at once
+                worker.move(WorkerState.FAILED, taken)
+                self.log.warning("worker_port_taken", worker=plan.name, reason=taken)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.max_restart_backoff)
+                continue
             worker.move(WorkerState.STARTING)
             process = await WorkerProcess.spawn(plan.name, plan.argv, plan.env,
                                                 self.settings.shutdown_grace)
