@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from providers.contract.chat import ChatRequest, checked, content_text
+from providers.contract.chat import ChatRequest, asked_output, checked, content_text
 from providers.contract.messages import THINKING_BUDGETS, image_block
 
 DEFAULT_MAX_TOKENS = 4096
@@ -29,8 +29,7 @@ def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
     system, messages = _conversation(body.get("messages") or ())
     request: dict[str, Any] = {
         "model": upstream_model, "messages": messages,
-        "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens")
-        or DEFAULT_MAX_TOKENS,
+        "max_tokens": asked_output(body) or DEFAULT_MAX_TOKENS,
     }
     if schema := format_instruction(body.get("response_format")):
         system.append({"type": "text", "text": schema})
