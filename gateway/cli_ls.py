@@ -109,7 +109,7 @@ def unpriced_lines(snapshot: Snapshot, live: dict[str, Any] | None) -> Iterator[
         f"charged ${price.input:g}/${price.output:g} per M tokens in/out"
     yield f"UNPRICED models {whose} (defaults.unpriced: {charged}):"
     for alias, provider, model in found:
-        yield f"       {alias} on {provider}" + (f" -> {model}" if model != alias else "")
+        yield f"  - {alias} on {provider}" + (f" -> {model}" if model != alias else "")
 
 
 def _models(spec: ProviderSpec, row: dict[str, Any] | None, running: bool,

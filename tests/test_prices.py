@@ -243,5 +243,5 @@ def test_status_and_ls_flag_the_unpriced_models_a_budgeted_key_can_reach(
     text = listed.stdout
     assert "UNPRICED models a budgeted key can reach (defaults.unpriced: refused to " \
            "budgeted keys):" in text
-    assert "free on main -> my-model" in text and "other on main" not in text
+    assert "  - free on main -> my-model" in text and "other on main" not in text
 

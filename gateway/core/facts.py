@@ -64,17 +64,17 @@ def facts(model: ModelEntry, base_url: str | None) -> Facts:
 
 
 def siblings_filled(known: Facts, siblings: list[Facts]) -> Facts:
-    """`known` with what it lacks taken from the facts of other aliases of one provider that
-    name the same upstream model: llms.json's word first, then the package's."""
+    """`known` with what llms.json does not say of it taken from what llms.json says of other
+    aliases of one provider naming the same upstream model: the operator's word on a model
+    (the price it pays, say) holds for every name of it, over the package's."""
     values: dict[str, Any] = {"context_window": known.context_window,
                               "max_output_tokens": known.max_output_tokens,
                               "price": known.price}
     sources = dict(known.sources)
-    for source in (CONFIG, PACKAGE):
-        for sibling in siblings:
-            for name in values:
-                if values[name] is None and sibling.sources.get(name) == source:
-                    values[name], sources[name] = getattr(sibling, name), source
+    for sibling in siblings:
+        for name in values:
+            if sources.get(name) != CONFIG and sibling.sources.get(name) == CONFIG:
+                values[name], sources[name] = getattr(sibling, name), CONFIG
     if sources == known.sources:
         return known
     return Facts(values["context_window"], values["max_output_tokens"], values["price"],
