@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.test_cli import run
 from tests.test_teams import MESSAGES, PRICE, Admin, chat
@@ -180,6 +181,33 @@ def test_the_hold_takes_the_largest_output_asked_and_that_is_what_is_sent(
                                                 "max_output_tokens": 50, "max_tokens": 5})
     assert answer.status_code == 200, answer.text
     assert upstream.last_json["max_completion_tokens"] == 50
+
+
+def test_the_anthropic_kind_is_held_on_the_max_tokens_it_sends(
+        start_gateway: Callable[..., GatewayProcess]) -> None:
+    with FakeAnthropic(name="claude") as claude:
+        gateway = start_gateway(config({"anthropic": {
+            "type": "anthropic", "base_url": claude.base_url,
+            "api_key": "sk-ant-test-key-0123456789",
+            "models": {"claude": {"id": "claude-sonnet-4-5", "price": PRICE}}}}))
+        admin = Admin(gateway)
+        # `reasoning_effort: high` is sent as 16,384 tokens of thinking and `max_tokens`
+        # 17,408: $0.70 at $40 per million, whatever small `max_tokens` the body said.
+        tight = admin.key(budget={"usd": 0.5, "period": "total"})["key"]
+        thinking = {"model": "claude", "messages": MESSAGES, "max_tokens": 1,
+                    "reasoning_effort": "high"}
+        assert refused_for_budget(post(gateway, tight, "chat/completions", thinking))
+        assert refused_for_budget(post(gateway, tight, "chat/completions", {
+            "model": "claude", "messages": MESSAGES, "max_completion_tokens": 1,
+            "max_tokens": 20_000}))
+        assert claude.requests == []
+
+        roomy = admin.key(budget={"usd": 5.0, "period": "total"})["key"]
+        answer = post(gateway, roomy, "chat/completions", {
+            "model": "claude", "messages": MESSAGES, "max_tokens": 5,
+            "max_completion_tokens": 50})
+        assert answer.status_code == 200, answer.text
+        assert claude.last_json["max_tokens"] == 50
 
 
 def test_a_fallback_is_held_at_its_price_and_only_for_keys_that_may_use_it(

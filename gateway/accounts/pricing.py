@@ -5,9 +5,9 @@ turn's stored conversation included), its JSON syntax included: more than the pr
 never less, and no second parse of a large body on the request path; token ids (embeddings of
 token arrays) count at least one token each. The answer is the longest the request allows: the
 largest of its `max_tokens` spellings (kinds and bridges send that one), else the model's longest
-answer, else `DEFAULT_OUTPUT`, times the answers it asks for (`n`, `best_of`). The price is the
-dearest of every candidate the request may reach, its fallbacks' included, so whichever answers,
-the hold covers it.
+answer, else `DEFAULT_OUTPUT`, raised to a thinking budget's room where the body asks one, times
+the answers it asks for (`n`, `best_of`). The price is the dearest of every candidate the
+request may reach, its fallbacks' included, so whichever answers, the hold covers it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gateway.accounts.account import NANO
 from gateway.adapters.native import UPLOADS
 from gateway.core.settings import Route
 from providers.contract.chat import output_limit
+from providers.contract.messages import THINKING_ROOM, thinking_budget
 from providers.contract.usage import Price, Usage, cost
 
 DEFAULT_OUTPUT = 4096  # a model's longest answer when neither the request nor its facts say
@@ -36,6 +37,7 @@ class Need:
     prompt: int
     output: int = 0
     answers: int = 1
+    least: int = 0  # the shortest answer length sent (a thinking budget raises it)
 
 
 class _Asked(msgspec.Struct):
@@ -46,6 +48,10 @@ class _Asked(msgspec.Struct):
     max_output_tokens: int | None = None
     n: int | None = None
     best_of: int | None = None  # legacy completions: generated upstream, billed, one returned
+    # The reasoning switches a Messages upstream turns into a thinking budget.
+    reasoning_effort: str | None = None
+    enable_thinking: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 _ASKED = msgspec.json.Decoder(_Asked)
@@ -64,7 +70,11 @@ def estimate(endpoint: str, raw: bytes, head: Any = None, history: int = 0) -> N
     except (msgspec.DecodeError, msgspec.ValidationError):
         return Need(prompt)
     said = output_limit(asked.max_tokens, asked.max_completion_tokens, asked.max_output_tokens)
-    return Need(prompt, said or 0, max(asked.n or 1, asked.best_of or 1, 1))
+    thinking = thinking_budget({"reasoning_effort": asked.reasoning_effort,
+                                "enable_thinking": asked.enable_thinking,
+                                "chat_template_kwargs": asked.chat_template_kwargs})
+    return Need(prompt, said or 0, max(asked.n or 1, asked.best_of or 1, 1),
+                thinking + THINKING_ROOM if thinking else 0)
 
 
 def _token_ids(given: Any) -> int:
@@ -84,7 +94,8 @@ def worst_case(endpoint: str, need: Need, reach: Iterable[tuple[str, Route]],
         if price is None:
             continue
         output = 0 if endpoint == EMBEDDINGS \
-            else (need.output or route.max_output_tokens or DEFAULT_OUTPUT) * need.answers
+            else max(need.output or route.max_output_tokens or DEFAULT_OUTPUT, need.least) \
+            * need.answers
         # Every prompt token at its dearest: a request may write them all to a prompt cache.
         dollars = (need.prompt * max(price.input, price.cache_write or 0.0)
                    + output * price.output) / 1_000_000
