@@ -41,17 +41,18 @@ class Need:
 
 
 class _Asked(msgspec.Struct):
-    """The answer's length and count a request asks for, in each endpoint's spelling."""
+    """The answer's length and count a request asks for, in each endpoint's spelling. Untyped:
+    a field of an odd type must not make the others unread (the upstream judges it)."""
 
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    max_output_tokens: int | None = None
-    n: int | None = None
-    best_of: int | None = None  # legacy completions: generated upstream, billed, one returned
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
+    max_output_tokens: Any = None
+    n: Any = None
+    best_of: Any = None  # legacy completions: generated upstream, billed, one returned
     # The reasoning switches a Messages upstream turns into a thinking budget.
-    reasoning_effort: str | None = None
-    enable_thinking: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Any = None
+    enable_thinking: Any = None
+    chat_template_kwargs: Any = None
 
 
 _ASKED = msgspec.json.Decoder(_Asked)
@@ -73,7 +74,8 @@ def estimate(endpoint: str, raw: bytes, head: Any = None, history: int = 0) -> N
     thinking = thinking_budget({"reasoning_effort": asked.reasoning_effort,
                                 "enable_thinking": asked.enable_thinking,
                                 "chat_template_kwargs": asked.chat_template_kwargs})
-    return Need(prompt, said or 0, max(asked.n or 1, asked.best_of or 1, 1),
+    # `output_limit` reads counts as it reads lengths: the largest positive integer said.
+    return Need(prompt, said or 0, output_limit(asked.n, asked.best_of) or 1,
                 thinking + THINKING_ROOM if thinking else 0)
 
 
