@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+from gateway.config.snapshots import prices
 from gateway.core.facts import Facts
 from gateway.core.settings import ADMIN_DISABLED, IN_CONFIG, Snapshot
 from providers.contract.spec import ProviderSpec
@@ -89,6 +90,26 @@ def lines(snapshot: Snapshot, live: dict[str, Any] | None,
         yield "names served as another alias (models.*.alias_of):"
     for name, alias in names:
         yield f"       {name} -> {alias}"
+    yield from unpriced_lines(snapshot, live)
+
+
+def unpriced_lines(snapshot: Snapshot, live: dict[str, Any] | None) -> Iterator[str]:
+    """The models with no price of their own: those a budgeted key can reach, as the running
+    gateway says, else every one in the config (which knows no keys)."""
+    if live is not None and "unpriced" in live:
+        found = [(u["alias"], u["provider"], u["model"]) for u in live["unpriced"]]
+        whose = "a budgeted key can reach"
+    else:
+        found = [(u.alias, u.provider, u.model) for u in prices(snapshot)[1]]
+        whose = "in the config"
+    if not found:
+        return
+    price = snapshot.unpriced
+    charged = "refused to budgeted keys" if price is None else \
+        f"charged ${price.input:g}/${price.output:g} per M tokens in/out"
+    yield f"UNPRICED models {whose} (defaults.unpriced: {charged}):"
+    for alias, provider, model in found:
+        yield f"  - {alias} on {provider}" + (f" -> {model}" if model != alias else "")
 
 
 def _models(spec: ProviderSpec, row: dict[str, Any] | None, running: bool,

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from gateway.accounts.account import NANO, Budget, Scope, window
 from gateway.accounts.file_ledger import FileLedger
 from gateway.accounts.ledger import HOLD_TTL, Hold, LocalLedger, Over, RedisLedger
-from gateway.accounts.pricing import worst_case
+from gateway.accounts.pricing import estimate, worst_case
 from gateway.core.settings import Route
 from providers.contract.usage import Price
 from tests.redis_server import RedisServer
@@ -77,19 +77,20 @@ def test_a_new_period_starts_from_what_the_database_says_it_spent() -> None:
 
 
 def test_the_hold_is_the_dearest_candidates_price_for_the_longest_answer_allowed() -> None:
-    routes = (Route("cheap", "c"), Route("dear", "d", max_output_tokens=1000))
+    routes = [("m", Route("cheap", "c")), ("m", Route("dear", "d", max_output_tokens=1000))]
     prices = {("cheap", "m"): Price(1.0, 1.0), ("dear", "m"): Price(10.0, 20.0)}
     body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}'
-    amount, prompt = worst_case("chat/completions", body, "m", routes, prices)
-    assert prompt >= 10
-    assert amount == pytest.approx((prompt * 10 + 100 * 20) / 1e6 * NANO, abs=1)
-    unsaid = body.replace(b',"max_tokens":100', b"")
-    assert worst_case("chat/completions", unsaid, "m", routes, prices)[0] > amount
-    assert worst_case("chat/completions", body, "m", routes, {})[0] == 1  # unpriced: a nano
+    need = estimate("chat/completions", body)
+    assert need.prompt >= 10 and need.output == 100
+    amount = worst_case("chat/completions", need, routes, prices)
+    assert amount == pytest.approx((need.prompt * 10 + 100 * 20) / 1e6 * NANO, abs=1)
+    unsaid = estimate("chat/completions", body.replace(b',"max_tokens":100', b""))
+    assert worst_case("chat/completions", unsaid, routes, prices) > amount
+    assert worst_case("chat/completions", need, routes, {}) == 1  # unpriced: a nano
     # A prompt may all be written to a prompt cache, at its dearer price.
     caching = {("dear", "m"): Price(10.0, 20.0, cache_write=12.5)}
-    assert worst_case("chat/completions", body, "m", routes, caching)[0] \
-        == pytest.approx((prompt * 12.5 + 100 * 20) / 1e6 * NANO, abs=1)
+    assert worst_case("chat/completions", need, routes, caching) \
+        == pytest.approx((need.prompt * 12.5 + 100 * 20) / 1e6 * NANO, abs=1)
 
 
 @pytest.fixture

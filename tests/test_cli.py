@@ -200,7 +200,8 @@ def test_ls_says_where_each_window_and_price_came_from(tmp_path: Path) -> None:
     lines = {line.split()[0]: line for line in result.stdout.splitlines()
              if line.startswith("       ")}
     assert "window 128000 (genai-prices)" in lines["mini"]
-    assert "$0.15/$0.6 per M tokens in/out (genai-prices)" in lines["mini"]
+    # The operator's price for gpt-4o-mini (on `priced`) is its price by every name.
+    assert "$1/$2 per M tokens in/out (config)" in lines["mini"]
     assert "output 16384 (config)" in lines["priced"]
     assert "$1/$2 per M tokens in/out (config)" in lines["priced"]
     assert lines["own"].endswith("window 8192 (config)")

@@ -1,70 +1,108 @@
 """A request's worst-case cost, reserved against its budgets before it is sent (pure).
 
-The prompt is taken at a token per four bytes of the body, its JSON syntax included: more than
-the prompt holds, never less, and no second parse of a large body on the request path. The
-answer is the longest the request allows: its own `max_tokens` (or its spellings), else the
-model's longest answer, else `DEFAULT_OUTPUT`. The price is the dearest of the candidates', so
-whichever answers, the hold covers it.
+The prompt is taken at a token per four bytes of the body as it will go upstream (a Responses
+turn's stored conversation included), its JSON syntax included: more than the prompt holds,
+never less, and no second parse of a large body on the request path; token ids (embeddings of
+token arrays) count at least one token each. The answer is the longest the request allows: the
+largest of its `max_tokens` spellings (kinds and bridges send that one), else the model's longest
+answer, else `DEFAULT_OUTPUT`, raised to a thinking budget's room where the body asks one, times
+the answers it asks for (`n`, `best_of`). The price is the dearest of every candidate the
+request may reach, its fallbacks' included, so whichever answers, the hold covers it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from gateway.accounts.account import NANO
 from gateway.adapters.native import UPLOADS
 from gateway.core.settings import Route
+from providers.contract.chat import output_limit
+from providers.contract.messages import THINKING_ROOM, thinking_budget
 from providers.contract.usage import Price, Usage, cost
 
 DEFAULT_OUTPUT = 4096  # a model's longest answer when neither the request nor its facts say
 EMBEDDINGS = "embeddings"
 
 
-class _Asked(msgspec.Struct):
-    """The answer's length a request asks for, in each endpoint's spelling."""
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a request may use: prompt tokens (estimated), answer tokens asked for each answer
+    (0: unsaid), and how many answers."""
 
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    max_output_tokens: int | None = None
+    prompt: int
+    output: int = 0
+    answers: int = 1
+    least: int = 0  # the shortest answer length sent (a thinking budget raises it)
+
+
+class _Asked(msgspec.Struct):
+    """The answer's length and count a request asks for, in each endpoint's spelling. Untyped:
+    a field of an odd type must not make the others unread (the upstream judges it)."""
+
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
+    max_output_tokens: Any = None
+    n: Any = None
+    best_of: Any = None  # legacy completions: generated upstream, billed, one returned
+    # The reasoning switches a Messages upstream turns into a thinking budget.
+    reasoning_effort: Any = None
+    enable_thinking: Any = None
+    chat_template_kwargs: Any = None
 
 
 _ASKED = msgspec.json.Decoder(_Asked)
 
 
-def estimate(endpoint: str, raw: bytes) -> tuple[int, int]:
-    """(prompt tokens, output tokens asked for; 0 when unsaid) of a request body."""
-    prompt = (len(raw) + 3) // 4
+def estimate(endpoint: str, raw: bytes, head: Any = None, history: int = 0) -> Need:
+    """What a request body asks for; `head` is its parsed head (token ids are read from it),
+    `history` the bytes of a stored conversation it continues."""
+    prompt = (len(raw) + history + 3) // 4
     if endpoint == EMBEDDINGS:
-        return prompt, 0
+        return Need(max(prompt, _token_ids(getattr(head, "input", None))))
     if endpoint in UPLOADS:  # audio or an image, not text: its bytes are no token count
-        return 0, 0
+        return Need(0)
     try:
         asked = _ASKED.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return prompt, 0
-    said = asked.max_completion_tokens or asked.max_tokens or asked.max_output_tokens or 0
-    return prompt, max(said, 0)
+        return Need(prompt)
+    said = output_limit(asked.max_tokens, asked.max_completion_tokens, asked.max_output_tokens)
+    thinking = thinking_budget({"reasoning_effort": asked.reasoning_effort,
+                                "enable_thinking": asked.enable_thinking,
+                                "chat_template_kwargs": asked.chat_template_kwargs})
+    # `output_limit` reads counts as it reads lengths: the largest positive integer said.
+    return Need(prompt, said or 0, output_limit(asked.n, asked.best_of) or 1,
+                thinking + THINKING_ROOM if thinking else 0)
 
 
-def worst_case(endpoint: str, raw: bytes, alias: str, routes: tuple[Route, ...],
-               prices: Mapping[tuple[str, str], Price]) -> tuple[int, int]:
-    """(nano-dollars to hold, prompt tokens estimated); at least one nano-dollar, so a budget
-    that is spent refuses even a request no price is known for."""
-    prompt, asked = estimate(endpoint, raw)
+def _token_ids(given: Any) -> int:
+    """Token ids in an embeddings input (a list of ids, or of lists of ids): each is a token."""
+    if not isinstance(given, list):
+        return 0
+    return sum(len(item) if isinstance(item, list) else isinstance(item, int) for item in given)
+
+
+def worst_case(endpoint: str, need: Need, reach: Iterable[tuple[str, Route]],
+               prices: Mapping[tuple[str, str], Price]) -> int:
+    """Nano-dollars to hold for `need` served by any of `reach` ((alias, route) pairs); at
+    least one nano-dollar, so a budget that is spent refuses even a request that is free."""
     dearest = 0.0
-    for route in routes:
+    for alias, route in reach:
         price = prices.get((route.provider, alias))
         if price is None:
             continue
-        output = 0 if endpoint == EMBEDDINGS else asked or route.max_output_tokens \
-            or DEFAULT_OUTPUT
+        output = 0 if endpoint == EMBEDDINGS \
+            else max(need.output or route.max_output_tokens or DEFAULT_OUTPUT, need.least) \
+            * need.answers
         # Every prompt token at its dearest: a request may write them all to a prompt cache.
-        dollars = (prompt * max(price.input, price.cache_write or 0.0)
+        dollars = (need.prompt * max(price.input, price.cache_write or 0.0)
                    + output * price.output) / 1_000_000
         dearest = max(dearest, dollars)
-    return max(1, _ceil_nano(dearest)), prompt
+    return max(1, _ceil_nano(dearest))
 
 
 def _ceil_nano(usd: float) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,11 +212,11 @@ class Accounts:
             raise ModelNotAllowed(f"This key may not use the model '{asked[:200]}'",
                                   param="model")
 
-    async def reserve(self, record: Record, raw: bytes, alias: str,
-                      routes: tuple[Route, ...], prices: Mapping[tuple[str, str], Price]
-                      ) -> None:
-        """Hold the request's worst-case cost against its budgets; 429 budget_exceeded when
-        one cannot take it."""
+    async def reserve(self, record: Record, need: pricing.Need,
+                      reach: Iterable[tuple[str, Route]],
+                      prices: Mapping[tuple[str, str], Price]) -> None:
+        """Hold the worst case of `need` served by any of `reach` ((alias, route) pairs) against
+        the request's budgets; 429 budget_exceeded when one cannot take it."""
         charge = record.charge
         if not isinstance(charge, Charge):
             return
@@ -224,7 +224,8 @@ class Accounts:
             await self._hold_slots(charge)
         if not charge.account.scopes or record.endpoint == "messages/count_tokens":
             return
-        amount, charge.prompt = pricing.worst_case(record.endpoint, raw, alias, routes, prices)
+        amount = pricing.worst_case(record.endpoint, need, reach, prices)
+        charge.prompt = need.prompt
         now = self.clock()
         held: Hold | Over | None = None
         if self.shared is not None:

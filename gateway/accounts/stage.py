@@ -3,23 +3,31 @@
 `keys` comes first on every relay endpoint: the key presented (or given by whoever runs the
 call, a batch's owner), a virtual key's expiry and parallel limit, and the per-minute limits of
 the key and its team, all before the body is read. `budget` comes after admission, once the
-alias and its candidates are known: the request's worst case is held against every budget it
-falls under before it waits or reaches a provider (settled when its record ends,
-`Accounts.ended`).
+alias and its candidates are known (and a Responses turn's stored conversation, `previous`): the
+request's worst case, over every candidate it may reach (its fallbacks' too, those its key may
+use), is held against every budget it falls under before it waits or reaches a provider
+(settled when its record ends, `Accounts.ended`). A budgeted key never reaches a model without
+a price: asked for, it is refused (`ModelUnpriced`); as a fallback, it is passed over.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from gateway.accounts import auth
+from gateway.accounts import auth, pricing
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
+from gateway.adapters.responses.previous import HISTORY
+from gateway.core.aliases import Chains
 from gateway.core.call import Call, Delivery, Next, Stage
-from gateway.core.errors import KeyRateLimited
+from gateway.core.errors import KeyRateLimited, ModelUnpriced
 from gateway.core.limits import KeyLimits, RateLimiter
-from gateway.core.settings import Snapshot
+from gateway.core.settings import Route, Snapshot
+from providers.contract.errors import GatewayError
 from providers.contract.usage import Price
+
+# What costs nothing upstream: held and charged nothing, so it needs no price.
+FREE = frozenset({"messages/count_tokens"})
 
 
 def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) -> Stage:
@@ -41,15 +49,63 @@ def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) ->
     return stage
 
 
-def budget(accounts: Accounts, prices: Mapping[tuple[str, str], Price]) -> Stage:
-    """The stage that holds a virtual key's worst case against its budgets."""
+def budget(accounts: Accounts, prices: Mapping[tuple[str, str], Price], chains: Chains,
+           candidates: Callable[[str], tuple[Route, ...]]) -> Stage:
+    """The stage that finds what a virtual key's request may reach (its alias's candidates,
+    and the fallbacks its allow-list and budget let it use) and holds the worst case of all of
+    them against its budgets. `candidates`: an alias's routes for this endpoint, unordered."""
 
     async def stage(call: Call, following: Next) -> Delivery:
-        if isinstance(call.key, Account):
-            await accounts.reserve(call.record, call.raw, call.alias, call.routes, prices)
+        key = call.key
+        if isinstance(key, Account):
+            budgeted = bool(key.scopes) and call.endpoint not in FREE
+            if budgeted:
+                _priced(call.alias, call.routes, prices)
+            reach = [(call.alias, route) for route in call.routes]
+            fallen = chains.chains.get(call.alias)
+            if fallen and (budgeted or key.models is not None):
+                allowed, skipped = _fallbacks(fallen, key, budgeted, prices, candidates, reach)
+                call.may_reach = allowed if skipped else None
+            need = pricing.estimate(call.endpoint, call.raw, call.head,
+                                    call.state.get(HISTORY, 0))
+            await accounts.reserve(call.record, need, reach, prices)
         return await following(call)
 
     return stage
+
+
+def _priced(alias: str, routes: tuple[Route, ...], prices: Mapping[tuple[str, str], Price]
+            ) -> None:
+    """403 `model_unpriced` when a candidate of `alias` has no price (`defaults.unpriced` is
+    "refuse"): a budgeted key would be served free."""
+    unpriced = [route for route in routes if (route.provider, alias) not in prices]
+    if unpriced:
+        served = ", ".join(f"{r.upstream_model} on {r.provider}" for r in unpriced)
+        raise ModelUnpriced(f"The model '{alias[:200]}' has no known price ({served}), and this "
+                            "key has a budget: the operator must price it in llms.json "
+                            "(`price`, or `defaults.unpriced`)", param="model")
+
+
+def _fallbacks(fallen: Mapping[str, tuple[str, ...]], key: Account, budgeted: bool,
+               prices: Mapping[tuple[str, str], Price],
+               candidates: Callable[[str], tuple[Route, ...]],
+               reach: list[tuple[str, Route]]) -> tuple[frozenset[str], bool]:
+    """The aliases of `fallen`'s chains the key may be served by (and whether any was left
+    out): those its allow-list names and, for a budgeted key, whose every candidate is priced.
+    Each one's candidates join `reach`, the routes the hold is priced over."""
+    allowed: set[str] = set()
+    skipped = False
+    for name in dict.fromkeys(name for chain in fallen.values() for name in chain):
+        try:
+            routes = candidates(name) if key.allows(name) else ()
+        except GatewayError:  # none serves it now: the chain passes over it too
+            routes = ()
+        if not routes or (budgeted and any((r.provider, name) not in prices for r in routes)):
+            skipped = True
+            continue
+        allowed.add(name)
+        reach += [(name, route) for route in routes]
+    return frozenset(allowed), skipped
 
 
 def _rate_limited(limiter: RateLimiter, limits: KeyLimits) -> None:

@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -51,6 +51,7 @@ from providers.contract.spec import (
     Timeouts,
 )
 from providers.contract.transport import DEFAULT_MAX_ANSWER_BYTES
+from providers.contract.usage import Price
 
 # A config is a few KB; one this large is a mistake, and parsing it would hold a core.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -88,6 +89,8 @@ class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_answer_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_BYTES
     # The most events of a stream assembled into a whole answer; a provider may set its own.
     max_answer_events: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_MAX_ANSWER_EVENTS
+    # What a budgeted key pays for a model with no known price: refused, or this price.
+    unpriced: Literal["refuse"] | Price = "refuse"
 
 
 class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -180,7 +183,20 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     idempotency=file.idempotency,
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry,
-                    database=_database(file.database, path, environ), batches=file.batches)
+                    database=_database(file.database, path, environ), batches=file.batches,
+                    unpriced=_unpriced(file.defaults.unpriced, where))
+
+
+def _unpriced(policy: Literal["refuse"] | Price, where: str) -> Price | None:
+    """`defaults.unpriced` as the accounts read it: None refuses; a stated price is no less
+    than nothing."""
+    if not isinstance(policy, Price):
+        return None
+    if min(policy.input, policy.output, policy.cached_input or 0.0,
+           policy.cache_write or 0.0) < 0:
+        raise ConfigError(f"{where}: defaults.unpriced: a price is dollars per million tokens, "
+                          "0 or more")
+    return policy
 
 
 def _database(database: DatabaseConfig, path: Path, environ: Mapping[str, str]

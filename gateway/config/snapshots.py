@@ -10,11 +10,12 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
 
-from gateway.core.facts import Facts, facts
+from gateway.core.facts import Facts, Unpriced, facts, siblings_filled
 from gateway.core.settings import Route, Snapshot
 from providers.contract.redact import url_secrets
 from providers.contract.spec import ModelEntry, ProviderSpec
 from providers.contract.transport import ProxyEnvironment
+from providers.contract.usage import Price
 
 
 def secrets(snapshot: Snapshot) -> list[str]:
@@ -79,18 +80,44 @@ def routes(providers: tuple[ProviderSpec, ...]) -> dict[str, tuple[Route, ...]]:
     for spec in providers:
         if not spec.enabled:
             continue
+        known = provider_facts(spec)
         for alias, model in spec.models.items():
-            known = facts(model, spec.base_url)
-            routes.setdefault(alias, []).append(Route(spec.name, model.id, spec.weight,
-                                                      known.context_window,
-                                                      known.max_output_tokens))
+            routes.setdefault(alias, []).append(Route(
+                spec.name, model.id, spec.weight, known[alias].context_window,
+                known[alias].max_output_tokens))
     return {alias: tuple(candidates) for alias, candidates in routes.items()}
+
+
+def provider_facts(spec: ProviderSpec) -> dict[str, Facts]:
+    """Per alias of `spec`, what is known of its upstream model: an alias that leaves a number
+    out takes it from another alias of the provider naming the same upstream model, so a short
+    name for a priced model is priced as that model (never served free under a budget)."""
+    own = {alias: facts(model, spec.base_url) for alias, model in spec.models.items()}
+    by_model: dict[str, list[str]] = {}
+    for alias, model in spec.models.items():
+        by_model.setdefault(model.id, []).append(alias)
+    return {alias: siblings_filled(own[alias], [own[a] for a in by_model[model.id]])
+            for alias, model in spec.models.items()}
 
 
 def model_facts(snapshot: Snapshot) -> dict[tuple[str, str], Facts]:
     """Per (provider, alias), what is known of the upstream model and where from."""
-    return {(spec.name, alias): facts(model, spec.base_url)
-            for spec in snapshot.providers for alias, model in spec.models.items()}
+    return {(spec.name, alias): known for spec in snapshot.providers
+            for alias, known in provider_facts(spec).items()}
+
+
+def prices(snapshot: Snapshot) -> tuple[dict[tuple[str, str], Price], tuple[Unpriced, ...]]:
+    """Per (provider, alias) its price, and the routes with no price of their own: with
+    `defaults.unpriced` a price, those are priced at it; with "refuse" they are left out, for
+    the accounts to refuse to a budgeted key."""
+    known = {served: found.price for served, found in model_facts(snapshot).items()
+             if found.price is not None}
+    unpriced = tuple(Unpriced(alias, route.provider, route.upstream_model)
+                     for alias, candidates in snapshot.routes.items() for route in candidates
+                     if (route.provider, alias) not in known)
+    if snapshot.unpriced is not None:
+        known.update({(u.provider, u.alias): snapshot.unpriced for u in unpriced})
+    return known, unpriced
 
 
 def with_discovered(snapshot: Snapshot, found: Mapping[str, tuple[str, ...]]) -> Snapshot:

@@ -65,6 +65,7 @@ class Call:
         "head",
         "headers",
         "key",
+        "may_reach",
         "outgoing",
         "priority",
         "providers",
@@ -98,6 +99,9 @@ class Call:
         self.priority = 0
         self.outgoing: Outgoing | None = None
         self.wants_usage = False
+        # The aliases of its fallback chains it may be served by (None: all): a key's
+        # allow-list and budget apply to a fallback as to the alias asked (`accounts.stage`).
+        self.may_reach: frozenset[str] | None = None
         # What one stage hands a later one of its own (the queue's ticket, say), by stage.
         self.state: dict[str, Any] = {}
         self._closers: list[Callable[[], None]] | None = None

@@ -10,6 +10,7 @@
      │    ├── KeyRateLimited          429 rate_limit_exceeded: this key's per-minute limit
      │    ├── BudgetExceeded          429 budget_exceeded: the key's or its team's budget
      │    ├── ModelNotAllowed         403 model_not_allowed: an alias the key may not use
+     │    ├── ModelUnpriced           403 model_unpriced: a budgeted key, a model with no price
      │    ├── Conflict                409 conflict: an admin change that clashes (a taken name)
      │    ├── RequestTimeout          408 request_timeout: the body did not arrive in time
      │    ├── HeadersTooLarge         431 headers_too_large
@@ -120,6 +121,15 @@ class ModelNotAllowed(ClientError):
     def headers(self) -> dict[str, str]:
         """`x-should-retry: false`: asking again cannot change the key's models."""
         return {"x-should-retry": "false"}
+
+
+class ModelUnpriced(ClientError):
+    """A budgeted key asked a model no price is known for, and `defaults.unpriced` refuses
+    such models: it would be served free."""
+
+    http_status = 403
+    error_type = "permission_error"
+    code = "model_unpriced"
 
 
 class Conflict(ClientError):

@@ -39,6 +39,15 @@ class Facts:
     sources: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Unpriced:
+    """An alias served by a provider whose model no price is known for (`defaults.unpriced`)."""
+
+    alias: str
+    provider: str
+    model: str
+
+
 def facts(model: ModelEntry, base_url: str | None) -> Facts:
     """`model`'s facts: llms.json's, else the package's for its id at `base_url`."""
     window, output, price = model.context_window, model.max_output_tokens, model.price
@@ -52,6 +61,24 @@ def facts(model: ModelEntry, base_url: str | None) -> Facts:
         if price is None and known.price is not None:
             price, sources["price"] = known.price, PACKAGE
     return Facts(window, output, price, sources)
+
+
+def siblings_filled(known: Facts, siblings: list[Facts]) -> Facts:
+    """`known` with what llms.json does not say of it taken from what llms.json says of other
+    aliases of one provider naming the same upstream model: the operator's word on a model
+    (the price it pays, say) holds for every name of it, over the package's."""
+    values: dict[str, Any] = {"context_window": known.context_window,
+                              "max_output_tokens": known.max_output_tokens,
+                              "price": known.price}
+    sources = dict(known.sources)
+    for sibling in siblings:
+        for name in values:
+            if sources.get(name) != CONFIG and sibling.sources.get(name) == CONFIG:
+                values[name], sources[name] = getattr(sibling, name), CONFIG
+    if sources == known.sources:
+        return known
+    return Facts(values["context_window"], values["max_output_tokens"], values["price"],
+                 sources)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from providers.contract.chat import NonEmptyStr, Shape, checked
+from providers.contract.chat import NonEmptyStr, Shape, asked_output, checked
 from providers.contract.errors import InvalidRequest
 from providers.contract.messages import THINKING_BUDGETS, ToolChoice, image_url
 
@@ -205,8 +205,8 @@ def _keep_mark(target: dict[str, Any], block: Mapping[str, Any]) -> dict[str, An
 def _settings(body: Mapping[str, Any]) -> dict[str, Any]:
     """The request's settings in the chat format's names."""
     chat: dict[str, Any] = {}
-    if body.get("max_tokens"):
-        chat["max_tokens"] = body["max_tokens"]
+    if limit := asked_output(body):  # the largest asked, as the budget's hold assumed
+        chat["max_tokens"] = limit
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
             chat[name] = body[name]

@@ -17,6 +17,7 @@ import msgspec
 from gateway.core.aliases import Chains, Names
 from gateway.core.limits import PRIORITY_BOUND, KeyLimits
 from providers.contract.spec import ProviderSpec, Secret
+from providers.contract.usage import Price
 
 # What `/v1/responses` keeps for `previous_response_id`, and what `Idempotency-Key` requests
 # remember, unless llms.json says otherwise.
@@ -278,6 +279,9 @@ class Snapshot:
     # snapshot built without a file (an in-memory database then).
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     batches: BatchesConfig = field(default_factory=BatchesConfig)  # `/v1/files`, `/v1/batches`
+    # What a budgeted key pays for a model no price is known for (`defaults.unpriced`): None
+    # refuses it (403 `model_unpriced`), a price is held and charged instead.
+    unpriced: Price | None = None
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""

@@ -41,6 +41,20 @@ def providers_view(runtime: Runtime) -> list[dict[str, Any]]:
     return rows
 
 
+def unpriced_view(runtime: Runtime) -> list[dict[str, Any]]:
+    """Every model with no price of its own that some budgeted key may use, and what such a
+    key gets (`defaults.unpriced`): "refused", or the price it is charged instead."""
+    accounts, live = runtime.accounts, runtime.live
+    budgeted = [a for a in accounts.directory.known.by_id.values() if a.scopes] \
+        if accounts is not None else []
+    if not budgeted or not live.unpriced:
+        return []
+    policy = "refused" if live.snapshot.unpriced is None \
+        else msgspec.to_builtins(live.snapshot.unpriced)
+    return [{"alias": u.alias, "provider": u.provider, "model": u.model, "budgeted": policy}
+            for u in live.unpriced if any(a.allows(u.alias) for a in budgeted)]
+
+
 def _health(enabled: bool, circuits: list[dict[str, Any]]) -> str:
     if not enabled:
         return "disabled"
@@ -63,6 +77,8 @@ def status(runtime: Runtime) -> dict[str, Any]:
         # Slots under server.max_concurrency, who waits for one, and who left without.
         "queue": runtime.queue.view(),
         "providers": providers_view(runtime),
+        # Models a budgeted key may ask for that have no price of their own.
+        "unpriced": unpriced_view(runtime),
         # Per alias that hedges: its delay per leading provider, its budget used.
         "hedging": runtime.hedging.view(),
         "series": series,

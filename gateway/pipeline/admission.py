@@ -78,10 +78,18 @@ def ordered(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:
     """`alias`'s candidates for `endpoint`, in the order its strategy gives; ModelNotFound
     when none serves it."""
     live = runtime.live
+    return strategy.ordered(alias, able(runtime, endpoint, alias),
+                            live.snapshot.policy(alias).routing, runtime.spread,
+                            runtime.latencies)
+
+
+def able(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:
+    """`alias`'s candidates that can serve `endpoint`, in file order (no strategy's turn
+    taken); a `GatewayError` when none can."""
+    live = runtime.live
     routes = router.candidates(live.snapshot, alias)
     if endpoint == embeddings.ENDPOINT:
-        routes = embeddings.embedding_routes(alias, routes, live.providers)
-    elif endpoint in native.ENDPOINTS:
-        routes = native.able_routes(endpoint, alias, routes, live.providers)
-    return strategy.ordered(alias, routes, live.snapshot.policy(alias).routing,
-                            runtime.spread, runtime.latencies)
+        return embeddings.embedding_routes(alias, routes, live.providers)
+    if endpoint in native.ENDPOINTS:
+        return native.able_routes(endpoint, alias, routes, live.providers)
+    return routes

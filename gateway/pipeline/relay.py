@@ -68,8 +68,8 @@ def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
             began = time.perf_counter()
             try:
                 async with call.watching():
-                    record.alias, served = await fallbacks.attempt(call.alias, call.routes,
-                                                                   outgoing, chain)
+                    record.alias, served = await fallbacks.attempt(
+                        call.alias, call.routes, outgoing, chain, call.may_reach)
             finally:
                 record.upstream_wait += time.perf_counter() - began
             runtime.stage("reply")

@@ -5,8 +5,8 @@ In order, outermost first (each owned by its folder):
     keys        gateway/accounts/stage.py        who it runs as; expiry, parallel, rate limits
     room        gateway/queue/stage.py           its ticket; refused at once when full
     admission   gateway/pipeline/admission.py    head typed, alias, candidates, the request
-    budget      gateway/accounts/stage.py        the worst case held against budgets
     previous    gateway/adapters/responses/      a Responses `previous_response_id` known
+    budget      gateway/accounts/stage.py        the worst case held, as it goes upstream
     turn        gateway/queue/stage.py           the wait for a slot
     idempotency gateway/idempotency/stage.py     an `Idempotency-Key` answered once
     cache       gateway/cache/stage.py           a hit answered, an answer kept
@@ -28,7 +28,7 @@ from gateway.cache import stage as cache
 from gateway.core.call import Next, Stage, compose
 from gateway.idempotency import flight
 from gateway.idempotency.stage import idempotency
-from gateway.pipeline.admission import HEADS, admission
+from gateway.pipeline.admission import HEADS, able, admission
 from gateway.pipeline.relay import innermost
 from gateway.queue import stage as queue
 from gateway.state.runtime import Live, Runtime
@@ -48,10 +48,11 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
         queue.room(runtime.queue, snapshot.server.queue_timeout, runtime.enter, runtime.leave),
         admission(runtime, live, endpoint),
     ]
-    if accounting is not None:
-        built.append(accounts.budget(accounting, live.prices))
-    if endpoint == "responses":
+    if endpoint == "responses":  # before the budget: the hold prices the whole conversation
         built.append(previous(runtime.responses))
+    if accounting is not None:
+        built.append(accounts.budget(accounting, live.prices, snapshot.chains,
+                                     lambda alias: able(runtime, endpoint, alias)))
     built.append(queue.turn(runtime.queue))
     if endpoint in flight.ENDPOINTS:
         built.append(idempotency(runtime.idempotency, snapshot.idempotency))

@@ -45,9 +45,11 @@ class Chain:
     routing: Callable[[str], Routing]
 
 
-async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chain: Chain
-                  ) -> tuple[str, Served]:
-    """The alias that served and its answer; the most fitting error when nothing answered."""
+async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chain: Chain,
+                  may_reach: frozenset[str] | None = None) -> tuple[str, Served]:
+    """The alias that served and its answer; the most fitting error when nothing answered.
+    `may_reach`: the fallback aliases this request may be served by (None: every one), so a
+    key's allow-list and budget hold for its fallbacks as for the alias it asked."""
     # Estimated only when some candidate's numbers are known: the estimate reads every message.
     sized = _sized(routes, chain, alias)
     if not sized:  # no window to check, no chain to follow: the router's tries, as they are
@@ -74,7 +76,8 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
                 if failed:
                     served = dataclasses.replace(served, failed=(*failed, *served.failed))
                 # Read only for an alias with a chain for refusals: it costs a decode.
-                refusals = chain.snapshot.chains.after(alias, POLICY) if rest is None else ()
+                refusals = _within(chain.snapshot.chains.after(alias, POLICY), may_reach) \
+                    if rest is None else ()
                 if not (refusals and _emptied(served.answer)):
                     if held is not None:
                         await held[1].answer.close()
@@ -85,7 +88,7 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
             failed += exc.attempts
             refused = exc.refused or refused
         if rest is None:  # the requested alias failed: why it failed picks its chain
-            rest = list(chain.snapshot.chains.after(alias, failure_class(failed)))
+            rest = _within(chain.snapshot.chains.after(alias, failure_class(failed)), may_reach)
         stage = _next(rest, chain)
     if held is not None:  # nothing else answered: the filtered answer is the answer
         return held[0], dataclasses.replace(held[1], failed=tuple(failed))
@@ -116,6 +119,10 @@ def _emptied(answer: Answer) -> bool:
         return filtered(event.data for event in sse.Reader().feed(answer.head)
                         if not event.done)
     return False
+
+
+def _within(aliases: tuple[str, ...], may_reach: frozenset[str] | None) -> list[str]:
+    return list(aliases) if may_reach is None else [a for a in aliases if a in may_reach]
 
 
 def _sized(routes: tuple[Route, ...], chain: Chain, alias: str) -> bool:

@@ -23,9 +23,11 @@ from gateway.adapters.responses.store import ResponseStore
 from gateway.adapters.stack import Adapted, adapted
 from gateway.cache.store import ResponseCache
 from gateway.config.providers import unknown
-from gateway.config.snapshots import model_facts, with_discovered, with_provider_disabled
+from gateway.config.snapshots import prices as priced
 from gateway.config.snapshots import secrets as config_secrets
+from gateway.config.snapshots import with_discovered, with_provider_disabled
 from gateway.core.call import Next
+from gateway.core.facts import Unpriced
 from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener
 from gateway.core.settings import ADMIN_DISABLED, ConfigError, Route, Snapshot
@@ -82,6 +84,8 @@ class Live:
     redactor: Redactor
     # Per relay endpoint, its stages composed for this snapshot (`gateway.pipeline.stack`).
     stacks: Mapping[str, Next] = field(default_factory=dict)
+    # The routes whose model has no price of its own (priced at `defaults.unpriced`, if any).
+    unpriced: tuple[Unpriced, ...] = ()
 
 
 def check_kinds(snapshot: Snapshot, kinds: Mapping[str, type[Provider]]) -> None:
@@ -111,13 +115,12 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
             providers[spec.name] = kinds[spec.kind](spec, transport)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{snapshot.source}: providers.{spec.name}: {exc}") from exc
-    prices = {served: known.price for served, known in model_facts(snapshot).items()
-              if known.price is not None}
+    prices, unpriced = priced(snapshot)
     redactor = Redactor.of(config_secrets(snapshot))
     return Live(snapshot, providers,
                 adapted(providers, store, snapshot, health,
                         tries_traced(tracing, snapshot, redactor)),
-                models_list(snapshot), prices, redactor)
+                models_list(snapshot), prices, redactor, unpriced=unpriced)
 
 
 def tries_traced(tracing: Tracing | None, snapshot: Snapshot, redactor: Redactor
@@ -281,10 +284,11 @@ class Runtime:
             for name, reason in disabled.items():
                 effective = with_provider_disabled(effective, name, reason)
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
+            prices, unpriced = priced(effective)
             live = Live(effective, serving, adapted(
                 serving, self.responses, effective, self.health,
                 tries_traced(self.tracing, effective, live.redactor)),
-                models_list(effective), live.prices, live.redactor)
+                models_list(effective), prices, live.redactor, unpriced=unpriced)
         if self.stacks is not None:
             live = replace(live, stacks=self.stacks(self, live))
         previous, self._live = self._live, live

@@ -150,3 +150,19 @@ def checked(body: Mapping[str, Any], shape: type[Shape]) -> Shape:
         return msgspec.convert(body, shape)
     except msgspec.ValidationError as exc:
         raise InvalidRequest.from_msgspec(exc) from None
+
+
+# Every spelling clients ask for an answer's length with: chat's two, the Responses API's.
+OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def output_limit(*said: object) -> int | None:
+    """The longest answer a request allows, whichever spellings it sent: the largest. Every
+    kind and bridge sends this one upstream, so a budget's hold assumes what is sent."""
+    values = [v for v in said if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return max(values) if values else None
+
+
+def asked_output(body: Mapping[str, Any]) -> int | None:
+    """`output_limit` of a body's `OUTPUT_FIELDS`."""
+    return output_limit(*(body.get(name) for name in OUTPUT_FIELDS))

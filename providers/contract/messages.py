@@ -20,6 +20,24 @@ FINISH_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "too
                   "function_call": "tool_use", "content_filter": "refusal"}
 # Reasoning effort as a thinking budget (outbound), and a budget as the effort it buys (inbound).
 THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
+# Tokens of answer `max_tokens` leaves beyond a thinking budget (Anthropic wants it larger).
+THINKING_ROOM = 1024
+
+
+def thinking_budget(body: Mapping[str, Any]) -> int | None:
+    """The thinking budget a chat body's reasoning switch asks of a Messages upstream (which
+    then gets `max_tokens` of at least the budget and `THINKING_ROOM`: budgets hold that too)."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        kwargs = {}
+    if kwargs.get("thinking") is False or body.get("enable_thinking") is False:
+        return None
+    effort = body.get("reasoning_effort")
+    if isinstance(effort, str) and effort in THINKING_BUDGETS:
+        return THINKING_BUDGETS[effort]
+    if kwargs.get("thinking") is True or body.get("enable_thinking") is True:
+        return THINKING_BUDGETS["medium"]
+    return None
 
 
 # -- the head: what routing reads, for every provider ------------------------------------------

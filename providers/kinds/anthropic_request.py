@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from providers.contract.chat import ChatRequest, checked, content_text
-from providers.contract.messages import THINKING_BUDGETS, image_block
+from providers.contract.chat import ChatRequest, asked_output, checked, content_text
+from providers.contract.messages import THINKING_ROOM, image_block, thinking_budget
 
 DEFAULT_MAX_TOKENS = 4096
 # Anthropic refuses a request with more blocks marked `cache_control` than this (a 400).
@@ -29,8 +29,7 @@ def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
     system, messages = _conversation(body.get("messages") or ())
     request: dict[str, Any] = {
         "model": upstream_model, "messages": messages,
-        "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens")
-        or DEFAULT_MAX_TOKENS,
+        "max_tokens": asked_output(body) or DEFAULT_MAX_TOKENS,
     }
     if schema := format_instruction(body.get("response_format")):
         system.append({"type": "text", "text": schema})
@@ -47,9 +46,9 @@ def to_messages(body: Mapping[str, Any], upstream_model: str) -> dict[str, Any]:
         request["tools"] = [_tool(tool) for tool in body["tools"]]
     if (choice := _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))):
         request["tool_choice"] = choice
-    if budget := _thinking_budget(body):
+    if budget := thinking_budget(body):
         request["thinking"] = {"type": "enabled", "budget_tokens": budget}
-        request["max_tokens"] = max(request["max_tokens"], budget + 1024)
+        request["max_tokens"] = max(request["max_tokens"], budget + THINKING_ROOM)
         request.pop("temperature", None)  # extended thinking requires the default temperature
     if body.get("user"):
         request["metadata"] = {"user_id": str(body["user"])}
@@ -182,18 +181,6 @@ def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
     if picked is not None and parallel is False and picked["type"] != "none":
         picked["disable_parallel_tool_use"] = True
     return picked
-
-
-def _thinking_budget(body: Mapping[str, Any]) -> int | None:
-    kwargs = body.get("chat_template_kwargs") or {}
-    if kwargs.get("thinking") is False or body.get("enable_thinking") is False:
-        return None
-    effort = body.get("reasoning_effort")
-    if isinstance(effort, str) and effort in THINKING_BUDGETS:
-        return THINKING_BUDGETS[effort]
-    if kwargs.get("thinking") is True or body.get("enable_thinking") is True:
-        return THINKING_BUDGETS["medium"]
-    return None
 
 
 def format_instruction(response_format: Any) -> str | None:

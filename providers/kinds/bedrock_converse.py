@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from providers.contract.chat import ChatRequest, checked, content_text
+from providers.contract.chat import ChatRequest, asked_output, checked, content_text
 from providers.contract.errors import BadUpstreamResponse, InvalidRequest
 from providers.contract.messages import usage_of
 from providers.kinds.anthropic_request import MAX_BREAKPOINTS, cache_control, format_instruction
@@ -185,7 +185,7 @@ def _json_object(arguments: Any) -> dict[str, Any]:
 def inference_config(body: Mapping[str, Any]) -> dict[str, Any]:
     """`inferenceConfig`: the answer's length, sampling and stop sequences."""
     config: dict[str, Any] = {}
-    if limit := body.get("max_completion_tokens") or body.get("max_tokens"):
+    if limit := asked_output(body):
         config["maxTokens"] = limit
     if body.get("temperature") is not None:
         config["temperature"] = body["temperature"]

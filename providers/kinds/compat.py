@@ -14,7 +14,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from providers.contract.chat import FunctionCall, FunctionDefinition, NamedFunction, checked
+from providers.contract.chat import (
+    FunctionCall,
+    FunctionDefinition,
+    NamedFunction,
+    asked_output,
+    checked,
+)
 from providers.wire import sse
 
 ReasoningKnob = Literal["chat_template_kwargs", "enable_thinking", "reasoning_effort"]
@@ -89,10 +95,13 @@ def translate_request(body: dict[str, Any], options: OpenAIOptions) -> dict[str,
 
 
 def _rename_max_tokens(body: dict[str, Any], field: MaxTokensField) -> None:
+    """One field sent, at the largest any spelling asked (what a budget's hold assumed)."""
     other = "max_completion_tokens" if field == "max_tokens" else "max_tokens"
     if other in body:
-        value = body.pop(other)
-        body.setdefault(field, value)
+        largest = asked_output(body)
+        body.pop(other)
+        if largest is not None:
+            body[field] = largest
 
 
 def thinking_wanted(body: Mapping[str, Any]) -> tuple[bool | None, str | None]:

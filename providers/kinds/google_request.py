@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from providers.contract.chat import ChatRequest, checked, content_text
+from providers.contract.chat import ChatRequest, asked_output, checked, content_text
 from providers.contract.provider import Outgoing
 from providers.contract.spec import ProviderSpec
 from providers.kinds.google_stream import SIGNATURE_KEY
@@ -251,7 +251,7 @@ def _normalized(schema: dict[str, Any]) -> dict[str, Any]:
 def generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
     """`generationConfig`: limits, sampling, stop sequences, JSON mode and thinking."""
     config: dict[str, Any] = {}
-    if limit := body.get("max_completion_tokens") or body.get("max_tokens"):
+    if limit := asked_output(body):
         config["maxOutputTokens"] = limit
     for name, field in SAMPLING.items():
         if body.get(name) is not None:

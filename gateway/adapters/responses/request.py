@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import msgspec
 
 from gateway.core.schemas import ResponsesHead, ResponsesTool, TextConfig
-from providers.contract.chat import checked
+from providers.contract.chat import asked_output, checked
 from providers.contract.errors import InvalidRequest
 
 # Fields with the same name and meaning in both APIs.
@@ -78,8 +78,8 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -
     for name in _SAME:
         if body.get(name) is not None:
             chat[name] = body[name]
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
+    if limit := asked_output(body):  # the largest asked, as the budget's hold assumed
+        chat["max_tokens"] = limit
     if body.get("stream"):
         chat["stream_options"] = {"include_usage": True}
     if (effort := (body.get("reasoning") or {}).get("effort")) is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from providers.contract.chat import asked_output
 from providers.contract.errors import InvalidRequest
 from providers.kinds.pool.engines import LLAMACPP
 
@@ -40,12 +41,19 @@ def for_engine(body: Mapping[str, Any], endpoint: str, engine: str,
         if out.get("stream"):  # every request is, on the way to a llama.cpp worker
             _check_logit_bias(out.get("logit_bias"))
         if "max_completion_tokens" in out:
-            asked = out.pop("max_completion_tokens")
-            out.setdefault("max_tokens", asked)
+            largest = asked_output(out)
+            out.pop("max_completion_tokens")
+            if largest is not None:
+                out["max_tokens"] = largest
             changed = True
         changed |= _schema_format(out)
         changed |= _text_content(out)
     field = "max_completion_tokens" if "max_completion_tokens" in out else "max_tokens"
+    short, long = out.get("max_tokens"), out.get("max_completion_tokens")
+    if isinstance(short, int) and isinstance(long, int) and short != long:
+        # Both spellings sent: the engine reads one, so both say the largest (as the hold).
+        out["max_tokens"] = out["max_completion_tokens"] = max(short, long)
+        changed = True
     asked = out.get(field)
     # Legacy completions default to 16 tokens when none are asked: only a larger ask is capped.
     unasked = asked is None and endpoint == "chat/completions"
