@@ -102,7 +102,8 @@ def test_with_every_provider_slow_hedges_stop_at_the_budget(
     gateway = start_gateway(config({
         "one": provider(one.base_url, {"m": "m"}),
         "two": provider(two.base_url, {"m": "m"}),
-    }, models={"m": {"routing": {"hedge_after": 0.02, "hedge_budget": 0.1}}}))
+    }, models={"m": {"routing": {"hedge_after": 0.02, "hedge_budget": 0.1,
+                                 "hedge_min": 0}}}))  # the budget alone, no floor below it
 
     answers = [ask(gateway) for _ in range(20)]
 

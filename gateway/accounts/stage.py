@@ -5,21 +5,28 @@ call, a batch's owner), a virtual key's expiry and parallel limit, and the per-m
 the key and its team, all before the body is read. `budget` comes after admission, once the
 alias and its candidates are known: the request's worst case is held against every budget it
 falls under before it waits or reaches a provider (settled when its record ends,
-`Accounts.ended`).
+`Accounts.ended`). `finishing` comes last, around the relay: a whole request held against a
+budget is read to its end when its client leaves, so it is charged what its provider bills.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 from gateway.accounts import auth
-from gateway.accounts.account import Account
-from gateway.accounts.service import Accounts
-from gateway.core.call import Call, Delivery, Next, Stage
+from gateway.accounts.account import NANO, Account
+from gateway.accounts.service import Accounts, Charge
+from gateway.core.call import Call, ClientDisconnected, Delivery, Next, Stage, staying
 from gateway.core.errors import KeyRateLimited
 from gateway.core.limits import KeyLimits, RateLimiter
+from gateway.core.record import Outcome, Record
 from gateway.core.settings import Snapshot
 from providers.contract.usage import Price
+
+# How a try ends without its provider's answer after it was sent: it may have generated.
+CUT_OFF = frozenset({"unavailable", "bad_response", "timeout", "first_token_timeout",
+                     "idle_timeout", "total_timeout"})
 
 
 def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) -> Stage:
@@ -50,6 +57,51 @@ def budget(accounts: Accounts, prices: Mapping[tuple[str, str], Price]) -> Stage
         return await following(call)
 
     return stage
+
+
+def finishing() -> Stage:
+    """The stage under which a whole request held against a budget runs to its end when its
+    client leaves: its provider bills the answer it generates whether or not the client
+    waits, so the key is charged that answer's usage, or its hold when no answer came. The
+    upstream try goes on within the call (its slot kept) and nobody is sent the answer."""
+
+    async def stage(call: Call, following: Next) -> Delivery:
+        charge = call.record.charge
+        if not isinstance(charge, Charge) or charge.hold is None or call.watching is staying \
+                or call.outgoing is None or call.outgoing.stream:
+            return await following(call)  # nothing held, or a stream: charged as it goes
+        watching, call.watching = call.watching, staying
+        run = asyncio.ensure_future(following(call))
+        try:
+            async with watching():
+                return await asyncio.shield(run)
+        except ClientDisconnected:
+            pass
+        except BaseException:  # cancelled (a shutdown): the try goes with the call
+            run.cancel()
+            raise
+        try:
+            delivery = await run
+        except asyncio.CancelledError:
+            run.cancel()
+            _left(call.record, None, charge)
+            raise
+        except Exception:  # a bug: what its tries made is unknown
+            delivery = None
+        _left(call.record, delivery, charge)
+        return None
+
+    return stage
+
+
+def _left(record: Record, delivery: Delivery, charge: Charge) -> None:
+    """End the record of a whole request whose client left: an answer (or an error the
+    providers answered with) charged as if it had been sent; the hold when no answer came
+    from a try that may have generated (cut off, timed out: what it made is unknown)."""
+    cut = any(a.status is None and a.reason in CUT_OFF for a in record.failed)
+    if charge.hold is not None and (delivery is None or (cut and record.status >= 400)):
+        record.cost = max(record.cost or 0.0, charge.hold.amount / NANO)
+    record.end(Outcome.CLIENT_LEFT)
 
 
 def _rate_limited(limiter: RateLimiter, limits: KeyLimits) -> None:

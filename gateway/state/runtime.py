@@ -110,7 +110,7 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
     redactor = Redactor.of(config_secrets(snapshot))
     return Live(snapshot, providers,
                 adapted(providers, store, snapshot, health,
-                        tries_traced(tracing, snapshot, redactor)),
+                        tries_traced(tracing, snapshot, redactor), prices),
                 models_list(snapshot), prices, redactor)
 
 
@@ -277,7 +277,7 @@ class Runtime:
             serving = {n: p for n, p in live.providers.items() if n not in disabled}
             live = Live(effective, serving, adapted(
                 serving, self.responses, effective, self.health,
-                tries_traced(self.tracing, effective, live.redactor)),
+                tries_traced(self.tracing, effective, live.redactor), live.prices),
                 models_list(effective), live.prices, live.redactor)
         if self.stacks is not None:
             live = replace(live, stacks=self.stacks(self, live))
