@@ -98,7 +98,8 @@ def _left(record: Record, delivery: Delivery, charge: Charge) -> None:
     """End the record of a whole request whose client left: an answer (or an error the
     providers answered with) charged as if it had been sent; the hold when no answer came
     from a try that may have generated (cut off, timed out: what it made is unknown)."""
-    cut = any(a.status is None and a.reason in CUT_OFF for a in record.failed)
+    cut = any(a.reason in CUT_OFF and (a.status is None or a.status < 400)
+              for a in record.failed)
     if charge.hold is not None and (delivery is None or (cut and record.status >= 400)):
         record.cost = max(record.cost or 0.0, charge.hold.amount / NANO)
     record.end(Outcome.CLIENT_LEFT)
