@@ -23,6 +23,7 @@ from gateway.routing.health import ProviderHealth
 from gateway.routing.hedging import (
     BUDGET_WINDOW,
     FALLBACK,
+    FLOOR_WINDOW,
     MAX_AGE,
     MIN_SAMPLES,
     SAMPLES,
@@ -93,6 +94,28 @@ def test_p90_learns_a_delay_between_fast_and_slow_and_hedges_the_slow_ones(
     assert 'llms_hedges_total{model="m",result="started"}' in metrics
 
 
+def test_a_quiet_alias_hedges_its_slow_first_requests_within_its_floor(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    slow, backup = upstream_factory("slow"), upstream_factory("backup")
+    slow.set_mode(slow_first_token(2.0))
+    # The default budget (0.05) would allow its first hedge at the alias's 20th request.
+    gateway = start_gateway(config({
+        "slow": provider(slow.base_url, {"m": "m"}),
+        "backup": provider(backup.base_url, {"m": "m"}),
+    }, models={"m": {"routing": {"hedge_after": 0.3}}}))
+
+    answers = [ask(gateway) for _ in range(4)]
+
+    # The floor's three a minute: the first three are hedged and answered by the backup; the
+    # fourth, past the floor and within no budget yet, waits on its first candidate.
+    assert [a.headers.get("x-llms-hedged") for a in answers] == ["1", "1", "1", None]
+    assert [a.headers["x-llms-provider"] for a in answers] == ["backup"] * 3 + ["slow"]
+    view = hedging_of(gateway)
+    assert (view["hedge_budget"], view["hedge_min"]) == (0.05, 3)
+    assert (view["hedges"], view["last_minute"], view["over_budget"]) == (3, 3, 1)
+
+
 def test_with_every_provider_slow_hedges_stop_at_the_budget(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
@@ -102,7 +125,8 @@ def test_with_every_provider_slow_hedges_stop_at_the_budget(
     gateway = start_gateway(config({
         "one": provider(one.base_url, {"m": "m"}),
         "two": provider(two.base_url, {"m": "m"}),
-    }, models={"m": {"routing": {"hedge_after": 0.02, "hedge_budget": 0.1}}}))
+    }, models={"m": {"routing": {"hedge_after": 0.02, "hedge_budget": 0.1,
+                                 "hedge_min": 0}}}))  # the budget alone, no floor below it
 
     answers = [ask(gateway) for _ in range(20)]
 
@@ -332,6 +356,23 @@ def test_the_budget_allows_its_share_of_requests_and_no_more() -> None:
     assert Budget(0.0).spend() is False
 
 
+def test_the_floor_allows_its_hedges_per_minute_whatever_the_share() -> None:
+    now = [1000.0]
+    budget = Budget(0.05, floor=3, clock=lambda: now[0])
+    budget.requested()
+    assert [budget.spend() for _ in range(4)] == [True, True, True, False]
+    now[0] += FLOOR_WINDOW - 1  # the first three are still within the minute
+    assert not budget.spend()
+    now[0] += 1  # a minute after them: three more
+    assert [budget.spend() for _ in range(4)] == [True, True, True, False]
+    assert budget.totals() == (1, 6) and budget.refused == 3
+    # Once the alias has traffic, the share allows hedges beyond the floor's.
+    for _ in range(200):
+        budget.requested()
+    assert [budget.spend() for _ in range(5)] == [True, True, True, True, False]
+    assert Budget(0.0, floor=0).spend() is False
+
+
 def test_the_budget_window_forgets_the_oldest_requests_a_bucket_at_a_time() -> None:
     budget = Budget(0.01)
     bucket = BUDGET_WINDOW // 10
@@ -358,6 +399,7 @@ def test_a_reload_keeps_what_was_learned_and_forgets_what_is_no_longer_routed() 
 
     again = hedging.of("m", "p95", 0.2)
     assert again is alias and alias.delay("a") == 0.5 and alias.budget.share == 0.2
+    assert hedging.of("m", "p95", 0.2, 7) is alias and alias.budget.floor == 7
     hedging.retain([("m", "a"), ("kept-but-not-hedging", "a")])
     assert [row["provider"] for row in hedging.view()["m"]["delays"]] == ["a"]
     assert hedging.of("m", None, 0.05) is None and hedging.view() == {}
@@ -382,6 +424,8 @@ def test_hedge_after_takes_seconds_or_a_quantile_and_hedge_budget_a_share() -> N
     routing = parsed({"hedge_after": 0.5, "hedge_budget": 0.2}).policy("m").routing
     assert routing.hedge_budget == 0.2
     assert parsed({}).policy("m").routing.hedge_budget == 0.05
+    assert parsed({}).policy("m").routing.hedge_min == 3
+    assert parsed({"hedge_min": 0}, "defaults").policy("m").routing.hedge_min == 0
 
 
 @pytest.mark.parametrize(("routing", "where", "message"), [
@@ -390,6 +434,9 @@ def test_hedge_after_takes_seconds_or_a_quantile_and_hedge_budget_a_share() -> N
     ({"hedge_after": 0}, "models", "models.m.routing.hedge_after"),
     ({"hedge_budget": 1.5}, "models", "models.m.routing.hedge_budget"),
     ({"hedge_budget": -0.1}, "defaults", "defaults.routing.hedge_budget"),
+    ({"hedge_min": -1}, "models", "models.m.routing.hedge_min"),
+    ({"hedge_min": 1.5}, "defaults", "defaults.routing.hedge_min"),
+    ({"hedge_min": "3/min"}, "models", "models.m.routing.hedge_min"),
 ])
 def test_a_bad_hedge_after_or_budget_is_a_config_error_naming_the_field(
         routing: dict[str, Any], where: str, message: str) -> None:

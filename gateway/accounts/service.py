@@ -266,6 +266,10 @@ class Accounts:
                 and record.alias is not None:
             cost = pricing.cut_cost(charge.prompt if charge is not None else 0,
                                     record.events, self.price_of(record.provider, record.alias))
+            if cost is not None:
+                cost += record.billed_aside()
+        if cost is None and record.billed_aside():  # no usage of its own, but tries billed
+            cost = record.billed_aside()
         if charge is not None:
             account = charge.account
             if charge.parallel:

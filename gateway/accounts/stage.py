@@ -8,26 +8,33 @@ request's worst case, over every candidate it may reach (its fallbacks' too, tho
 use), is held against every budget it falls under before it waits or reaches a provider
 (settled when its record ends, `Accounts.ended`). A budgeted key never reaches a model without
 a price: asked for, it is refused (`ModelUnpriced`); as a fallback, it is passed over.
+`finishing` comes last, around the relay: a whole request held against a budget is read to its
+end when its client leaves, so it is charged what its provider bills.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 
 from gateway.accounts import auth, pricing
-from gateway.accounts.account import Account
-from gateway.accounts.service import Accounts
+from gateway.accounts.account import NANO, Account
+from gateway.accounts.service import Accounts, Charge
 from gateway.adapters.responses.previous import HISTORY
 from gateway.core.aliases import Chains
-from gateway.core.call import Call, Delivery, Next, Stage
+from gateway.core.call import Call, ClientDisconnected, Delivery, Next, Stage, staying
 from gateway.core.errors import KeyRateLimited, ModelUnpriced
 from gateway.core.limits import KeyLimits, RateLimiter
+from gateway.core.record import Outcome, Record
 from gateway.core.settings import Route, Snapshot
 from providers.contract.errors import GatewayError
 from providers.contract.usage import Price
 
 # What costs nothing upstream: held and charged nothing, so it needs no price.
 FREE = frozenset({"messages/count_tokens"})
+# How a try ends without its provider's answer after it was sent: it may have generated.
+CUT_OFF = frozenset({"unavailable", "bad_response", "timeout", "first_token_timeout",
+                     "idle_timeout", "total_timeout"})
 
 
 def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) -> Stage:
@@ -106,6 +113,52 @@ def _fallbacks(fallen: Mapping[str, tuple[str, ...]], key: Account, budgeted: bo
         allowed.add(name)
         reach += [(name, route) for route in routes]
     return frozenset(allowed), skipped
+
+
+def finishing() -> Stage:
+    """The stage under which a whole request held against a budget runs to its end when its
+    client leaves: its provider bills the answer it generates whether or not the client
+    waits, so the key is charged that answer's usage, or its hold when no answer came. The
+    upstream try goes on within the call (its slot kept) and nobody is sent the answer."""
+
+    async def stage(call: Call, following: Next) -> Delivery:
+        charge = call.record.charge
+        if not isinstance(charge, Charge) or charge.hold is None or call.watching is staying \
+                or call.outgoing is None or call.outgoing.stream:
+            return await following(call)  # nothing held, or a stream: charged as it goes
+        watching, call.watching = call.watching, staying
+        run = asyncio.ensure_future(following(call))
+        try:
+            async with watching():
+                return await asyncio.shield(run)
+        except ClientDisconnected:
+            pass
+        except BaseException:  # cancelled (a shutdown): the try goes with the call
+            run.cancel()
+            raise
+        try:
+            delivery = await run
+        except asyncio.CancelledError:
+            run.cancel()
+            _left(call.record, None, charge)
+            raise
+        except Exception:  # a bug: what its tries made is unknown
+            delivery = None
+        _left(call.record, delivery, charge)
+        return None
+
+    return stage
+
+
+def _left(record: Record, delivery: Delivery, charge: Charge) -> None:
+    """End the record of a whole request whose client left: an answer (or an error the
+    providers answered with) charged as if it had been sent; the hold when no answer came
+    from a try that may have generated (cut off, timed out: what it made is unknown)."""
+    cut = any(a.reason in CUT_OFF and (a.status is None or a.status < 400)
+              for a in record.failed)
+    if charge.hold is not None and (delivery is None or (cut and record.status >= 400)):
+        record.cost = max(record.cost or 0.0, charge.hold.amount / NANO)
+    record.end(Outcome.CLIENT_LEFT)
 
 
 def _rate_limited(limiter: RateLimiter, limits: KeyLimits) -> None:

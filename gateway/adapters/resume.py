@@ -13,13 +13,17 @@ order any request's: a candidate whose circuit is open or that is cooling down i
 after the others, and each continuation's outcome counts in its circuit.
 A resume that finds no candidate, or one more break than `max_resumes` allows, ends the
 stream with the break's error, as without resume.
+Every continuation is billed by its provider in full (the prompt again, the partial answer,
+its new output), while the client is shown the usage of one answer: what it costs beyond that
+is added to the request's charge (`Resumes.billed`), at the continuing provider's price.
 A break before the first event is not this module's: the router fails over as always.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import msgspec
 
@@ -38,6 +42,7 @@ from providers.contract.errors import (
 from providers.contract.log import get_logger
 from providers.contract.provider import Adapter, Answer, Outgoing, Provider, Resumes
 from providers.contract.stream import Opened, close_quietly
+from providers.contract.usage import Price, Usage, cost
 from providers.wire import sse
 
 ENDPOINT = "chat/completions"
@@ -46,18 +51,21 @@ ENDPOINT = "chat/completions"
 class Resuming(Adapter):
     """A chat provider whose broken streams, for aliases with `resume`, are continued by the
     alias's candidates (`providers`: every live provider, as kinds, by name; `health`: their
-    breakers and cooldowns, the router's)."""
+    breakers and cooldowns, the router's; `prices`: per (provider, alias), what continuations
+    are charged at)."""
 
     kind = "resuming"
 
     def __init__(self, inner: Provider, resumes: Mapping[str, int],
                  routes: Mapping[str, tuple[Route, ...]], providers: Mapping[str, Provider],
-                 health: ProviderHealth | None = None) -> None:
+                 health: ProviderHealth | None = None,
+                 prices: Mapping[tuple[str, str], Price] = MappingProxyType({})) -> None:
         super().__init__(inner)
         self.resumes = resumes  # alias -> max_resumes, for the aliases that resume
         self.routes = routes
         self.providers = providers
         self.health = health
+        self.prices = prices
 
     def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         most = self.resumes.get(request.model)
@@ -69,7 +77,7 @@ class Resuming(Adapter):
                         ) -> AsyncGenerator[bytes, None]:
         stitched = Stitched()
         chunks = self.inner.stream(request, upstream_model)
-        spliced = False  # a continuation is being read
+        spliced: _Continued | None = None  # the continuation being read
         while True:
             reason: str | None = None
             reader = _read(chunks, stitched)
@@ -88,18 +96,32 @@ class Resuming(Adapter):
             finally:
                 await close_quietly(reader)
                 await close_quietly(chunks)
+                if spliced is not None:  # read to its end, broken, or left by the client
+                    request.resumes.billed += self._billed(request.model, spliced, stitched)
             if reason is None or stitched.finished:  # whole (a break after its finish too)
                 if spliced:
                     request.resumes.ok += 1
                 if reason is not None and (tail := stitched.end()):
                     yield tail
                 return
-            _may_resume(stitched, reason, spliced, most, request.resumes)
-            chunks = await self._continuation(request, stitched, reason)
-            spliced = True
+            _may_resume(stitched, reason, spliced is not None, most, request.resumes)
+            chunks, spliced = await self._continuation(request, stitched, reason)
+
+    def _billed(self, alias: str, continued: _Continued, stitched: Stitched) -> float:
+        """What a continuation costs beyond the answer's usage the client is shown (which
+        counts its output, at this provider's price): its whole usage at its provider's
+        price, as its usage said or else estimated, less that output here."""
+        output = stitched.own_usage.completion_tokens if stitched.own_usage is not None \
+            else stitched.continued_tokens
+        usage = stitched.own_usage or Usage(prompt_tokens=continued.prompt,
+                                            completion_tokens=output)
+        theirs = self.prices.get((continued.provider, alias))
+        mine = self.prices.get((self.name, alias))
+        return (cost(usage, theirs) if theirs is not None else 0.0) \
+            - (cost(Usage(completion_tokens=output), mine) if mine is not None else 0.0)
 
     async def _continuation(self, request: Outgoing, stitched: Stitched, reason: str
-                            ) -> AsyncIterator[bytes]:
+                            ) -> tuple[AsyncIterator[bytes], _Continued]:
         """The first candidate's stream that opens asked to continue `stitched`, tried by the
         router's one failover loop (its ordering by breakers and cooldowns, its circuit
         accounting); the break's error if none does."""
@@ -129,7 +151,9 @@ class Resuming(Adapter):
                  sent_chars=len(partial))
         stitched.resumed(partial[len(partial.rstrip()):] if dialect == "prefill" else "")
         request.resumes.by = served.provider
-        return _joined(opened.head, opened.rest)
+        # Its prompt as sent, were its usage not to come: the request and the partial answer.
+        prompt = (len(request.raw) + len(partial.encode()) + 3) // 4
+        return _joined(opened.head, opened.rest), _Continued(served.provider, prompt)
 
     def _order(self, alias: str) -> tuple[Route, ...]:
         """The alias's candidates after this provider, then those before it, then itself (the
@@ -138,6 +162,14 @@ class Resuming(Adapter):
         mine = [i for i, route in enumerate(routes) if route.provider == self.name]
         at = mine[0] if mine else len(routes)
         return (*routes[at + 1:], *routes[:at], *routes[at:at + 1])
+
+
+@dataclass(frozen=True, slots=True)
+class _Continued:
+    """A continuation being read: who serves it, its prompt's tokens estimated."""
+
+    provider: str
+    prompt: int
 
 
 class ContinuationRefused(ModelLimit):

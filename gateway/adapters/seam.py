@@ -138,6 +138,7 @@ class Stitched:
     tokens: int = 0  # content events sent: the first part's completion tokens, if unreported
     usage: Usage | None = None  # the last usage an upstream reported, as the client got it
     first_usage: Usage | None = None  # what the current stream's predecessors reported
+    own_usage: Usage | None = None  # the continuation being read's usage, as its upstream said
     tool_started: bool = False
     chars: int = 0  # of content kept in `texts`
     overflowed: bool = False  # more than MAX_PARTIAL_CHARS: not resumable, no longer kept
@@ -153,6 +154,11 @@ class Stitched:
     _tokens_before: int = 0  # content events sent before the continuation being read
 
     @property
+    def continued_tokens(self) -> int:
+        """Content events the continuation being read has sent."""
+        return self.tokens - self._tokens_before
+
+    @property
     def text(self) -> str:
         """Every piece of content sent so far."""
         return "".join(self.texts)
@@ -161,6 +167,7 @@ class Stitched:
         """A continuation is about to be read; `dropped` is what its prefill left out."""
         self.resumes += 1
         self.first_usage = self.usage
+        self.own_usage = None
         self._tokens_before = self.tokens
         self._held, self._held_text, self._aligning = [], 0, True
         self._dropped = dropped
@@ -254,6 +261,7 @@ class Stitched:
         body = msgspec.json.decode(event.data)
         body.update(self.identity)
         if chunk.usage is not None:
+            self.own_usage = chunk.usage
             body["usage"] = whole_usage(self.first_usage, self._tokens_before, chunk.usage)
             chunk.usage = msgspec.convert(body["usage"], Usage)
         for choice in body.get("choices") or ():

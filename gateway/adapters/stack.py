@@ -26,6 +26,7 @@ from gateway.core import endpoints
 from gateway.core.settings import Snapshot
 from gateway.routing.health import ProviderHealth
 from providers.contract.provider import Adapter, Provider
+from providers.contract.usage import Price
 
 ENDPOINTS = endpoints.RELAYED
 
@@ -65,7 +66,8 @@ def adapt(endpoint: str, provider: Provider, store: ResponseStore,
 
 def adapted(providers: Mapping[str, Provider], store: ResponseStore,
             snapshot: Snapshot | None = None, health: ProviderHealth | None = None,
-            outermost: Callable[[Provider], Provider] | None = None) -> Adapted:
+            outermost: Callable[[Provider], Provider] | None = None,
+            prices: Mapping[tuple[str, str], Price] | None = None) -> Adapted:
     """Per endpoint, every provider adapted to it (`health`: the breakers and cooldowns that
     order a resume's candidates, as the router's tries); each then wrapped in `outermost` if
     given (a try's span: `gateway.adapters.traced`)."""
@@ -76,7 +78,7 @@ def adapted(providers: Mapping[str, Provider], store: ResponseStore,
         if not resumes:  # no alias resumes: not even the layer
             return provider
         assert snapshot is not None
-        return Resuming(provider, resumes, snapshot.routes, providers, health)
+        return Resuming(provider, resumes, snapshot.routes, providers, health, prices or {})
 
     def layered(provider: Provider, endpoint: str) -> Provider:
         made = adapt(endpoint, provider, store, resuming)

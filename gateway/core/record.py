@@ -73,6 +73,9 @@ class Record:
     error_code: str | None = None
     usage: Usage | None = None
     cost: float | None = None
+    # Dollars of tries its providers bill beside the answer's usage: hedges that lost (`beside`)
+    # and, through `resumes`, resumed streams' continuations; in `cost` once that is known.
+    aside: float = 0.0
     ttft: float | None = None
     events: int = 0  # data events a stream relayed (a stream cut before its usage is charged by)
     upstream_time: float | None = None
@@ -133,10 +136,23 @@ class Record:
             self.marks[header] = value
 
     def used(self, usage: Usage | None, price: Price | None) -> None:
-        """What the answer used, priced."""
+        """What the answer used, priced, with what the tries beside it cost."""
         self.usage = usage
         if usage is not None and price is not None:
-            self.cost = cost_of(usage, price)
+            self.cost = cost_of(usage, price) + self.billed_aside()
+        elif self.billed_aside():
+            self.cost = self.billed_aside()
+
+    def beside(self, usage: Usage, price: Price | None) -> None:
+        """A try that did not answer but that its provider bills (a hedge that lost): its
+        cost is the request's too."""
+        if price is not None:
+            self.aside += cost_of(usage, price)
+
+    def billed_aside(self) -> float:
+        """Dollars of the tries beside the answer: hedges that lost, continuations of resumed
+        streams beyond the usage the client sees."""
+        return self.aside + (self.resumes.billed if self.resumes is not None else 0.0)
 
     def first_token(self) -> None:
         """The answer's first byte is ready to go."""

@@ -140,6 +140,9 @@ class RoutingPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The largest share of the alias's recent requests that may be hedged: when everything is
     # slow at once, hedging must not double the load on providers already struggling.
     hedge_budget: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
+    # The budget's floor: hedges per minute the alias may start whatever its share says, so a
+    # quiet alias hedges its slow requests too (`gateway.routing.hedging`); 0: none.
+    hedge_min: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 3
 
 
 class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

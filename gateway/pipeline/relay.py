@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from gateway.accounts import pricing
 from gateway.core.call import Call, ClientDisconnected, Delivery, Next
 from gateway.core.delivery import (
     STREAM_HEADERS,
@@ -27,9 +28,10 @@ from gateway.pipeline.admission import ordered
 from gateway.routing import fallbacks, router
 from gateway.state.runtime import Live, Runtime
 from providers.contract.errors import GatewayError
-from providers.contract.provider import Gathering
+from providers.contract.provider import Gathering, Outgoing
 from providers.contract.redact import Redactor
 from providers.contract.stream import Opened
+from providers.contract.usage import Usage
 
 
 async def handle(call: Call, runtime: Runtime) -> Delivery:
@@ -77,6 +79,8 @@ def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
             return fallen(exc, record, live.redactor)
         record.provider, record.failed = served.provider, served.failed
         record.hedged, record.hedge_won = served.hedged, served.hedge_won
+        if served.lost:
+            _lost(served.lost, record, outgoing, live)
         price = live.prices.get((served.provider, record.alias))
         answer = served.answer
         if isinstance(answer, Opened):
@@ -95,10 +99,21 @@ def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
     return serve
 
 
+def _lost(lost: tuple[router.Lost, ...], record: Record, outgoing: Outgoing, live: Live
+          ) -> None:
+    """The hedges that lost, charged as their providers bill a request cancelled once sent:
+    its usage when it came, else its prompt (estimated as the budget's hold estimates it)."""
+    prompt = Usage(prompt_tokens=pricing.estimate(outgoing.endpoint, outgoing.raw).prompt)
+    alias = record.alias or ""
+    for try_ in lost:
+        record.beside(try_.usage or prompt, live.prices.get((try_.provider, alias)))
+
+
 def _routing(runtime: Runtime, alias: str) -> router.Routing:
     """How `alias`'s candidates are tried: health, latencies, its own hedging."""
     policy = runtime.live.snapshot.policy(alias).routing
-    hedging = runtime.hedging.of(alias, policy.hedge_after, policy.hedge_budget)
+    hedging = runtime.hedging.of(alias, policy.hedge_after, policy.hedge_budget,
+                                 policy.hedge_min)
     return router.Routing(runtime.health, runtime.latencies, hedging)
 
 

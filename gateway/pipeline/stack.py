@@ -10,12 +10,13 @@ In order, outermost first (each owned by its folder):
     turn        gateway/queue/stage.py           the wait for a slot
     idempotency gateway/idempotency/stage.py     an `Idempotency-Key` answered once
     cache       gateway/cache/stage.py           a hit answered, an answer kept
+    finishing   gateway/accounts/stage.py        a held whole request read to its end, charged
     serve       gateway/pipeline/relay.py        route, then deliver
 
 A stage is built only when something in force can use it: `budget` with accounts, `previous`
 on `/v1/responses`, `idempotency` on the endpoints that generate, `cache` on those it serves
-when some alias caches. Tracing's span is what the edge serves the whole call within
-(`Runtime.serving`), so it also covers writing the answer.
+when some alias caches, `finishing` with accounts. Tracing's span is what the edge serves the
+whole call within (`Runtime.serving`), so it also covers writing the answer.
 """
 
 from __future__ import annotations
@@ -58,4 +59,6 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
         built.append(idempotency(runtime.idempotency, snapshot.idempotency))
     if cache.caches(snapshot, endpoint):
         built.append(cache.stage_of(snapshot, runtime.cache, runtime.metrics))
+    if accounting is not None:
+        built.append(accounts.finishing())
     return built

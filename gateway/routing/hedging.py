@@ -17,6 +17,12 @@ request waits on its first candidate. The window counts requests, not seconds: a
 keeps its budget (a time window would never allow a quiet alias one hedge), and what it allows
 is exact: with 0.05, one hedge per 20 requests, the first at the 20th.
 
+`routing.hedge_min` is the budget's floor: however few requests the alias had, a hedge may
+start while fewer than that many started in the last `FLOOR_WINDOW` seconds (a time window,
+on the injected clock). Without it a quiet alias would never hedge (its 20th request is a long
+way off), so a user who sets `hedge_after` would see none; Envoy's retry budgets keep the same
+floor (`min_retry_concurrency`). Hedges the floor allows count in the budget's window too.
+
 Plain code over an injected clock; `Hedging` keeps one `AliasHedging` per alias on the runtime
 (so it survives reloads), read by the router, `/status.json` and `/metrics`.
 """
@@ -44,6 +50,8 @@ FALLBACK = 2.0
 # The budget's window: the alias's last 900 to 1,000 requests, in buckets of 100 dropped whole.
 BUDGET_WINDOW = 1000
 BUCKETS = 10
+# The floor's window: `hedge_min` hedges per minute, whatever the budget says.
+FLOOR_WINDOW = 60.0
 # `"p90"`, `"p99.9"`: a percentile in the form latency dashboards write it.
 
 
@@ -95,11 +103,16 @@ class Samples:
 class Budget:
     """One alias's hedges against its requests over its last `BUDGET_WINDOW` requests, kept in
     `BUCKETS` buckets ([requests, hedges]); the oldest is dropped whole when a new one starts.
-    A hedge counts in the bucket current when it starts, which is near its request's."""
+    A hedge counts in the bucket current when it starts, which is near its request's. Below
+    the share, `floor` hedges per `FLOOR_WINDOW` seconds are allowed all the same."""
 
-    def __init__(self, share: float) -> None:
+    def __init__(self, share: float, floor: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.share = share
+        self.floor = floor
+        self._clock = clock
         self._buckets: deque[list[int]] = deque([[0, 0]], maxlen=BUCKETS)
+        self._recent: deque[float] = deque()  # when the hedges of the floor's window started
         self.refused = 0  # hedges the budget stopped, since the process started
 
     def requested(self) -> None:
@@ -109,14 +122,23 @@ class Budget:
         self._buckets[-1][0] += 1
 
     def spend(self) -> bool:
-        """Whether one more hedge fits the share, counted if so."""
+        """Whether one more hedge fits the share, or the floor, counted if so."""
         requests, hedges = self.totals()
         # The tolerance: 0.05 * 20 requests must allow its one hedge despite binary fractions.
-        if hedges + 1 > self.share * requests + 1e-9:
+        if hedges + 1 > self.share * requests + 1e-9 and self.last_minute() >= self.floor:
             self.refused += 1
             return False
         self._buckets[-1][1] += 1
+        self._recent.append(self._clock())
         return True
+
+    def last_minute(self) -> int:
+        """Hedges started in the floor's window (`FLOOR_WINDOW` seconds)."""
+        oldest = self._clock() - FLOOR_WINDOW
+        recent = self._recent
+        while recent and recent[0] <= oldest:
+            recent.popleft()
+        return len(recent)
 
     def totals(self) -> tuple[int, int]:
         """Requests and hedges in the window."""
@@ -132,20 +154,22 @@ class Budget:
 class AliasHedging:
     """One alias's hedging: its delay when each provider leads, its budget."""
 
-    def __init__(self, after: float | str, share: float,
+    def __init__(self, after: float | str, share: float, floor: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._samples: dict[str, Samples] = {}
-        self.budget = Budget(share)
+        self.budget = Budget(share, floor, clock)
         self.after = after
         self._q: float | None = None
-        self.configure(after, share)
+        self.configure(after, share, floor)
 
-    def configure(self, after: float | str, share: float) -> None:
-        """Take a reloaded `hedge_after` and `hedge_budget`; what was learned is kept."""
+    def configure(self, after: float | str, share: float, floor: int = 0) -> None:
+        """Take a reloaded `hedge_after`, `hedge_budget` and `hedge_min`; what was learned is
+        kept."""
         self.after = after
         self._q = quantile(after) if isinstance(after, str) else None
         self.budget.share = share
+        self.budget.floor = floor
 
     def delay(self, provider: str) -> float:
         """Seconds to wait on `provider`, leading, before the hedge may start."""
@@ -173,7 +197,9 @@ class AliasHedging:
         return {
             "hedge_after": self.after,
             "hedge_budget": self.budget.share,
+            "hedge_min": self.budget.floor,
             "budget_used": round(self.budget.used(), 4),
+            "last_minute": self.budget.last_minute(),
             "requests": requests,
             "hedges": hedges,
             "over_budget": self.budget.refused,
@@ -200,16 +226,18 @@ class Hedging:
         self._clock = clock
         self.aliases: dict[str, AliasHedging] = {}
 
-    def of(self, alias: str, after: float | str | None, share: float) -> AliasHedging | None:
+    def of(self, alias: str, after: float | str | None, share: float, floor: int = 0
+           ) -> AliasHedging | None:
         """`alias`'s hedging as the live config sets it; None when it does not hedge."""
         if after is None:
             self.aliases.pop(alias, None)  # a reload turned it off: no longer shown
             return None
         found = self.aliases.get(alias)
         if found is None:
-            found = self.aliases[alias] = AliasHedging(after, share, self._clock)
-        elif found.after != after or found.budget.share != share:
-            found.configure(after, share)
+            found = self.aliases[alias] = AliasHedging(after, share, floor, self._clock)
+        elif found.after != after or found.budget.share != share \
+                or found.budget.floor != floor:
+            found.configure(after, share, floor)
         return found
 
     def retain(self, served: Iterable[tuple[str, str]]) -> None:

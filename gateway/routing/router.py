@@ -40,9 +40,10 @@ from providers.contract.errors import (
     UpstreamClientError,
 )
 from providers.contract.failover import NoneAnswered, first_answer
-from providers.contract.provider import Answer, Gathering, Outgoing, Provider
+from providers.contract.provider import Answer, Gathering, Outgoing, Provider, Reply
 from providers.contract.spec import CircuitPolicy, Retries
 from providers.contract.stream import UNREADABLE_ANSWER, unreadable
+from providers.contract.usage import Usage
 
 
 def candidates(snapshot: Snapshot, model: str) -> tuple[Route, ...]:
@@ -84,10 +85,20 @@ class Served:
     upstream_time: float  # the answering try's time, to its first token or its whole answer
     hedged: bool = False  # a second candidate was started beside the first
     hedge_won: bool = False  # and answered first
+    lost: tuple[Lost, ...] = ()  # tries cancelled by a hedge race, billed all the same
 
     @property
     def attempts(self) -> int:
         return len(self.failed) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A try that lost a hedge race after it was sent: a provider bills a request it was
+    sent (its prompt, at least) whether or not its answer is read; `usage` when it came."""
+
+    provider: str
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +126,7 @@ class _Trying:
         self.tried: set[Route] = set()
         self.at = 0
         self.hedged = self.hedge_won = False
+        self.lost: list[Lost] = []
         # What failures taught about the candidates left: the largest window that was too
         # small (a known one), and the upstream models whose content policy refused.
         self.overflowed: int | None = None
@@ -172,6 +184,7 @@ class _Trying:
         started = time.perf_counter()
         leader = asyncio.create_task(self._tries(first, gather=False))
         tasks = {leader}
+        hedge: asyncio.Task[_Won] | None = None
         winner: asyncio.Task[_Won] | None = None
         try:
             done, _ = await asyncio.wait(tasks, timeout=after)
@@ -180,16 +193,17 @@ class _Trying:
                 return await leader
             self.at += 1  # the second candidate has its turn now, beside the first
             self.hedged = True
-            tasks.add(asyncio.create_task(self._tries(second, gather=False)))
+            tasks.add(hedge := asyncio.create_task(self._tries(second, gather=False)))
             winner = await _first_success(tasks)
             self.hedge_won = winner is not leader
             if not leader.done():  # slow, not failed: how slow, at least, for the quantile
                 hedging.observe(first.plan.route.provider, time.perf_counter() - started)
             return winner.result()
         finally:  # cancelled itself (the client left), or a winner chosen: nothing else runs on
-            for task in tasks:
-                if task is not winner:
-                    await _cancel(task)
+            for task, candidate in ((leader, first), (hedge, second)):
+                if task is not None and task is not winner \
+                        and (lost := await _cancel(task, candidate.provider.name)):
+                    self.lost.append(lost)
 
     def _may_hedge(self, second: _Candidate, hedging: AliasHedging) -> bool:
         """Whether the hedge may start now: not into a candidate whose circuit opened or whose
@@ -301,7 +315,7 @@ async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str,
         failed.refused = trying.refused.relayed if trying.refused is not None else None
         raise failed from None
     return Served(won.answer, won.candidate.provider.name, tuple(trying.failed), won.took,
-                  trying.hedged, trying.hedge_won)
+                  trying.hedged, trying.hedge_won, tuple(trying.lost))
 
 
 async def _first_success(tasks: set[asyncio.Task[_Won]]) -> asyncio.Task[_Won]:
@@ -323,15 +337,19 @@ def _in_order(tasks: set[asyncio.Task[_Won]], done: set[asyncio.Task[_Won]]
     yield from (t for t in tasks if t in done)
 
 
-async def _cancel(task: asyncio.Task[_Won]) -> None:
-    """Stop a try that lost; an answer it already had is closed (its upstream request too)."""
+async def _cancel(task: asyncio.Task[_Won], provider: str) -> Lost | None:
+    """Stop a try that lost; an answer it already had is closed (its upstream request too).
+    What its provider bills for it, unless it failed (a failure is not billed)."""
     if not task.done():
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, ProviderError):
             await task
-        return
-    if not task.cancelled() and task.exception() is None:
-        await task.result().answer.close()
+        return Lost(provider) if task.cancelled() else None
+    if task.cancelled() or task.exception() is not None:
+        return None
+    answer = task.result().answer
+    await answer.close()
+    return Lost(provider, answer.usage if isinstance(answer, Reply) else None)
 
 
 def _policy(providers: Mapping[str, Provider], name: str) -> CircuitPolicy:

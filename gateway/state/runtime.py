@@ -119,7 +119,7 @@ def build(snapshot: Snapshot, transport: Transport, kinds: Mapping[str, type[Pro
     redactor = Redactor.of(config_secrets(snapshot))
     return Live(snapshot, providers,
                 adapted(providers, store, snapshot, health,
-                        tries_traced(tracing, snapshot, redactor)),
+                        tries_traced(tracing, snapshot, redactor), prices),
                 models_list(snapshot), prices, redactor, unpriced=unpriced)
 
 
@@ -287,7 +287,7 @@ class Runtime:
             prices, unpriced = priced(effective)
             live = Live(effective, serving, adapted(
                 serving, self.responses, effective, self.health,
-                tries_traced(self.tracing, effective, live.redactor)),
+                tries_traced(self.tracing, effective, live.redactor), prices),
                 models_list(effective), prices, live.redactor, unpriced=unpriced)
         if self.stacks is not None:
             live = replace(live, stacks=self.stacks(self, live))

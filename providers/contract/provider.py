@@ -33,6 +33,9 @@ class Resumes:
     ok: int = 0  # continuations that were spliced in and went on
     failed: int = 0  # resumes that found no candidate to continue, or broke with none left
     by: str | None = None  # the provider whose continuation was spliced in last
+    # Dollars the continuations are billed beyond the answer's usage as the client sees it (a
+    # continuation's prompt is the request again with the partial answer): charged too.
+    billed: float = 0.0
 
 
 @dataclass(slots=True)
