@@ -77,7 +77,7 @@ def test_a_body_of_more_parts_than_any_upload_has_is_refused() -> None:
     part = b"--XX\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n.\r\n"
     body = part * (form.MAX_PARTS + 1) + b"--XX--\r\n"
 
-    with pytest.raises(InvalidRequest, match="over a limit"):
+    with pytest.raises(InvalidRequest, match="more than"):
         form.parts(body, TYPE)
     assert len(form.parts(part * form.MAX_PARTS + b"--XX--\r\n", TYPE)) == form.MAX_PARTS
 

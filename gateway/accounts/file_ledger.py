@@ -1,15 +1,24 @@
 """The ledger the workers of one machine share without Redis: a SQLite file, taken in turns by
-`flock`, holding every budget's spent and held counts (`Ledger`'s contract, `ledger.py`)."""
+`flock`, holding every budget's spent and held counts (`Ledger`'s contract, `ledger.py`).
+
+Every transaction runs on one thread of the ledger's own, in the order they were asked, never on
+the event loop: while another worker holds the file (or a process that is not a gateway holds
+its lock), this worker goes on answering everything else. A reservation waits for its turn at
+most `LOCK_WAIT` seconds from when it was asked (the ledger is then unavailable for it, and the
+worker counts it in its own memory meanwhile); a settlement at most `SETTLE_WAIT`.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gateway.accounts.account import NANO
 from gateway.accounts.ledger import (
@@ -24,8 +33,13 @@ from gateway.accounts.ledger import (
 )
 from providers.contract.log import get_logger
 
-if TYPE_CHECKING:
-    pass
+LOCK_WAIT = 2.0  # a request waits no longer than this for the file
+SETTLE_WAIT = 30.0  # what a request spent is worth waiting for longer: its hold would linger
+# How often a transaction waiting for the file looks again: from a fraction of a millisecond
+# (another worker's turn takes microseconds) up to this.
+_POLL_MOST = 0.01
+# An entry to write: the scope, its window's start and end, what it had spent before (nanos).
+_Entry = tuple[Counted, float, float | None, int]
 
 
 class FileLedger:
@@ -34,9 +48,9 @@ class FileLedger:
     holds are checked against each other's. The file lives in the state directory, is never the
     accounts database, and holds only counts and holds.
 
-    The workers take turns by an `flock` on a file beside it before each transaction: a worker
-    waiting for another's few microseconds wakes when the lock is let go. SQLite's own busy
-    handler would sleep in the event loop for milliseconds at a time instead."""
+    The workers take turns by an `flock` on a file beside it before each transaction, taken by
+    the ledger's thread (`_turn`), so neither waiting for it nor SQLite's own busy handler ever
+    sleeps in the event loop."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,19 +67,36 @@ class FileLedger:
                             "amount INTEGER NOT NULL, deadline REAL NOT NULL, "
                             "PRIMARY KEY (id, entry))")
         self.windows = Windows()
+        # One thread: SQLite's connection and the lock are used by it alone, in order.
+        self.thread = concurrent.futures.ThreadPoolExecutor(1, "budgets-file")
 
     @contextlib.contextmanager
-    def _turn(self) -> Iterator[None]:
-        fcntl.flock(self.lock, fcntl.LOCK_EX)
+    def _turn(self, deadline: float | None = None) -> Iterator[None]:
+        """The file's lock, waited for until `deadline` (monotonic; None: for as long as it
+        takes), then LedgerUnavailable."""
+        if deadline is None:
+            fcntl.flock(self.lock, fcntl.LOCK_EX)
+        else:
+            pause = 0.0002
+            while True:
+                try:
+                    fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LedgerUnavailable("the budgets file stayed locked") from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, _POLL_MOST)
         try:
             yield
         finally:
             fcntl.flock(self.lock, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """This worker's turn and one transaction in it, committed unless it raised."""
-        with self._turn():
+    def _transaction(self, deadline: float) -> Iterator[sqlite3.Connection]:
+        """This worker's turn (by `deadline`) and one transaction in it, committed unless it
+        raised."""
+        with self._turn(deadline):
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 yield self.db
@@ -76,24 +107,38 @@ class FileLedger:
 
     async def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
                       now: float) -> Hold | Over:
-        """All scopes held in one transaction, or none."""
-        entries = self.windows.entries(scopes, now)
-        hold = Hold(new_id(), tuple((scope.id, start) for scope, start, _ in entries), amount,
+        """All scopes held in one transaction, or none, on the ledger's thread."""
+        entries = [(scope, start, end, round(known(scope.id, start) * NANO))
+                   for scope, start, end in self.windows.entries(scopes, now)]
+        hold = Hold(new_id(), tuple((scope.id, start) for scope, start, _, _ in entries), amount,
                     0.0)
+        job = self.thread.submit(self._reserve, hold, entries, now,
+                                 time.monotonic() + LOCK_WAIT)
         try:
-            return self._reserve(hold, entries, known, now)
+            return await asyncio.wrap_future(job)
         except sqlite3.Error as exc:
             raise LedgerUnavailable(type(exc).__name__) from exc
+        except asyncio.CancelledError:  # its request left: a hold made meanwhile is let go
+            job.add_done_callback(self._let_go)
+            raise
 
-    def _reserve(self, hold: Hold, entries: list[tuple[Counted, float, float | None]],
-                 known: Known, now: float) -> Hold | Over:
+    def _let_go(self, job: concurrent.futures.Future[Hold | Over]) -> None:
+        if not job.cancelled() and job.exception() is None \
+                and isinstance(held := job.result(), Hold):
+            with contextlib.suppress(RuntimeError):  # closing: the hold expires by itself
+                self.settle(held, 0)
+
+    def _reserve(self, hold: Hold, entries: list[_Entry], now: float, deadline: float
+                 ) -> Hold | Over:
+        if time.monotonic() >= deadline:  # asked while the file was held: not worth a try now
+            raise LedgerUnavailable("the budgets file stayed locked")
         amount = hold.amount
         remaining = []
-        with self._transaction() as db:  # a refusal commits too: the expired holds it released
-            for scope, start, end in entries:
+        with self._transaction(deadline) as db:  # a refusal commits too: the holds it expired
+            for scope, start, end, spent_before in entries:
                 entry = f"{scope.id}@{int(start)}"
                 db.execute("INSERT OR IGNORE INTO counts VALUES (?, ?, 0)",
-                           (entry, round(known(scope.id, start) * NANO)))
+                           (entry, spent_before))
                 spent, reserved = db.execute("SELECT spent, reserved FROM counts WHERE entry = ?",
                                              (entry,)).fetchone()
                 if spent + reserved + amount > scope.limit:
@@ -120,11 +165,15 @@ class FileLedger:
         return int(released)
 
     def settle(self, hold: Hold, cost: int) -> None:
+        """Settle `hold` to `cost`, on the ledger's thread (after whatever was asked before)."""
         if hold.settled:
             return
         hold.settled = True
+        self.thread.submit(self._settle, hold, cost, time.monotonic() + SETTLE_WAIT)
+
+    def _settle(self, hold: Hold, cost: int, deadline: float) -> None:
         try:
-            with self._transaction() as db:
+            with self._transaction(deadline) as db:
                 for scope_id, start in hold.entries:
                     entry = f"{scope_id}@{int(start)}"
                     held = db.execute("SELECT amount FROM holds WHERE id = ? AND entry = ?",
@@ -134,9 +183,12 @@ class FileLedger:
                                    (hold.id, entry))
                     db.execute("UPDATE counts SET reserved = reserved - ?, spent = spent + ? "
                                "WHERE entry = ?", (held[0] if held else 0, cost, entry))
-        except sqlite3.Error as exc:  # the hold expires by itself; the spend row still counts
-            get_logger().warning("budget_settle_failed", error=type(exc).__name__)
+        except (sqlite3.Error, LedgerUnavailable) as exc:  # the hold expires by itself; the
+            # spend row still counts
+            get_logger().warning("budget_settle_failed", error=str(exc) or type(exc).__name__)
 
     def close(self) -> None:
+        """Finish what was asked (settlements, each within its wait), then let go of the file."""
+        self.thread.shutdown(wait=True)
         self.db.close()
         os.close(self.lock)

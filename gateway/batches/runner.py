@@ -19,11 +19,11 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.batches import jsonl, owners
 from gateway.batches.store import COMPLETED, FAILED, Held, Store, new_id
-from gateway.core.call import Call
+from gateway.core.call import Call, Meter, Reader
 from gateway.core.delivery import Streamed
 from gateway.core.errors import DatabaseUnavailable
 from gateway.core.limits import PRIORITY_BOUND
@@ -49,8 +49,8 @@ LOWEST = str(-PRIORITY_BOUND)
 _HEADERS: Mapping[str, str] = {PRIORITY_HEADER: LOWEST, "content-type": "application/json"}
 
 
-def _reader(body: bytes) -> Callable[[], Awaitable[bytes]]:
-    async def read() -> bytes:
+def _reader(body: bytes) -> Reader:
+    async def read(meter: Meter) -> bytes:  # held by the runner already: nothing more is read
         return body
 
     return read

@@ -39,6 +39,11 @@ class Identity(Protocol):
 
 Delivery = Whole | Streamed | None  # None: the client left, nothing to send
 Watching = Callable[[], AbstractAsyncContextManager[Any]]
+# Told that `size` more bytes of the body are about to be read (a declared length before the
+# first, else each chunk): a stage bounding what bodies hold refuses them there by raising.
+Meter = Callable[[int], None]
+# The whole body, read with a meter; a `GatewayError` past its bound.
+Reader = Callable[[Meter], Awaitable[bytes]]
 Next = Callable[["Call"], Awaitable[Delivery]]
 
 
@@ -47,6 +52,10 @@ class Stage(Protocol):
 
     def __call__(self, call: Call, following: Next) -> Awaitable[Delivery]: ...
 
+
+
+def unmetered(size: int) -> None:
+    """The meter of a call whose body nothing bounds beyond its own limit."""
 
 
 def staying() -> AbstractAsyncContextManager[None]:
@@ -59,6 +68,7 @@ class Call:
 
     __slots__ = (
         "_closers",
+        "_reader",
         "alias",
         "caller",
         "endpoint",
@@ -66,11 +76,11 @@ class Call:
         "headers",
         "key",
         "may_reach",
+        "meter",
         "outgoing",
         "priority",
         "providers",
         "raw",
-        "read",
         "record",
         "routes",
         "state",
@@ -79,12 +89,13 @@ class Call:
     )
 
     def __init__(self, endpoint: str, headers: Mapping[str, str], record: Record,
-                 read: Callable[[], Awaitable[bytes]], watching: Watching = staying,
+                 reader: Reader, watching: Watching = staying,
                  key: Identity | None = None, caller: bool = False) -> None:
         self.endpoint = endpoint
         self.headers = headers
         self.record = record
-        self.read = read  # the whole body; a `GatewayError` past its bound
+        self._reader = reader
+        self.meter: Meter = unmetered  # what reading the body tells (`read`)
         # `async with call.watching():` ends what runs inside with `ClientDisconnected` when
         # the client leaves (the edge's watch of its connection).
         self.watching = watching
@@ -105,6 +116,11 @@ class Call:
         # What one stage hands a later one of its own (the queue's ticket, say), by stage.
         self.state: dict[str, Any] = {}
         self._closers: list[Callable[[], None]] | None = None
+
+    async def read(self) -> bytes:
+        """The whole body (read once, by admission), told to `meter` as it is read; a
+        `GatewayError` past its bound."""
+        return await self._reader(self.meter)
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run `closer` once the call is over: its answer sent, or abandoned."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -243,6 +244,20 @@ def _check_unread(raw: bytes) -> None:
     (msgspec does not check the strings it skips)."""
     if not raw.isascii():
         raw.decode("utf-8")  # UnicodeDecodeError: answered as a 400 by `parse`
+
+
+# A body past this many bytes is parsed on a thread (`parsed`), not in the event loop: its
+# parse takes long enough to hold up every other request of the process.
+SLOW_PARSE = 1024 * 1024
+
+
+async def parsed(raw: bytes, head: type[Head], content_type: str | None = None
+                 ) -> tuple[Head, bytes]:
+    """`parse`, on a thread for a body past `SLOW_PARSE` (a large upload's multipart framing,
+    a long JSON document): the event loop goes on serving other requests meanwhile."""
+    if len(raw) <= SLOW_PARSE:
+        return parse(raw, head, content_type)
+    return await asyncio.to_thread(parse, raw, head, content_type)
 
 
 def parse(raw: bytes, head: type[Head], content_type: str | None = None

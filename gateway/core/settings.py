@@ -60,6 +60,9 @@ class BatchesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
+# The request bodies one process holds at once (read, or being read): 128 MiB, six bodies at the
+# largest size; with the copies a request makes of its body, a few hundred MiB at most.
+DEFAULT_MAX_BODY_BYTES_HELD = 128 * 1024 * 1024
 
 
 # Why a provider is disabled, as `ls`, `/ready` and the status page say it.
@@ -102,6 +105,9 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Browser origins allowed to call the gateway (`"*"` for any); none: no CORS headers.
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Bytes of request bodies held at once by the requests of one process, queued or in flight
+    # (`gateway.queue.bodies`): past them a request is refused (503) before its body is read.
+    max_body_bytes_held: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_MAX_BODY_BYTES_HELD
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
     max_concurrency: int = 10_000
     # Requests that wait for a slot at `max_concurrency` (0: refuse at once): bounded, since

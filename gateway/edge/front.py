@@ -23,7 +23,7 @@ from litestar.types import Message, Receive, Scope, Send
 
 from gateway.adapters import native
 from gateway.core import endpoints
-from gateway.core.call import Call, ClientDisconnected
+from gateway.core.call import Call, ClientDisconnected, Meter, unmetered
 from gateway.core.delivery import Streamed, Whole
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
 from gateway.core.record import Record, request_id
@@ -32,7 +32,13 @@ from gateway.edge.disconnect import DisconnectGuard
 from gateway.pipeline import relay
 from gateway.state.drain import Drain
 from gateway.state.runtime import Runtime
-from providers.contract.errors import Dialect, InvalidRequest, error_body, error_event
+from providers.contract.errors import (
+    Dialect,
+    GatewayError,
+    InvalidRequest,
+    error_body,
+    error_event,
+)
 from providers.contract.stream import close_quietly
 
 # With and without the /v1 prefix, as vLLM and LiteLLM answer them.
@@ -44,12 +50,13 @@ RELAY_PATHS = {**{f"/v1/{e}": e for e in endpoints.RELAYED},
 class RawRequest:
     """What the edge reads of a request from the ASGI scope: its headers, its body."""
 
-    __slots__ = ("_max_body", "headers", "receive", "scope")
+    __slots__ = ("_max_body", "headers", "read_whole", "receive", "scope")
 
     def __init__(self, scope: Scope, receive: Receive, max_body: int) -> None:
         self.scope = scope
         self.receive = receive
         self._max_body = max_body
+        self.read_whole = False  # the body's last chunk was read
         # ASGI servers send header names lowercased; a repeated header keeps its last value.
         self.headers: Mapping[str, str] = {
             name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
@@ -59,11 +66,16 @@ class RawRequest:
         ends what runs inside it."""
         return DisconnectGuard(self.receive)
 
-    async def body(self) -> bytes:
-        """The whole body; RequestTooLarge past the limit (announced or streamed)."""
+    async def body(self, meter: Meter = unmetered) -> bytes:
+        """The whole body; RequestTooLarge past the limit (announced or streamed). `meter` is
+        told the declared length before anything is read, else each chunk before it is kept."""
         declared = self.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._max_body:
-            raise RequestTooLarge("Request body is larger than the gateway accepts")
+        length = int(declared) if declared is not None and declared.isascii() \
+            and declared.isdigit() else None
+        if length is not None:
+            if length > self._max_body:
+                raise RequestTooLarge("Request body is larger than the gateway accepts")
+            meter(length)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -78,10 +90,27 @@ class RawRequest:
             size += len(chunk)
             if size > self._max_body:
                 raise RequestTooLarge("Request body is larger than the gateway accepts")
+            if length is None:
+                meter(len(chunk))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        self.read_whole = True
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def discard(self) -> None:
+        """Read what is left of a body refused before it was read, and drop it (no more than
+        the body limit, within the body's deadline): a client still sending it then reads the
+        answer, where a connection closed on bytes unread is reset, often before the client
+        has read it."""
+        left = self._max_body
+        with contextlib.suppress(GatewayError, OSError):
+            while not self.read_whole and left > 0:
+                message = await self.receive()
+                if message["type"] != "http.request":
+                    return
+                left -= len(message.get("body", b""))
+                self.read_whole = not message.get("more_body", False)
 
 
 class Front:
@@ -116,6 +145,8 @@ class Front:
                 await self._answer(call, request, runtime, send)
         finally:
             call.close()
+        if not request.read_whole:  # refused before its body was read (full, too large)
+            await request.discard()
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime: Runtime = self.app.state.runtime

@@ -10,8 +10,10 @@ route, before any of them reads the request:
   by the server itself, with a bare 431);
 - a declared body (`Content-Length` or chunked) must arrive whole within `server.body_timeout`
   of the request's head: past it the client gets 408 `request_timeout` in the envelope, if no
-  answer has started, with `Connection: close`, and the app is told the client left
-  (`http.disconnect`), so no upstream work starts for a body that never came.
+  answer has started, with `Connection: close`, and the app's read of the body raises that same
+  `RequestTimeout` (so its record and log line say 408, what the client got, and no upstream
+  work starts for a body that never came); once an answer has started, the app is told the
+  client left (`http.disconnect`).
 
 Only `scope`, `receive` and `send` are touched, so any ASGI server runs it.
 """
@@ -134,13 +136,18 @@ class Overdue:
         self.handle = loop.call_later(self.interval, self.sweep) if self.waiting else None
 
 
+def _overdue_error() -> RequestTimeout:
+    return RequestTimeout("The request body did not arrive in time")
+
+
 class BodyDeadline:
     """One request's `receive` and `send`, with its body due by a deadline.
 
     Until the body's last chunk, `receive` waits no later than the deadline. Past it: a 408 if
-    no answer has started, then `http.disconnect` to the app for every later `receive`; after a
-    408, whatever the app still sends (its own answer to the disconnect) is dropped: the client
-    has its answer already."""
+    no answer has started, and `RequestTimeout` raised to the app by that `receive` and every
+    later one (the app records what the client got); with an answer begun, `http.disconnect`.
+    After a 408, whatever the app still sends (its own error answer) is dropped: the client has
+    its answer already."""
 
     __slots__ = ("_receive", "_send", "answered", "deadline", "done", "expired", "overdue",
                  "started", "task")
@@ -167,7 +174,7 @@ class BodyDeadline:
         if self.done:
             return await self._receive()
         if self.expired:
-            return _DISCONNECT
+            return self._overdue()
         self.task = task = asyncio.current_task()
         self.overdue.add(self)
         try:
@@ -187,7 +194,12 @@ class BodyDeadline:
     async def _timed_out(self) -> ReceiveMessage:
         if not self.started:
             self.started = self.answered = True
-            await answer(self._send, RequestTimeout("The request body did not arrive in time"))
+            await answer(self._send, _overdue_error())
+        return self._overdue()
+
+    def _overdue(self) -> ReceiveMessage:
+        if self.answered:
+            raise _overdue_error()
         return _DISCONNECT
 
     async def send(self, message: Message) -> None:

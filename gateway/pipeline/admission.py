@@ -36,8 +36,8 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
 
     async def stage(call: Call, following: Next) -> Delivery:
         record = call.record
-        head, raw = schemas.parse(await call.read(), head_type,
-                                  call.headers.get("content-type"))
+        head, raw = await schemas.parsed(await call.read(), head_type,
+                                         call.headers.get("content-type"))
         record.model, record.stream = head.model, bool(getattr(head, "stream", False))
         alias = _alias(snapshot, head.model, call.key, accounts)
         call.routes = ordered(runtime, endpoint, alias)

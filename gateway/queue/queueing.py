@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from gateway.core.errors import QueueTimeout
 from gateway.core.limits import PRIORITY_BOUND, KeyLimits
+from gateway.core.settings import DEFAULT_MAX_BODY_BYTES_HELD
+from gateway.queue.bodies import Bodies
 from gateway.queue.fair import Entry, FairOrder
 from providers.contract.errors import InvalidRequest, Overloaded
 from providers.contract.pace import Pace
@@ -121,15 +123,18 @@ class Queue:
         self.order: FairOrder[Ticket] = FairOrder()
         self.running: set[Ticket] = set()
         self.dropped: Counter[tuple[str, str]] = Counter()  # (key, reason): how many
+        self.bodies = Bodies(DEFAULT_MAX_BODY_BYTES_HELD)  # what the requests' bodies hold
 
     @property
     def depth(self) -> int:
         """Requests waiting now."""
         return len(self.order)
 
-    def configure(self, max_concurrency: int, max_queue: int) -> None:
+    def configure(self, max_concurrency: int, max_queue: int,
+                  max_body_bytes_held: int = DEFAULT_MAX_BODY_BYTES_HELD) -> None:
         """Take a config's limits; a larger cap starts whoever it makes room for."""
         self.max_concurrency, self.max_queue = max_concurrency, max_queue
+        self.bodies.budget = max_body_bytes_held
         self._hand()
 
     def ticket(self) -> Ticket:
@@ -221,7 +226,8 @@ class Queue:
         return {"running": len(self.running), "max_concurrency": self.max_concurrency,
                 "depth": len(self.order), "max_queue": self.max_queue,
                 "waiting": self.order.depths(), "dropped": dict(reasons),
-                "pace_s": self.pace.gap}
+                "pace_s": self.pace.gap, "body_bytes_held": self.bodies.held,
+                "max_body_bytes_held": self.bodies.budget}
 
     def _start(self, ticket: Ticket) -> None:
         ticket.started = self.clock()

@@ -2,9 +2,12 @@
 
 `room` takes the call's ticket for a slot under `server.max_concurrency` (given back once,
 when the call closes, however it ended) and refuses at once when neither a slot nor a place in
-the queue is left, so a flood past the queue costs no body reads. `turn` comes last before the
-request is served: a request that would be refused anyway (its key, its body, its budget) is
-refused without waiting.
+the queue is left, so a flood past the queue costs no body reads. It also meters the body as it
+is read against the bytes every request's body may hold at once
+(`server.max_body_bytes_held`, `gateway.queue.bodies`): past them, a 503 before the rest is
+read; the bytes are given back when the call closes. `turn` comes last before the request is
+served: a request that would be refused anyway (its key, its body, its budget) is refused
+without waiting.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ def room(queue: Queue, queue_timeout: float, enter: Callable[[], None],
         ticket = queue.ticket()
         enter()
         call.on_close(lambda: leave(ticket))
+        holding = queue.bodies.holding(queue.retry_after)
+        call.on_close(holding.release)
+        call.meter = holding.take
         turn = turn_of(call.headers, call.key.limits if call.key is not None else None,
                        queue_timeout)
         queue.check_room(turn)

@@ -292,7 +292,8 @@ class Runtime:
         if self.stacks is not None:
             live = replace(live, stacks=self.stacks(self, live))
         previous, self._live = self._live, live
-        self.queue.configure(effective.server.max_concurrency, effective.server.max_queue)
+        server = effective.server
+        self.queue.configure(server.max_concurrency, server.max_queue, server.max_body_bytes_held)
         self.request_log.redaction.redactor = live.redactor
         routed = [route for routes in effective.routes.values() for route in routes]
         self.health.retain(routed)

@@ -30,6 +30,14 @@ MAX_BOUNDARY = 200  # RFC 2046 allows 70 characters; more is not a client's uplo
 # Parts in one body: OpenAI's largest upload (an image edit) has a few fields and at most 16
 # images; each part costs the parser an object, so a body of tiny parts is refused early.
 MAX_PARTS = 1000
+# The request's Content-Type: a type, a boundary, perhaps a charset. Its parameters are read by
+# a regular expression and sent upstream as they came, so their number and size are bounded.
+MAX_CONTENT_TYPE = 1024
+MAX_PARAMETERS = 8
+# A part's header line (its Content-Disposition: a name and a file name) and how many it has:
+# RFC 7578 defines three headers; browsers write one or two.
+MAX_PART_HEADER = 1024
+MAX_PART_HEADERS = 4
 _HEADER_END = b"\r\n\r\n"
 
 
@@ -44,8 +52,13 @@ class Part:
 
 
 def boundary(content_type: str | None) -> bytes:
-    """The boundary a `multipart/form-data` content type declares; a 400 for anything else."""
-    kind, options = parse_options_header(content_type or "")
+    """The boundary a `multipart/form-data` content type declares; a 400 for anything else,
+    naming the header when it is past its bounds."""
+    given = content_type or ""
+    if len(given) > MAX_CONTENT_TYPE or given.count(";") > MAX_PARAMETERS:
+        raise InvalidRequest(f"Content-Type is over {MAX_CONTENT_TYPE} characters or "
+                             f"{MAX_PARAMETERS} parameters", param="content-type")
+    kind, options = parse_options_header(given)
     if kind != "multipart/form-data":
         raise InvalidRequest("Request body must be multipart/form-data (an upload)")
     found = options.get("boundary")
@@ -81,19 +94,31 @@ def _read(body: bytes, content_type: str | None) -> tuple[list[Part], int]:
 
 def _segments(body: bytes, marker: bytes) -> list[MultipartSegment]:
     """The parts' heads as the parser read them, every one complete."""
+    segments: list[MultipartSegment] = []
     try:
-        parser = PushMultipartParser(marker, max_segment_count=MAX_PARTS)
-        segments = [event for event in parser.parse(body)
-                    if isinstance(event, MultipartSegment)]
+        parser = PushMultipartParser(marker, max_segment_count=MAX_PARTS,
+                                     max_header_size=MAX_PART_HEADER,
+                                     max_header_count=MAX_PART_HEADERS)
+        segments += (event for event in parser.parse(body)
+                     if isinstance(event, MultipartSegment))
         parser.close()  # a body that ended before its closing delimiter is refused here
     except ParserLimitReached as exc:
-        raise InvalidRequest(f"multipart body over a limit: {exc}") from None
+        raise _over(str(exc), len(segments)) from None
     except MultipartError as exc:
         if "Content-Disposition" in str(exc):
             raise InvalidRequest("multipart part without a Content-Disposition") from None
         raise InvalidRequest("multipart body is malformed or ended before its last part"
                              ) from None
     return segments
+
+
+def _over(limit: str, read: int) -> InvalidRequest:
+    """The 400 for a body past one of the parser's bounds, naming what is past it."""
+    if "count" in limit and "header" not in limit:
+        return InvalidRequest(f"multipart body has more than {MAX_PARTS} parts")
+    return InvalidRequest(f"multipart part {read + 1} is over a bound on its headers "
+                          f"({MAX_PART_HEADERS} header lines of {MAX_PART_HEADER} bytes each, "
+                          "its parameters included)", param="content-disposition")
 
 
 def _name(segment: MultipartSegment) -> str:
