@@ -131,6 +131,10 @@ class ModelUnpriced(ClientError):
     error_type = "permission_error"
     code = "model_unpriced"
 
+    def headers(self) -> dict[str, str]:
+        """`x-should-retry: false`: only the operator's edit of llms.json changes the answer."""
+        return {"x-should-retry": "false"}
+
 
 class Conflict(ClientError):
     """An admin change clashes with what exists: a name taken, a team that still has keys."""
