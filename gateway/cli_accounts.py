@@ -215,6 +215,8 @@ def _add_fields(parser: argparse.ArgumentParser, update: bool, key: bool) -> Non
         parser.add_argument("--expires", dest="expires_at", type=_option(parse_expiry, update),
                             default=argparse.SUPPRESS, metavar="WHEN",
                             help="a date (its midnight UTC) or date-time it stops working" + more)
+    parser.add_argument("--force", action="store_true",
+                        help="keep aliases the gateway does not serve, or an expiry past")
     parser.add_argument("--metadata", type=_option(parse_pair, False), nargs="+",
                         action="extend", default=argparse.SUPPRESS, metavar="K=V",
                         help="labels kept with it" + (" (replace all of them)" if update
@@ -228,6 +230,36 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     if hasattr(args, "metadata"):
         body["metadata"] = dict(args.metadata)
     return body
+
+
+def checked(args: argparse.Namespace, gateway: Target, body: dict[str, Any]
+            ) -> dict[str, Any]:
+    """`body`, or AdminError for what no request could use: an expiry already past, aliases
+    the running gateway does not serve (unless `--force`)."""
+    if args.force:
+        return body
+    problems = []
+    expires = body.get("expires_at")
+    if expires and dt.datetime.fromisoformat(expires) <= dt.datetime.now(dt.UTC):
+        problems.append(f"--expires: {expires} has passed: the key would be refused from the "
+                        "start")
+    unknown = [alias for alias in body.get("models") or () if not _served(gateway, alias)]
+    if unknown:
+        problems.append(f"--models: no provider of the gateway at {gateway.root} serves "
+                        f"{', '.join(unknown)} (llms-gateway ls lists what it serves)")
+    if problems:
+        raise AdminError("; ".join(problems) + "; --force makes it anyway")
+    return body
+
+
+def _served(gateway: Target, alias: str) -> bool:
+    """Whether the gateway serves `alias` (an alias, a name for one or a pattern's match);
+    True when it cannot say (the check is a courtesy, the admin API decides)."""
+    try:
+        gateway.call("GET", f"/v1/models/{urllib.parse.quote(alias, safe='')}")
+    except AdminError as exc:
+        return "answered 404" not in str(exc)
+    return True
 
 
 def add_commands(commands: Any) -> None:
@@ -293,7 +325,8 @@ def _reported(command: Callable[[argparse.Namespace, Target], None]
 
 @_reported
 def _key_create(args: argparse.Namespace, gateway: Target) -> None:
-    made = gateway.call("POST", "/admin/keys", {"name": args.name, **_fields(args)})
+    made = gateway.call("POST", "/admin/keys", checked(args, gateway,
+                                                       {"name": args.name, **_fields(args)}))
     team = f", team {made['team']}" if made.get("team") else ""
     print(f"Created key {made['id']} ({made['name']}{team}). Its secret is shown this once, "
           "only its hash is kept: store it now.")
@@ -320,14 +353,16 @@ def _key_update(args: argparse.Namespace, gateway: Target) -> None:
     body = _fields(args)
     if hasattr(args, "name"):
         body["name"] = args.name
-    done = gateway.call("PATCH", f"/admin/keys/{urllib.parse.quote(args.id, safe='')}", body)
+    done = gateway.call("PATCH", f"/admin/keys/{urllib.parse.quote(args.id, safe='')}",
+                        checked(args, gateway, body))
     for line in key_rows([done]):
         print(line)
 
 
 @_reported
 def _team_create(args: argparse.Namespace, gateway: Target) -> None:
-    made = gateway.call("POST", "/admin/teams", {"name": args.name, **_fields(args)})
+    made = gateway.call("POST", "/admin/teams", checked(args, gateway,
+                                                        {"name": args.name, **_fields(args)}))
     for line in team_rows([made]):
         print(line)
 
@@ -341,7 +376,7 @@ def _team_list(args: argparse.Namespace, gateway: Target) -> None:
 @_reported
 def _team_update(args: argparse.Namespace, gateway: Target) -> None:
     done = gateway.call("PATCH", f"/admin/teams/{urllib.parse.quote(args.name, safe='')}",
-                        _fields(args))
+                        checked(args, gateway, _fields(args)))
     for line in team_rows([done]):
         print(line)
 

@@ -148,3 +148,21 @@ def test_keys_and_teams_are_updated_and_a_refusal_is_printed_with_a_nonzero_exit
     nowhere = run("spend", "--url", "http://127.0.0.1:9", "--admin-key", ADMIN_KEY)
     assert nowhere.returncode == 1 and "no gateway answering" in nowhere.stderr
     assert httpx.get(f"{gateway.url}/health").status_code == 200
+
+
+def test_aliases_nobody_serves_and_a_past_expiry_are_refused_unless_forced(
+        gateway: GatewayProcess) -> None:
+    typo = run("keys", "create", "--name", "carol", "--models", "m,gpt-4o,claude",
+               "--config", str(gateway.config_path))
+    team = run("teams", "create", "late", "--models", "m", "--config", str(gateway.config_path))
+    expired = run("keys", "create", "--name", "dave", "--expires", "2020-01-01",
+                  "--config", str(gateway.config_path))
+
+    assert typo.returncode == 1 and "--models" in typo.stderr
+    assert "gpt-4o, claude" in typo.stderr and "--force" in typo.stderr
+    assert team.returncode == 0, team.stderr
+    assert expired.returncode == 1 and "--expires: 2020-01-01" in expired.stderr
+    assert "carol" not in cli(gateway, "keys", "list"), "nothing was made"
+    forced = cli(gateway, "keys", "create", "--name", "carol", "--models", "m,gpt-4o",
+                 "--force")
+    assert re.findall(r"key_[0-9a-f]+", forced)
