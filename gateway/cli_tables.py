@@ -55,10 +55,11 @@ def team_rows(teams: Iterable[dict[str, Any]]) -> list[str]:
 def spend_rows(rows: Sequence[dict[str, Any]], group_by: str) -> list[str]:
     """`spend`: one line per group and a total."""
     total = sum(float(r["cost"]) for r in rows)
-    lines = table((group_by, "requests", "prompt tokens", "completion tokens", "cached tokens",
-                   "cost ($)"),
+    lines = table((group_by, "requests", "refused", "prompt tokens", "completion tokens",
+                   "cached tokens", "cost ($)"),
                   [(str(r["group"]) if r["group"] is not None else "(none)",
-                    str(r["requests"]), str(r["prompt_tokens"]), str(r["completion_tokens"]),
+                    str(r["requests"]), str(r.get("refused", 0)), str(r["prompt_tokens"]),
+                    str(r["completion_tokens"]),
                     str(r.get("cached_tokens", 0)), f"{float(r['cost']):.6f}") for r in rows])
     return [*lines, f"total: ${total:.6f} over {sum(int(r['requests']) for r in rows)} requests"]
 
@@ -71,5 +72,5 @@ def spend_csv(rows: Iterable[dict[str, Any]], out: Any) -> None:
         writer.writerow(["" if row.get(c) is None else row.get(c, 0) for c in SPEND_COLUMNS])
 
 
-SPEND_COLUMNS = ("group", "requests", "prompt_tokens", "completion_tokens", "cached_tokens",
-                 "cost")
+SPEND_COLUMNS = ("group", "requests", "refused", "prompt_tokens", "completion_tokens",
+                 "cached_tokens", "cost")

@@ -246,7 +246,8 @@ def test_fifty_concurrent_streams_never_overshoot_a_one_cent_budget(
     served = [r for r in results if r != "refused"]
     assert served and "refused" in results
     # Every worker writes its spend rows in the background, once a second when it is idle.
-    wait_until(lambda: admin.spend()[made["id"]]["requests"] == len(results), within=20)
+    wait_until(lambda: (admin.spend()[made["id"]]["requests"], admin.spend()[made["id"]][
+        "refused"]) == (len(served), len(results) - len(served)), within=20)
     assert 0 < admin.spend()[made["id"]]["cost"] <= 0.01
     assert len(upstream.requests) == len(served)  # a refused request never reached it
 

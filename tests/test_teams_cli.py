@@ -105,7 +105,8 @@ def test_a_key_made_on_the_command_line_is_used_listed_charged_and_revoked(
     api = Admin(gateway, ADMIN_KEY).spend("key")
     table = cli(gateway, "spend")
     line = next(line for line in table.splitlines() if line.startswith(key_id[0])).split()
-    assert line[1:] == [str(api[key_id[0]]["requests"]), str(api[key_id[0]]["prompt_tokens"]),
+    assert line[1:] == [str(api[key_id[0]]["requests"]), str(api[key_id[0]]["refused"]),
+                        str(api[key_id[0]]["prompt_tokens"]),
                         str(api[key_id[0]]["completion_tokens"]),
                         str(api[key_id[0]]["cached_tokens"]), f"{sum(costs):.6f}"]
     by_model = Admin(gateway, ADMIN_KEY).call("GET", "/admin/spend?group_by=model").json()

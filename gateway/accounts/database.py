@@ -38,6 +38,8 @@ GROUPS = {"key": spend.c.key_id, "team": spend.c.team, "alias": spend.c.alias,
 GroupBy = Literal["key", "team", "alias", "provider", "day", "model"]
 # PostgreSQL's advisory lock the migrations run under, so replicas starting together migrate once.
 MIGRATION_LOCK = 0x11_5_6A7E
+# A spend row of an answer with this status or above was refused or failed, not answered.
+ERROR_STATUS = 400
 
 
 class SchemaTooNew(Exception):
@@ -268,9 +270,12 @@ class Database:
 
     async def spend_report(self, group_by: GroupBy, start: float | None, end: float | None
                            ) -> list[dict[str, Any]]:
-        """Requests, tokens and dollars per group over [start, end)."""
+        """Requests answered, requests refused or failed (an error status: a spent budget, a
+        limit, every provider down), tokens and dollars per group over [start, end)."""
         column = GROUPS[group_by]
-        query = sa.select(column.label("group"), sa.func.count().label("requests"),
+        answered = spend.c.status < ERROR_STATUS
+        query = sa.select(column.label("group"), sa.func.count().filter(answered),
+                          sa.func.count().filter(sa.not_(answered)),
                           sa.func.coalesce(sa.func.sum(spend.c.prompt_tokens), 0),
                           sa.func.coalesce(sa.func.sum(spend.c.completion_tokens), 0),
                           sa.func.coalesce(sa.func.sum(spend.c.cached_tokens), 0),
@@ -282,10 +287,10 @@ class Database:
             query = query.where(spend.c.time < end)
         async with self._tx() as conn:
             rows = (await conn.execute(query)).all()
-        return [{"group": group, "requests": int(requests), "prompt_tokens": int(prompt),
-                 "completion_tokens": int(completion), "cached_tokens": int(cached),
-                 "cost": round(float(cost), 9)}
-                for group, requests, prompt, completion, cached, cost in rows]
+        return [{"group": group, "requests": int(requests), "refused": int(refused),
+                 "prompt_tokens": int(prompt), "completion_tokens": int(completion),
+                 "cached_tokens": int(cached), "cost": round(float(cost), 9)}
+                for group, requests, refused, prompt, completion, cached, cost in rows]
 
     async def spend_since(self, starts: Mapping[str, float], top_since: float, top: int
                           ) -> tuple[dict[str, tuple[int, float]], list[dict[str, Any]]]:
