@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.handlers import HTTPRouteHandler
 from litestar.types import ASGIApp
 
 import providers
@@ -228,6 +229,15 @@ async def _upstream(tracing: Tracing | None) -> AsyncIterator[Transport]:
         yield transport if tracing is None else tracing.transport(transport)
 
 
+def handlers(snapshot: Snapshot) -> list[HTTPRouteHandler]:
+    """The routes Litestar serves (the relay's and passthrough are `Front`'s): each that acts
+    for a key checks it through `auth.identify` (tests/test_identity.py walks them all)."""
+    return [*reads.ROUTES,
+            admin.list_providers, admin.toggle_provider, *admin_accounts.ROUTES,
+            stored_responses.retrieve_response, stored_responses.delete_response,
+            stored_responses.list_input_items, *batch_routes.routes(snapshot.batches)]
+
+
 def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     """Build the app for `snapshot`, or for the config discovery finds: the relay routes served
     as plain ASGI (`front`), the rest by Litestar; with `server.cors_origins`, CORS around it
@@ -237,11 +247,7 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     if snapshot is None:
         snapshot = config.load(config.discover())
     guarded = Guard.around(Front(Litestar(
-        route_handlers=[*reads.ROUTES,
-                        admin.list_providers, admin.toggle_provider, *admin_accounts.ROUTES,
-                        stored_responses.retrieve_response, stored_responses.delete_response,
-                        stored_responses.list_input_items,
-                        *batch_routes.routes(snapshot.batches)],
+        route_handlers=handlers(snapshot),
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: on_gateway_error,

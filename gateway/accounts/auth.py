@@ -1,8 +1,11 @@
 """Who a request is: anonymous, a client, or an admin; keys compared in constant time.
 
-Keys come as `Authorization: Bearer <key>` or `x-api-key`. Client keys (`server.api_keys`, and the
-virtual keys an admin created: `gateway.accounts`) use the relay and read routes; admin keys
-(`server.admin_keys`) do that too and are the only keys the admin routes accept. With no admin key
+Keys come as `Authorization: Bearer <key>` or `x-api-key`, checked by `identify`, the one door
+of every route that acts for a key (the relay's `keys` stage, passthrough, files and batches,
+stored responses, the read routes, the admin routes' key lookup). Client keys
+(`server.api_keys`, and the virtual keys an admin created: `gateway.accounts`) use the relay and
+read routes; admin keys (`server.admin_keys`) do that too and are the only keys the admin routes
+accept, and the only readers of other keys' ids and spend (`is_admin`). With no admin key
 configured, admin routes answer this machine alone, and a request a proxy forwarded (it says so in
 a header) does not count as this machine.
 """
@@ -43,21 +46,26 @@ def _match(presented: str, keys: tuple[GatewayKey, ...]) -> GatewayKey | None:
     return matched
 
 
-def check(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts | None = None
-          ) -> GatewayKey | Account | None:
-    """The client, admin or virtual key presented; AuthenticationFailed unless client keys are
-    off (no `server.api_keys` and no virtual key) or it matches one."""
-    if not snapshot.keys and not (accounts is not None and accounts.keys_required):
+def identify(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts | None = None,
+             *, reading: bool = False, public: bool = False) -> GatewayKey | Account | None:
+    """The one identity check of every route that acts for a key: the key presented, valid,
+    not revoked (the directory holds live keys only) and not expired, else AuthenticationFailed.
+    None when the route is open: no key is configured that it needs (client or virtual keys;
+    any key, `reading` the gateway's state), or it is `public` and no key was presented (a key
+    that is presented is checked even there, so an expired one is refused everywhere)."""
+    keyed = snapshot.any_keys if reading else bool(snapshot.keys)
+    if not keyed and not (accounts is not None and accounts.keys_required):
         return None
-    return _known(headers, snapshot.keys + snapshot.admin_keys, accounts)
-
-
-def _known(headers: Mapping[str, str], keys: tuple[GatewayKey, ...],
-           accounts: Accounts | None) -> GatewayKey | Account:
     key = presented_key(headers)
     if key is None:
+        if public:
+            return None
         raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'")
-    matched = _match(key, keys)
+    return _known(key, snapshot, accounts)
+
+
+def _known(key: str, snapshot: Snapshot, accounts: Accounts | None) -> GatewayKey | Account:
+    matched = _match(key, snapshot.keys + snapshot.admin_keys)
     if matched is not None:
         return matched
     if accounts is not None and (account := accounts.find(key)) is not None:
@@ -65,28 +73,19 @@ def _known(headers: Mapping[str, str], keys: tuple[GatewayKey, ...],
     raise AuthenticationFailed("Invalid API key")
 
 
-def _keyed(snapshot: Snapshot, accounts: Accounts | None) -> bool:
+def keyed(snapshot: Snapshot, accounts: Accounts | None) -> bool:
+    """Whether any key is configured (static, admin or virtual): then a caller's role
+    matters."""
     return snapshot.any_keys or (accounts is not None and accounts.keys_required)
 
 
-def check_reader(headers: Mapping[str, str], snapshot: Snapshot, path: str,
-                 accounts: Accounts | None = None) -> None:
-    """A read route (models, metrics, status): any key when keys are configured, unless the
-    path is listed in `server.public_paths`."""
-    if _keyed(snapshot, accounts) and path not in snapshot.server.public_paths:
-        _known(headers, snapshot.keys + snapshot.admin_keys, accounts)
-
-
-def authenticated(headers: Mapping[str, str], snapshot: Snapshot,
-                  accounts: Accounts | None = None) -> bool:
-    """Whether the request may see details: no keys are configured, or it sent a valid one."""
-    if not _keyed(snapshot, accounts):
-        return True
-    try:
-        _known(headers, snapshot.keys + snapshot.admin_keys, accounts)
-    except AuthenticationFailed:
-        return False
-    return True
+def is_admin(key: GatewayKey | Account | None, snapshot: Snapshot, headers: Mapping[str, str],
+             peer: str) -> bool:
+    """Whether the caller may read every key's state: an admin key, or with no admin key
+    configured, a request from this machine that no proxy forwarded (as `check_admin`)."""
+    if not snapshot.admin_keys:
+        return is_local(peer) and not any(h in headers for h in FORWARDING_HEADERS)
+    return isinstance(key, GatewayKey) and any(key is admin for admin in snapshot.admin_keys)
 
 
 LOCAL_ADMIN = "local"  # the actor of admin actions when no admin key is configured
@@ -107,10 +106,8 @@ def check_admin(headers: Mapping[str, str], snapshot: Snapshot, peer: str,
         raise AuthenticationFailed("Missing admin key: send 'Authorization: Bearer <key>'")
     if (admin := _match(key, snapshot.admin_keys)) is not None:
         return admin.limits.key_id
-    if _match(key, snapshot.keys) is not None \
-            or (accounts is not None and accounts.find(key) is not None):
-        raise PermissionDenied("This key may not use admin routes: they need an admin key")
-    raise AuthenticationFailed("Invalid API key")
+    _known(key, snapshot, accounts)  # an unknown or expired key is a 401, as everywhere
+    raise PermissionDenied("This key may not use admin routes: they need an admin key")
 
 
 def is_local(host: str) -> bool:

@@ -226,6 +226,26 @@ class Accounts:
             return
         amount = pricing.worst_case(record.endpoint, need, reach, prices)
         charge.prompt = need.prompt
+        await self._hold(charge, amount)
+        assert charge.hold is not None
+        record.mark("x-llms-budget-remaining", f"{max(charge.hold.remaining, 0.0):.6f}")
+
+    async def hold(self, account: Account, amount: int) -> Charge:
+        """`amount` nano-dollars held against the account's budgets for what is not one
+        request (a batch an upstream runs), settled by `ended` with a record that carries it;
+        429 budget_exceeded when one budget cannot take it."""
+        charge = Charge(account)
+        if account.scopes:
+            await self._hold(charge, amount)
+        return charge
+
+    def release(self, charge: Charge) -> None:
+        """A `hold` given back whole: what it was for never ran."""
+        if charge.hold is not None:
+            ledger = self.shared if charge.shared and self.shared is not None else self.local
+            ledger.settle(charge.hold, 0)
+
+    async def _hold(self, charge: Charge, amount: int) -> None:
         now = self.clock()
         held: Hold | Over | None = None
         if self.shared is not None:
@@ -241,7 +261,6 @@ class Accounts:
             raise BudgetExceeded(_over(held, amount),
                                  held.resets_at - now if held.resets_at else None)
         charge.hold = held
-        record.mark("x-llms-budget-remaining", f"{max(held.remaining, 0.0):.6f}")
 
     async def _hold_slots(self, charge: Charge) -> None:
         """A unit of each of the key's (and team's) parallel limits, in the ledger every

@@ -41,7 +41,7 @@ def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) ->
     """The stage that finds the call's key and checks its limits."""
 
     async def stage(call: Call, following: Next) -> Delivery:
-        key = call.key if call.caller else auth.check(call.headers, snapshot, accounts)
+        key = call.key if call.caller else auth.identify(call.headers, snapshot, accounts)
         call.key = key
         if key is not None:
             call.record.key_id = key.limits.key_id

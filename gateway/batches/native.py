@@ -14,17 +14,24 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from gateway.batches import jsonl
-from gateway.batches.store import Store
+from gateway.accounts.service import Charge
+from gateway.batches import charges, jsonl
+from gateway.batches.store import OVER, Store
 from gateway.core.errors import ModelNotFound
 from gateway.state.runtime import Runtime
-from providers.contract.errors import BadUpstreamResponse, InvalidRequest, ProviderUnavailable
+from providers.contract.errors import (
+    BadUpstreamResponse,
+    GatewayError,
+    InvalidRequest,
+    ProviderUnavailable,
+)
+from providers.contract.log import get_logger
 from providers.contract.provider import Provider
 
 
@@ -147,9 +154,11 @@ def _kept(found: dict[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
     return {"input_file_id": row["input_file_id"], "metadata": row["metadata"]} | found
 
 
-async def refreshed(runtime: Runtime, store: Store, row: Mapping[str, Any]
-                    ) -> dict[str, Any]:
-    """The upstream's batch as it is now; its output files become the owner's."""
+async def refreshed(runtime: Runtime, store: Store, row: Mapping[str, Any],
+                    holds: MutableMapping[str, Charge]) -> dict[str, Any]:
+    """The upstream's batch as it is now; its output files become the owner's, and once it
+    has ended its owner is charged for it (`charges`, `holds` the batches' this process
+    holds)."""
     found = _object(await _provider(runtime, row["provider"]).batch_api(
         "GET", f"batches/{row['upstream_id']}"))
     for name in ("output_file_id", "error_file_id"):
@@ -160,8 +169,17 @@ async def refreshed(runtime: Runtime, store: Store, row: Mapping[str, Any]
                                   "purpose": "batch_output", "bytes": 0,
                                   "created_at": time.time(), "content": b"",
                                   "provider": row["provider"], "upstream_id": file_id})
-    if isinstance(status := found.get("status"), str) and status != row["status"]:
-        await store.update_batch(row["id"], {"status": status})
+    if isinstance(status := found.get("status"), str) and status != row["status"] \
+            and await store.update_batch(row["id"], {"status": status}, was=row["status"]) \
+            and status in OVER:
+        output, answers = found.get("output_file_id"), b""
+        try:
+            if isinstance(output, str):
+                answers = await content(runtime, {**row, "upstream_id": output})
+        except GatewayError as exc:  # charged what could be read: nothing, and said so
+            get_logger().warning("batch_output_unread", batch=row["id"], error=str(exc))
+        charges.charge(runtime, row, await store.content(row["input_file_id"], row["owner"]),
+                       answers, holds)
     return _kept(found, row)
 
 

@@ -16,7 +16,11 @@ NOBODY = ""  # the owner of what is made on a gateway without keys
 
 def owner(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts | None) -> str:
     """The id of the key the request presents (401 without a valid one when keys are on)."""
-    key = auth.check(headers, snapshot, accounts)
+    return id_of(auth.identify(headers, snapshot, accounts))
+
+
+def id_of(key: GatewayKey | Account | None) -> str:
+    """The owner id of what `key` makes."""
     return key.limits.key_id if key is not None else NOBODY
 
 

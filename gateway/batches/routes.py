@@ -18,11 +18,14 @@ from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 from litestar.handlers import HTTPRouteHandler
 
-from gateway.batches import jsonl, native, owners
+from gateway.accounts import auth
+from gateway.accounts.account import Account
+from gateway.accounts.service import Charge
+from gateway.batches import charges, jsonl, native, owners
 from gateway.batches.objects import batch_object, file_object, page
 from gateway.batches.store import Store, new_id
 from gateway.core.errors import RequestTooLarge
-from gateway.core.settings import BatchesConfig
+from gateway.core.settings import BatchesConfig, GatewayKey
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound
 
@@ -43,10 +46,22 @@ class CreateBatch(msgspec.Struct, forbid_unknown_fields=False):
 
 def _runtime(request: Request[Any, Any, Any]) -> tuple[Runtime, Store, str]:
     """The runtime, the batches' store, and the id of the key asking (401 without one)."""
+    runtime, store, key = _keyed(request)
+    return runtime, store, owners.id_of(key)
+
+
+def _keyed(request: Request[Any, Any, Any]
+           ) -> tuple[Runtime, Store, GatewayKey | Account | None]:
+    """The runtime, the batches' store, and the key asking (401 without one)."""
     runtime: Runtime = request.app.state.runtime
     store: Store = request.app.state.batches.store  # the process's `runner.Runner`
-    return runtime, store, owners.owner(request.headers, runtime.live.snapshot,
-                                        runtime.accounts)
+    return runtime, store, auth.identify(request.headers, runtime.live.snapshot,
+                                         runtime.accounts)
+
+
+def _holds(request: Request[Any, Any, Any]) -> dict[str, Charge]:
+    holds: dict[str, Charge] = request.app.state.batches.holds
+    return holds
 
 
 def _json(body: Any) -> Response[bytes]:
@@ -73,7 +88,8 @@ def _limit(raw: str | None, default: int, most: int) -> int:
 async def create_file(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Upload a batch input file (multipart `file`, `purpose=batch`), checked line by
     line."""
-    runtime, store, owner = _runtime(request)
+    runtime, store, key = _keyed(request)
+    owner = owners.id_of(key)
     form = await request.form()
     purpose, upload = form.get("purpose"), form.get("file")
     if purpose != "batch":
@@ -91,7 +107,8 @@ async def create_file(request: Request[Any, Any, Any]) -> Response[bytes]:
            "filename": (upload.filename or "batch.jsonl")[:256], "purpose": "batch",
            "bytes": len(content), "created_at": time.time(), "content": content}
     target = native.target(runtime, lines)
-    if target is not None:
+    if target is not None:  # its lines pass no stage: the key's model list applies here
+        charges.check_models(runtime, key, lines)
         row |= await native.upload(runtime, target, row, lines)
     await store.add_file(row)
     return _json(file_object(row))
@@ -139,7 +156,8 @@ async def delete_file(request: Request[Any, Any, Any], file_id: str) -> Response
 @post("/v1/batches", status_code=200)
 async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A batch of the requests in an uploaded file, run (or relayed) from now."""
-    runtime, store, owner = _runtime(request)
+    runtime, store, key = _keyed(request)
+    owner = owners.id_of(key)
     try:
         asked = msgspec.json.decode(await request.body(), type=CreateBatch)
     except msgspec.DecodeError as exc:
@@ -166,9 +184,19 @@ async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
         "status": "validating", "metadata": asked.metadata, "created_at": now,
         "expires_at": now + DAY}
     if source["provider"] is not None:
-        where, made = await native.create_batch(runtime, source, content, asked.endpoint,
-                                                WINDOW, asked.metadata)
-        await store.add_batch(row | where, ())
+        lines = jsonl.parse(content, runtime.live.snapshot.batches)
+        charges.check_models(runtime, key, lines)
+        held = await charges.hold(runtime, key, jsonl.ENDPOINTS.get(asked.endpoint, ""), lines)
+        try:
+            where, made = await native.create_batch(runtime, source, content, asked.endpoint,
+                                                    WINDOW, asked.metadata)
+            await store.add_batch(row | where, ())
+        except BaseException:
+            if held is not None and runtime.accounts is not None:  # nothing will run
+                runtime.accounts.release(held)
+            raise
+        if held is not None:
+            _holds(request)[where["id"]] = held
         return _json(made)
     lines = jsonl.parse(content, runtime.live.snapshot.batches)
     row |= {"model": lines[0].model, "total": len(lines)}
@@ -190,7 +218,8 @@ async def list_batches(request: Request[Any, Any, Any]) -> Response[bytes]:
     limit = _limit(request.query_params.get("limit"), 20, 100)
     rows = await store.batches(owner, request.query_params.get("after"), limit)
     counts = await store.counts([r["id"] for r in rows])
-    shown = [await native.refreshed(runtime, store, r) if r["provider"] is not None
+    shown = [await native.refreshed(runtime, store, r, _holds(request))
+             if r["provider"] is not None
              else batch_object(r, counts[r["id"]]) for r in rows]
     return _json(page(shown, limit))
 
@@ -202,7 +231,7 @@ async def retrieve_batch(request: Request[Any, Any, Any], batch_id: str
     if row is None:
         raise _no_batch(batch_id)
     if row["provider"] is not None:
-        return _json(await native.refreshed(runtime, store, row))
+        return _json(await native.refreshed(runtime, store, row, _holds(request)))
     return _json(batch_object(row, (await store.counts([batch_id]))[batch_id]))
 
 @post("/v1/batches/{batch_id:str}/cancel", status_code=200)

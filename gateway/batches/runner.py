@@ -21,6 +21,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 
+from gateway.accounts.service import Charge
 from gateway.batches import jsonl, owners
 from gateway.batches.store import COMPLETED, FAILED, Held, Store, new_id
 from gateway.core.call import Call, Meter, Reader
@@ -67,6 +68,9 @@ class Runner:
         self.me = secrets.token_hex(8)  # this process, in the requests it holds
         self.running: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
+        # The budget holds of batches this process made that an upstream runs (`charges`),
+        # by batch id, until they end.
+        self.holds: dict[str, Charge] = {}
 
     async def run(self) -> None:
         """Forever: take work, start it, end the batches that are done (supervised)."""

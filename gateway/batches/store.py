@@ -135,10 +135,15 @@ class Store:
                                                      batches.c.id.desc()).limit(limit + 1))
             return [dict(r) for r in rows.mappings().all()]
 
-    async def update_batch(self, batch_id: str, changes: Mapping[str, Any]) -> None:
+    async def update_batch(self, batch_id: str, changes: Mapping[str, Any],
+                           was: str | None = None) -> bool:
+        """Change a batch (only while its status is `was`, when given); whether it changed:
+        of several processes moving it on at once, one does."""
+        query = batches.update().where(batches.c.id == batch_id)
+        if was is not None:
+            query = query.where(batches.c.status == was)
         async with self._tx() as conn:
-            await conn.execute(batches.update().where(batches.c.id == batch_id)
-                               .values(**changes))
+            return bool((await conn.execute(query.values(**changes))).rowcount)
 
     async def cancel(self, batch_id: str, owner: str, now: float) -> dict[str, Any] | None:
         """Move a running batch to `cancelling` (one that is over stays as it is); the batch,

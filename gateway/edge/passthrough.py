@@ -2,31 +2,38 @@
 
 Any method, to the provider's `base_url` with its credentials as its kind sends them
 (`Provider.credentials`), only for the paths its config allows (`"passthrough"`: fnmatch
-patterns such as `/v1/vector_stores/*`); any other path is a 404 that calls no upstream. Behind a
-client key like the relay routes, bounded like them (the body by `server.max_body_bytes`, the
-answer by the provider's `max_answer_bytes`, the exchange by its `total` timeout), through the
-one transport, the answer redacted (the provider's key never comes back, even echoed), and
-counted in metrics under the endpoint `passthrough`.
+patterns such as `/v1/vector_stores/*`), matched on the path exactly as it is sent
+(`passthrough_paths.sent_path`: a dot segment, encoded or not, is a 400); any other path is a
+404 that calls no upstream. Behind a client key like the relay routes (`auth.identify`), a
+virtual key's rules applied as there: its model list when the path or body names a model, its
+parallel limit, its budget's hold, charged by the answer's usage. Bounded like them (the body
+by `server.max_body_bytes`, the answer by the provider's `max_answer_bytes`, the exchange by
+its `total` timeout), through the one transport, the answer redacted (the provider's key never
+comes back, even echoed), and counted in metrics under the endpoint `passthrough`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import posixpath
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-from gateway.accounts import auth
+from gateway.accounts import auth, pricing
+from gateway.accounts.account import NANO, Account
+from gateway.accounts.service import Accounts, Charge
 from gateway.core.delivery import Whole, error_delivery, internal_error
 from gateway.core.record import Outcome, Record, request_id
-from gateway.state.runtime import Runtime
+from gateway.core.settings import Route
+from gateway.edge.passthrough_paths import named_model, sent_path
+from gateway.state.runtime import Live, Runtime
 from providers.contract.errors import GatewayError, NotFound, TotalTimeout
 from providers.contract.provider import Provider
 from providers.contract.redact import MIN_SECRET, mask_credentials
+from providers.contract.usage import cost, from_payload
 
 PREFIX = "/passthrough/"
 ENDPOINT = "passthrough"
@@ -54,9 +61,8 @@ class Incoming(Protocol):
 
 
 def allowed(patterns: list[str] | tuple[str, ...], path: str) -> bool:
-    """Whether `path` (normalised: no `..`, no `//`) matches one of `patterns`."""
-    if posixpath.normpath(path) != path or "\\" in path:
-        return False
+    """Whether `path`, as it is sent (`sent_path`: no dot segment, no `//`), matches one of
+    `patterns`."""
     return any(fnmatchcase(path, pattern) for pattern in patterns)
 
 
@@ -81,29 +87,62 @@ async def handle(request: Incoming, runtime: Runtime) -> Whole:
     live = runtime.live
     record = Record(request_id(request.headers), ENDPOINT, runtime.listeners)
     try:
-        key = auth.check(request.headers, live.snapshot, runtime.accounts)
+        key = auth.identify(request.headers, live.snapshot, runtime.accounts)
         record.key_id = key.limits.key_id if key is not None else None
-        name, _, rest = request.scope["path"].removeprefix(PREFIX).partition("/")
+        scope = request.scope
+        raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        name, _, rest = raw.removeprefix(PREFIX).partition("/")
+        name = unquote(name)
         provider = live.providers.get(name)
-        path = "/" + rest
+        path = sent_path("/" + rest)
         if provider is None or not provider.spec.base_url \
                 or not allowed(patterns_of(provider), path):
-            raise NotFound(f"No passthrough to {path!r} of provider {name!r}: its config "
-                           "does not allow it")
+            raise NotFound(f"No passthrough to {path[:200]!r} of provider {name[:64]!r}: its "
+                           "config does not allow it")
         record.provider = name
-        return await _relayed(request, provider, path, record, runtime)
+        body = await request.body()
+        if isinstance(key, Account) and runtime.accounts is not None:
+            await _charged(runtime.accounts, key, record, live, name, path, body,
+                           request.headers)
+        return await _relayed(request, provider, path, body, record, runtime)
     except GatewayError as exc:
         return error_delivery(exc, record, live.redactor)
     except Exception:  # a bug: logged with its traceback and counted, as every request is
         return internal_error(record, live.redactor)
 
 
-async def _relayed(request: Incoming, provider: Provider, path: str, record: Record,
-                   runtime: Runtime) -> Whole:
+async def _charged(accounts: Accounts, account: Account, record: Record, live: Live,
+                   provider: str, path: str, body: bytes, headers: Mapping[str, str]) -> None:
+    """A virtual key's rules, as on the relay: its parallel limit, its model list for a model
+    the path or body names, and its budget's hold (priced at that model's alias here, else the
+    least a hold is, so a spent budget refuses)."""
+    accounts.check(account, record)
+    alias: str | None = None
+    routes: tuple[Route, ...] = ()
+    if (model := named_model(path, body, headers)) is not None:
+        record.model = model
+        served = _aliases(live, provider, model)
+        alias = next((a for a in served if account.allows(a)), None)
+        accounts.check_model(account, alias, model)
+        if alias is not None:
+            record.alias, record.known_model = alias, True
+            routes = tuple(r for r in live.snapshot.routes[alias] if r.provider == provider)
+    await accounts.reserve(record, pricing.estimate(record.endpoint, body),
+                           [(alias or "", route) for route in routes], live.prices)
+
+
+def _aliases(live: Live, provider: str, model: str) -> list[str]:
+    """The aliases `provider` serves `model` for (its upstream id, or an alias's name)."""
+    return [alias for alias, routes in live.snapshot.routes.items()
+            if any(r.provider == provider and model in (r.upstream_model, alias)
+                   for r in routes)]
+
+
+async def _relayed(request: Incoming, provider: Provider, path: str, body: bytes,
+                   record: Record, runtime: Runtime) -> Whole:
     spec = provider.spec
     assert spec.base_url is not None
     url = upstream_url(spec.base_url, path, request.scope.get("query_string", b""))
-    body = await request.body()
     headers = {name: value for name, value in request.headers.items()
                if name not in _DROPPED and not name.startswith("x-llms-")}
     headers.update(provider.credentials())
@@ -130,9 +169,23 @@ async def _relayed(request: Incoming, provider: Provider, path: str, record: Rec
         for name in _KEPT if (value := response.headers.get(name)) is not None}}
     content_type = answer_headers.pop("content-type", "application/octet-stream")
     record.status = response.status
+    _priced(record, payload, request.scope.get("method", "GET"), runtime)
     return Whole(_redacted(payload, secrets, runtime), answer_headers, record, response.status,
                  content_type,
                  Outcome.COMPLETED if response.status < 400 else Outcome.ERROR)
+
+
+def _priced(record: Record, payload: bytes, method: str, runtime: Runtime) -> None:
+    """What a held request is charged: its answer's usage at its alias's price; a POST
+    answered without a usage, its hold (it may have made something that cost)."""
+    charge = record.charge
+    if not isinstance(charge, Charge) or charge.hold is None or record.status >= 400:
+        return
+    price = runtime.price_of(record.provider or "", record.alias or "")
+    if price is not None and (usage := from_payload(payload)) is not None:
+        record.usage, record.cost = usage, cost(usage, price)
+    elif method == "POST":
+        record.cost = charge.hold.amount / NANO
 
 
 def _redacted(data: bytes, secrets: list[str], runtime: Runtime) -> bytes:

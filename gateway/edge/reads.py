@@ -4,25 +4,20 @@ liveness and readiness. Each that names what a key may see reads it through `aut
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, get
 
 from gateway.accounts import auth
+from gateway.accounts.account import Account
 from gateway.core.errors import ModelNotAllowed
-from gateway.core.settings import Snapshot
+from gateway.core.settings import GatewayKey, Snapshot
 from gateway.edge import openapi, status_page
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.routing import router
 from gateway.state.runtime import Runtime, model_card
 from providers.contract.errors import GatewayError
-
-if TYPE_CHECKING:
-
-    pass
-
-
 
 JSON = "application/json"
 
@@ -36,22 +31,14 @@ OPENAPI = msgspec.json.encode(openapi.document())
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every alias served by an enabled provider; for a key limited to some, those."""
-    runtime = _reader(request, "/v1/models")
-    limited = _limited_to(request, runtime)
+    runtime, key = _reader(request, "/v1/models")
+    limited = key.models if isinstance(key, Account) else None
     if limited is None:
         return Response(runtime.live.models_body, media_type=JSON)
     listed = msgspec.json.decode(runtime.live.models_body)
     listed["data"] = [card for card in listed["data"]
                       if _allowed(runtime.live.snapshot, card["id"], limited)]
     return Response(msgspec.json.encode(listed), media_type=JSON)
-
-
-def _limited_to(request: Request[Any, Any, Any], runtime: Runtime) -> frozenset[str] | None:
-    """The aliases a virtual key limited to some may see; None for any other caller."""
-    if runtime.accounts is None or (key := auth.presented_key(request.headers)) is None:
-        return None
-    account = runtime.accounts.find(key)
-    return account.models if account is not None else None
 
 
 def _allowed(snapshot: Snapshot, name: str, limited: frozenset[str]) -> bool:
@@ -65,10 +52,10 @@ def _allowed(snapshot: Snapshot, name: str, limited: frozenset[str]) -> bool:
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
     """One alias, or a name that serves as one (`alias_of`, a pattern); else 404
     model_not_found (403 model_not_allowed for a key limited to other aliases, known or not)."""
-    runtime = _reader(request, "/v1/models")
+    runtime, key = _reader(request, "/v1/models")
     live = runtime.live
     alias = model_id.lstrip("/")
-    if (limited := _limited_to(request, runtime)) is not None \
+    if isinstance(key, Account) and (limited := key.models) is not None \
             and not _allowed(live.snapshot, alias, limited):
         raise ModelNotAllowed(f"This key may not use the model '{alias[:200]}'", param="model")
     routes = router.candidates(live.snapshot, live.snapshot.resolve(alias))
@@ -78,8 +65,11 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Resp
 
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Prometheus text format, every worker's when there are several."""
-    return Response(_reader(request, "/metrics").metrics.exposition(),
+    """Prometheus text format, every worker's when there are several; the series labelled by
+    key (their ids) only to an admin, or on a gateway without keys."""
+    runtime, key = _reader(request, "/metrics")
+    every_key = _sees_every_key(request, runtime, key)
+    return Response(runtime.metrics.exposition(keys=every_key),
                     media_type=METRICS_CONTENT_TYPE)
 
 
@@ -91,12 +81,13 @@ async def status_html() -> Response[bytes]:
 
 @get("/status.json")
 async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """What the status page shows, refreshed every two seconds; spend only to a request that
-    may read details (`auth.authenticated`): it names keys and dollars."""
-    runtime = _reader(request, "/status.json")
-    body = status_page.status(runtime)
-    details = auth.authenticated(request.headers, runtime.live.snapshot, runtime.accounts)
-    body.update(await status_page.accounts_view(runtime, request.app.state.spend, details))
+    """What the status page shows, refreshed every two seconds. Other keys' ids and spend
+    only to an admin (`auth.is_admin`), or on a gateway without keys: another key sees its own
+    place in the queue and no spend."""
+    runtime, key = _reader(request, "/status.json")
+    every_key = _sees_every_key(request, runtime, key)
+    body = status_page.status(runtime, every_key, _id_of(key))
+    body.update(await status_page.accounts_view(runtime, request.app.state.spend, every_key))
     return _json(runtime, body)
 
 
@@ -116,9 +107,11 @@ async def health() -> Response[bytes]:
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Readiness: a config is loaded, a provider is enabled, and every pool model can answer
     (`loading` lists those that cannot yet). Providers, circuits and load are listed only for
-    a request that may read them (`auth.authenticated`)."""
+    a request with a valid key, or to anyone on a gateway without keys; a key presented must
+    be valid even here (`auth.identify`), so an expired one is refused as everywhere."""
     runtime = _runtime(request)
     snapshot = runtime.live.snapshot
+    key = auth.identify(request.headers, snapshot, runtime.accounts, reading=True, public=True)
     is_ready = any(p.enabled for p in snapshot.providers)
     loading = sorted({alias for provider in runtime.live.providers.values()
                       for alias in provider.loading_models()})
@@ -129,7 +122,7 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
         body["reason"] = "pool models are still loading"
         body["loading"] = loading
         is_ready = False
-    if auth.authenticated(request.headers, snapshot, runtime.accounts):
+    if key is not None or not auth.keyed(snapshot, runtime.accounts):
         live = runtime.live.providers
         body["providers"] = [
             {"name": p.name, "type": p.kind, "enabled": p.enabled, "reason": p.disabled_reason,
@@ -151,11 +144,28 @@ def _json(runtime: Runtime, body: Any, status: int = 200) -> Response[bytes]:
     return Response(status_page.encoded(runtime, body), media_type=JSON, status_code=status)
 
 
-def _reader(request: Request[Any, Any, Any], path: str) -> Runtime:
-    """The runtime, for a request allowed to read `path` (a key, or a public path)."""
+def _reader(request: Request[Any, Any, Any], path: str
+            ) -> tuple[Runtime, GatewayKey | Account | None]:
+    """The runtime and the caller's key, for a request allowed to read `path` (a key, or
+    anyone on a public path; a key presented there is checked all the same)."""
     runtime = _runtime(request)
-    auth.check_reader(request.headers, runtime.live.snapshot, path, runtime.accounts)
-    return runtime
+    snapshot = runtime.live.snapshot
+    key = auth.identify(request.headers, snapshot, runtime.accounts, reading=True,
+                        public=path in snapshot.server.public_paths)
+    return runtime, key
+
+
+def _sees_every_key(request: Request[Any, Any, Any], runtime: Runtime,
+                    key: GatewayKey | Account | None) -> bool:
+    """Whether the caller may read other keys' ids and spend: an admin, or anyone on a
+    gateway without keys (there is no other key)."""
+    snapshot = runtime.live.snapshot
+    return not auth.keyed(snapshot, runtime.accounts) or auth.is_admin(
+        key, snapshot, request.headers, request.client.host if request.client else "")
+
+
+def _id_of(key: GatewayKey | Account | None) -> str | None:
+    return key.limits.key_id if key is not None else None
 
 
 ROUTES = (list_models, retrieve_model, health, ready, metrics, status_html, status_json,

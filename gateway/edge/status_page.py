@@ -64,9 +64,16 @@ def _health(enabled: bool, circuits: list[dict[str, Any]]) -> str:
     return "half_open" if "half_open" in states else "ok"
 
 
-def status(runtime: Runtime) -> dict[str, Any]:
-    """The body of `/status.json`, which the status page polls."""
+def status(runtime: Runtime, every_key: bool = True, own: str | None = None
+           ) -> dict[str, Any]:
+    """The body of `/status.json`, which the status page polls. Unless `every_key`, the
+    queue's waiting counts are the caller's own key's alone (`own`; none for no key): a reader
+    who is not an admin sees no other key's id."""
     series = runtime.traffic.series()
+    queue = runtime.queue.view()
+    if not every_key:
+        waiting: dict[str, int] = queue["waiting"]  # type: ignore[assignment]
+        queue["waiting"] = {key: depth for key, depth in waiting.items() if key == own}
     window = [row for row in series if row["rps"]]
     return {
         "uptime_s": round(time.time() - runtime.started),
@@ -75,7 +82,7 @@ def status(runtime: Runtime) -> dict[str, Any]:
         "tasks": runtime.supervisor.view(),
         "inflight": runtime.inflight,
         # Slots under server.max_concurrency, who waits for one, and who left without.
-        "queue": runtime.queue.view(),
+        "queue": queue,
         "providers": providers_view(runtime),
         # Models a budgeted key may ask for that have no price of their own.
         "unpriced": unpriced_view(runtime),
@@ -100,7 +107,8 @@ def status(runtime: Runtime) -> dict[str, Any]:
 async def accounts_view(runtime: Runtime, spend: Overview | None, details: bool
                         ) -> dict[str, Any]:
     """`/status.json`'s `database` section (whether it answers, what waits to be written) and,
-    for a request that may read details, its `spend` section."""
+    for a reader who may see every key's (an admin), its `spend` section: it names keys and
+    their dollars."""
     if runtime.accounts is None:
         return {}
     body: dict[str, Any] = {"database": runtime.accounts.status()}

@@ -88,6 +88,8 @@ QUEUE_DROPPED = Family("llms_queue_dropped", "Requests that left the queue witho
                        ("key", "reason"))
 FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
             CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED)
+# The families labelled by key: a key's id is shown only to who may read every key's.
+KEYED = frozenset(family.name for family in FAMILIES if "key" in family.labels)
 INFLIGHT = ("llms_inflight_requests", "Requests in the gateway: served, or queued for a slot")
 QUEUE_DEPTH = ("llms_queue_depth", "Requests waiting for a slot under server.max_concurrency")
 
@@ -253,16 +255,32 @@ class Metrics:
         """Resumes of a request's broken streams, by result: ok or failed."""
         self.values.inc(RESUMES, (model, result), count)
 
-    def exposition(self) -> bytes:
-        """The text `/metrics` serves: this process, or every worker's when there are several."""
+    def exposition(self, keys: bool = True) -> bytes:
+        """The text `/metrics` serves: this process, or every worker's when there are several;
+        without the series labelled by key unless `keys` (a reader who is not an admin)."""
         if self._shared is None:
-            return generate_latest(self._registry)
-        combined = CollectorRegistry()
-        multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
-        combined.register(_CircuitCollector(self._health))
-        if self._hedging is not None:  # the scraped worker's own, as its circuits are
-            combined.register(_HedgingCollector(self._hedging))
-        return generate_latest(combined)
+            registry = self._registry
+        else:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            registry.register(_CircuitCollector(self._health))
+            if self._hedging is not None:  # the scraped worker's own, as its circuits are
+                registry.register(_HedgingCollector(self._hedging))
+        if not keys:
+            unkeyed = CollectorRegistry()
+            unkeyed.register(_WithoutKeys(registry))
+            registry = unkeyed
+        return generate_latest(registry)
+
+
+class _WithoutKeys(Collector):
+    """Another registry's metrics but the families labelled by key."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        return (metric for metric in self._source.collect() if metric.name not in KEYED)
 
 
 class _LocalCollector(Collector):
