@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import importlib.metadata
-import json
 import os
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import msgspec
-
-from gateway import cli_accounts, cli_chat, cli_ls, config
+from gateway import cli_accounts, cli_chat, cli_check, cli_ls, config
+from gateway.cli_check import KEY_ENV
 from gateway.config.loader import (
     BIND_ENV,
     CONFIG_ENV,
@@ -33,9 +26,7 @@ from gateway.config.loader import (
 from gateway.config.snapshots import is_loopback, model_facts
 from gateway.core.settings import ConfigError, Snapshot
 from gateway.edge import openfiles
-from providers.contract.errors import GatewayError, ProviderError, ProviderUnavailable
-from providers.contract.provider import Provider
-from providers.contract.redact import Redactor
+from providers.contract.errors import GatewayError, ProviderUnavailable
 from providers.transport import AiohttpTransport
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
@@ -78,11 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--config")
     ls.add_argument("--url", help="the running gateway to ask (default: the config's "
                                   "server.host and server.port)")
+    _key_option(ls)
     ls.set_defaults(run=_ls)
 
     check = commands.add_parser("check", help="send a tiny request to each enabled provider")
     check.add_argument("provider", nargs="?", help="only this provider")
     check.add_argument("--config")
+    _key_option(check)
     check.set_defaults(run=_check)
 
     chat = commands.add_parser("chat", help="stream an answer through a running gateway; with "
@@ -95,16 +88,32 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, help="the most tokens an answer may have")
     chat.add_argument("--temperature", type=float, help="sampling temperature")
     chat.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
-    chat.add_argument("--key", default=os.environ.get("LLMS_GATEWAY_KEY"))
+    chat.add_argument("--key", default=os.environ.get(KEY_ENV))
     chat.set_defaults(run=_chat)
 
     usage = commands.add_parser("usage", help="requests, tokens and cost per provider and model "
                                               "from a running gateway")
     usage.add_argument("--url", default=os.environ.get("LLMS_GATEWAY_URL", DEFAULT_URL))
+    _key_option(usage)
     usage.set_defaults(run=_usage)
 
     cli_accounts.add_commands(commands)  # keys, teams, spend: the admin API of a running gateway
     return parser
+
+
+def _key_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--key", default=os.environ.get(KEY_ENV),
+                        help=f"the key the running gateway asks for (default: ${KEY_ENV}, else "
+                             "the config's first admin or client key)")
+
+
+def _key(args: argparse.Namespace, snapshot: Snapshot | None) -> str | None:
+    """The key a command sends the running gateway: `--key` (or its variable), else one the
+    config names."""
+    if args.key:
+        return str(args.key)
+    keys = (snapshot.admin_keys + snapshot.keys) if snapshot is not None else ()
+    return keys[0].secret.reveal() if keys else None
 
 
 def _version() -> str:
@@ -206,12 +215,15 @@ def _migrate_here(url: str) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    _, snapshot = _load(args.config)
+    return cli_check.check(snapshot, args.provider, _key(args, snapshot))
+
+
 def _ls(args: argparse.Namespace) -> int:
     path, snapshot = _load(args.config)
     root = (args.url or cli_ls.local_url(snapshot)).rstrip("/").removesuffix("/v1")
-    keys = snapshot.admin_keys + snapshot.keys  # /status.json answers any of them
-    live, why = cli_ls.live_status(root, keys[0].secret.reveal() if keys else None,
-                                   direct=args.url is None)
+    live, why = cli_ls.live_status(root, _key(args, snapshot), direct=args.url is None)
     print(f"{path} ({len(snapshot.providers)} providers, tried in this order)")
     for line in cli_ls.lines(snapshot, live, model_facts(snapshot)):
         print(line)
@@ -219,126 +231,6 @@ def _ls(args: argparse.Namespace) -> int:
         print(f"({why}: this is the config's view; admin switches, open circuits, discovered "
               f"models and pool workers show while it runs)")
     return 0
-
-
-def _running_pool(snapshot: Snapshot, name: str) -> list[dict[str, Any]] | None:
-    """Pool `name`'s workers as the gateway running this config reports them (its `/ready`),
-    or None when no gateway answers there."""
-    server = snapshot.server
-    host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
-    keys = snapshot.admin_keys + snapshot.keys
-    headers = {"Authorization": f"Bearer {keys[0].secret.reveal()}"} if keys else {}
-    request = urllib.request.Request(f"http://{host}:{server.port}/ready", headers=headers)
-    try:
-        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
-        with direct.open(request, timeout=3) as answer:
-            body = json.load(answer)
-    except urllib.error.HTTPError as exc:  # 503 while loading: its body says what loads
-        try:
-            body = json.load(exc)
-        except ValueError:
-            return None
-    except (OSError, ValueError):
-        return None
-    for provider in body.get("providers") or ():
-        if provider.get("name") == name:
-            return list((provider.get("state") or {}).get("workers") or ())
-    return []
-
-
-def _ready_worker(workers: list[dict[str, Any]] | None, model: str) -> tuple[str | None, str]:
-    """A ready worker's URL for `model`, or None and why there is none."""
-    if workers is None:
-        return None, "no gateway answers at this config's address: start it (llms-gateway serve)"
-    mine = [w for w in workers if model in (w.get("models") or ()) or not w.get("spawned")]
-    ready = [w for w in mine if w.get("state") == "ready"]
-    if ready:
-        return str(ready[0]["url"]), "ready"
-    states = ", ".join(f"{w.get('name')} {w.get('state')}" for w in mine) or "no worker"
-    return None, f"not ready in the running gateway ({states})"
-
-
-def _check(args: argparse.Namespace) -> int:
-    _, snapshot = _load(args.config)
-    specs = [p for p in snapshot.providers if args.provider in (None, p.name)]
-    if not specs:
-        print(f"no provider named {args.provider!r}", file=sys.stderr)
-        return 2
-    return asyncio.run(_check_all(snapshot, [s.name for s in specs]))
-
-
-async def _check_all(snapshot: Snapshot, names: list[str]) -> int:
-    import providers
-    from gateway.adapters.responses.store import ResponseStore
-    from gateway.state.runtime import build
-    from providers.contract.provider import Outgoing
-
-    failures = 0
-    kinds = providers.load_kinds()
-    async with AiohttpTransport() as transport:
-        responses = snapshot.responses  # a check stores nothing: any store will do
-        live = build(snapshot, transport, kinds,
-                     ResponseStore(responses.store_max_bytes, responses.store_max_entry_bytes))
-        for spec in snapshot.providers:
-            if spec.name not in names:
-                continue
-            if not spec.enabled:
-                print(f"{spec.name:<14} skipped ({spec.disabled_reason})")
-                continue
-            if spec.discovery is not None:  # "models": "*": its listing is what to check
-                failures += not await _check_listing(live.providers[spec.name], spec.name,
-                                                     live.redactor)
-                continue
-            # A pool runs inside the gateway: its workers are asked where the gateway says.
-            workers = _running_pool(snapshot, spec.name) if spec.kind == "pool" else None
-            for alias, model in spec.models.items():
-                provider: Provider = live.providers[spec.name]
-                if spec.kind == "pool":
-                    url, why = _ready_worker(workers, model.id)
-                    if url is None:
-                        failures += 1
-                        print(live.redactor.text(f"{spec.name:<14} {alias:<28} {why}"))
-                        continue
-                    provider = kinds["openai"](dataclasses.replace(
-                        spec, kind="openai", base_url=url, api_key=None), transport)
-                body = {"model": alias, "max_tokens": 1,
-                        "messages": [{"role": "user", "content": "Say OK."}]}
-                request = Outgoing("chat/completions", msgspec.json.encode(body), alias, False,
-                                   "check")
-                started = time.perf_counter()
-                try:
-                    await provider.send(request, model.id)
-                    outcome = "ok"
-                except GatewayError as exc:
-                    failures += 1
-                    outcome = f"error: {_what_failed(exc)} {exc.message}"
-                elapsed = (time.perf_counter() - started) * 1000
-                print(live.redactor.text(
-                    f"{spec.name:<14} {alias:<28} {elapsed:8.0f} ms  {outcome}"))
-    return 1 if failures else 0
-
-
-async def _check_listing(provider: Provider, name: str, redactor: Redactor) -> bool:
-    """List a `"models": "*"` provider's models, as the gateway does at start; True if it could."""
-    started = time.perf_counter()
-    try:
-        listed = await provider.list_models()
-        outcome = f"ok: lists {len(listed)} models"
-    except GatewayError as exc:
-        outcome = f"error: {_what_failed(exc)} {exc.message}"
-    except NotImplementedError:
-        outcome = "error: this kind of provider cannot list its models"
-    elapsed = (time.perf_counter() - started) * 1000
-    print(redactor.text(f"{name:<14} {'* (listing)':<28} {elapsed:8.0f} ms  {outcome}"))
-    return outcome.startswith("ok")
-
-
-def _what_failed(error: GatewayError) -> str:
-    """The upstream's own status when it answered (a 503 is a 503, not the 502 a client of the
-    gateway would get), else what kind of failure it was (`unavailable`, `connect_timeout`)."""
-    if isinstance(error, ProviderError):
-        return str(error.upstream_status) if error.upstream_status else f"{error.reason}:"
-    return str(error.status)
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -352,7 +244,7 @@ def _usage(args: argparse.Namespace) -> int:
 
     root = args.url.rstrip("/").removesuffix("/v1")
     try:
-        text = asyncio.run(_get_text(f"{root}/metrics"))
+        text = asyncio.run(_get_text(f"{root}/metrics", args.key))
     except GatewayError as exc:
         print(f"llms-gateway: cannot read {root}/metrics: {exc.message}", file=sys.stderr)
         return 1
@@ -377,14 +269,18 @@ def _usage(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _get_text(url: str) -> str:
-    """The body of a 200 answer to GET `url`; a GatewayError for anything else."""
+async def _get_text(url: str, key: str | None) -> str:
+    """The body of a 200 answer to GET `url`, sent `key`; a GatewayError for anything else."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with AiohttpTransport() as transport:
-        response = await transport.request("GET", url, headers={}, link=cli_chat.link_to(url))
+        response = await transport.request("GET", url, headers=headers,
+                                           link=cli_chat.link_to(url))
         try:
             body = await response.read()
         finally:
             response.close()
+    if response.status in (401, 403):
+        raise ProviderUnavailable(f"HTTP {response.status}: pass its key (--key or ${KEY_ENV})")
     if response.status != 200:
         raise ProviderUnavailable(f"HTTP {response.status}")
     return body.decode("utf-8", "replace")

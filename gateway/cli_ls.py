@@ -38,7 +38,7 @@ def live_status(root: str, key: str | None,
             body: dict[str, Any] = json.load(answer)
     except urllib.error.HTTPError as exc:
         return None, f"the gateway at {root} answered {exc.code} to /status.json" + (
-            ": set the key it expects (server.api_keys) in this shell" if exc.code in (401, 403)
+            ": pass its key (--key or $LLMS_GATEWAY_KEY)" if exc.code in (401, 403)
             else "")
     except (OSError, ValueError):
         return None, f"no gateway answering at {root}"

@@ -60,17 +60,29 @@ def identify(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts 
     if key is None:
         if public:
             return None
-        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'")
-    return _known(key, snapshot, accounts)
+        raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'"
+                                   + _why(keyed))
+    return _known(key, snapshot, accounts, keyed)
 
 
-def _known(key: str, snapshot: Snapshot, accounts: Accounts | None) -> GatewayKey | Account:
+def _known(key: str, snapshot: Snapshot, accounts: Accounts | None, keyed: bool = True
+           ) -> GatewayKey | Account:
     matched = _match(key, snapshot.keys + snapshot.admin_keys)
     if matched is not None:
         return matched
     if accounts is not None and (account := accounts.find(key)) is not None:
         return accounts.unexpired(account)
-    raise AuthenticationFailed("Invalid API key")
+    raise AuthenticationFailed("Invalid API key" + _why(keyed))
+
+
+def _why(keyed: bool) -> str:
+    """Why a gateway whose llms.json sets no key asks for one: a local user whose examples
+    send any key at all would otherwise never learn it."""
+    if keyed:
+        return ""
+    return (": this gateway requires a key since a virtual key was made for it (llms-gateway "
+            "keys list shows them); send one as 'Authorization: Bearer <key>', or see "
+            "docs/teams.md#back-to-an-open-gateway")
 
 
 def keyed(snapshot: Snapshot, accounts: Accounts | None) -> bool:
