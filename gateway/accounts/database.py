@@ -38,8 +38,9 @@ GROUPS = {"key": spend.c.key_id, "team": spend.c.team, "alias": spend.c.alias,
 GroupBy = Literal["key", "team", "alias", "provider", "day", "model"]
 # PostgreSQL's advisory lock the migrations run under, so replicas starting together migrate once.
 MIGRATION_LOCK = 0x11_5_6A7E
-# A spend row of an answer with this status or above was refused or failed, not answered.
-ERROR_STATUS = 400
+# A spend row with one of these statuses and no provider is a refusal (a key's model, budget or
+# limits, the queue full): no provider was asked.
+REFUSALS = (403, 429, 503)
 
 
 class SchemaTooNew(Exception):
@@ -270,12 +271,13 @@ class Database:
 
     async def spend_report(self, group_by: GroupBy, start: float | None, end: float | None
                            ) -> list[dict[str, Any]]:
-        """Requests answered, requests refused or failed (an error status: a spent budget, a
-        limit, every provider down), tokens and dollars per group over [start, end)."""
+        """Requests, requests the gateway refused before any provider (a spent budget, a
+        limit, a model not allowed: nothing was spent), tokens and dollars per group over
+        [start, end)."""
         column = GROUPS[group_by]
-        answered = spend.c.status < ERROR_STATUS
-        query = sa.select(column.label("group"), sa.func.count().filter(answered),
-                          sa.func.count().filter(sa.not_(answered)),
+        refused = sa.and_(spend.c.status.in_(REFUSALS), spend.c.provider.is_(None))
+        query = sa.select(column.label("group"), sa.func.count().filter(sa.not_(refused)),
+                          sa.func.count().filter(refused),
                           sa.func.coalesce(sa.func.sum(spend.c.prompt_tokens), 0),
                           sa.func.coalesce(sa.func.sum(spend.c.completion_tokens), 0),
                           sa.func.coalesce(sa.func.sum(spend.c.cached_tokens), 0),
