@@ -195,6 +195,8 @@ class FakeAnthropic(FakeUpstream):
     def _stop_reason(self, mode: Mode) -> str:
         if mode.tool:
             return "tool_use"
+        if mode.finish_reason == "content_filter":  # Anthropic's classifiers stopped it
+            return "refusal"
         return "max_tokens" if mode.finish_reason == "length" else "end_turn"
 
     def _message(self, mode: Mode, body: dict[str, Any]) -> dict[str, Any]:
