@@ -274,3 +274,24 @@ def test_a_forced_try_s_429_leaves_the_probe_out_through_the_gateway(
         assert len(a.requests) == 3, "no second probe reached a"
         a.release()
         assert probe.result().headers["x-llms-provider"] == "a"
+
+
+def test_streams_another_candidate_had_to_resume_count_against_the_one_that_broke(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    breaking, steady = upstream_factory("breaking"), upstream_factory("steady")
+    breaking.set_mode(stream_cut(after_chunks=2))
+    gateway = start_gateway(config({
+        "breaking": provider(breaking.base_url, {"m": "m"},
+                             circuit={"failures": 3, "open_for": 60, "min_requests": 100}),
+        "steady": provider(steady.base_url, {"m": "m"}),
+    }, models={"m": {"resume": True}}))
+
+    for _ in range(3):
+        answer, lines = stream_lines(gateway)
+        assert answer.headers["x-llms-provider"] == "breaking"
+        assert lines[-1] == "data: [DONE]", "steady finished what breaking began"
+
+    answer, _ = stream_lines(gateway)
+    assert answer.headers["x-llms-provider"] == "steady"
+    assert len(breaking.requests) == 3 and len(steady.requests) == 4
