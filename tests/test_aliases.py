@@ -16,7 +16,7 @@ from gateway.config.loader import parse
 from gateway.core.settings import ConfigError
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
-from tests.upstream import FakeUpstream, Mode, paused, status
+from tests.upstream import FakeUpstream, Mode, paused, status, stream_cut
 
 HI = [{"role": "user", "content": "hi"}]
 # OpenAI's refusal by its content policy, as its API words it.
@@ -336,6 +336,17 @@ def test_a_stream_filtered_after_some_content_is_relayed_as_it_is(
     assert answer.headers["x-llms-model"] == "guarded"
     assert written(events) == ("I can", ["content_filter"]), "a begun answer is an answer"
     assert fakes["spare"].requests == []
+
+
+def test_a_guarded_stream_that_breaks_before_any_content_ends_with_its_error(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    fakes["big"].set_mode(stream_cut(after_chunks=0))  # its role chunk, then a reset
+
+    answer, events = streamed(gateway, "guarded")
+
+    assert answer.headers["x-llms-model"] == "guarded"
+    assert "failed mid-stream" in events[-1]["error"]["message"], "never a silent end"
+    assert fakes["spare"].requests == [], "a break is not a filter"
 
 
 def test_a_guarded_stream_s_first_content_is_not_held_until_more_comes(

@@ -284,7 +284,7 @@ def test_streams_another_candidate_had_to_resume_count_against_the_one_that_brok
     gateway = start_gateway(config({
         "breaking": provider(breaking.base_url, {"m": "m"},
                              circuit={"failures": 3, "open_for": 60, "min_requests": 100}),
-        "steady": provider(steady.base_url, {"m": "m"}),
+        "steady": provider(steady.base_url, {"m": "m"}, circuit={"failures": 3}),
     }, models={"m": {"resume": True}}))
 
     for _ in range(3):
@@ -295,3 +295,6 @@ def test_streams_another_candidate_had_to_resume_count_against_the_one_that_brok
     answer, _ = stream_lines(gateway)
     assert answer.headers["x-llms-provider"] == "steady"
     assert len(breaking.requests) == 3 and len(steady.requests) == 4
+    states = {c["provider"]: c["state"] for c in
+              httpx.get(f"{gateway.url}/ready").json()["circuits"]}
+    assert states == {"breaking": "open", "steady": "closed"}, "its continuations finished"

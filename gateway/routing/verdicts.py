@@ -33,7 +33,10 @@ class _Judged:
 
     def __init__(self, opened: Opened, health: ProviderHealth, planned: Planned,
                  policy: CircuitPolicy, claim: Claim | None, resumes: Resumes) -> None:
-        self._opened = opened
+        # Not the `Opened` itself: it holds this as its rest, and a cycle per stream would wait
+        # for the collector (tests/test_stream_faults.py counts them).
+        self._watch = opened.watch
+        self._flowing = opened.media_type is not None
         self._resumes = resumes
         self._spliced = resumes.ok  # continuations spliced in before this stream opened
         self._rest = opened.rest
@@ -69,12 +72,12 @@ class _Judged:
         before it asks for the next), so the watch tells how the stream went."""
         if self._judged:
             return
-        opened, watch = self._opened, self._opened.watch
+        watch = self._watch
         if watch.error_event is not None or watch.malformed or watch.garbage:
             self._failed(ProviderUnavailable("stream carried an error or a malformed event"))
         elif self._resumes.ok > self._spliced:  # it broke; another candidate finished it
             self._failed(ProviderUnavailable("stream broke mid-answer and was resumed"))
-        elif watch.done or watch.finished or (ended and opened.media_type is not None):
+        elif watch.done or watch.finished or (ended and self._flowing):
             self._judged = True
             self._health.succeeded(self._planned, self._policy)
         elif ended:

@@ -253,7 +253,7 @@ async def settle(opened: Opened, says: Callable[[bytes], bool | None],
                 if settled is not None:
                     break
     except (ProviderError, *UNREADABLE_ANSWER) as exc:  # a break: the consumer's to report
-        failure = exc
+        failure = exc.with_traceback(None)  # its frames hold `opened`: no cycle through it
     if read or failure is not None:
         opened.rest = _Ahead(read, failure, opened.rest)
     return bool(settled)
