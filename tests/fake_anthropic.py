@@ -248,7 +248,9 @@ class FakeAnthropic(FakeUpstream):
             kept = events[:mode.after_chunks + 2] if mode.after_chunks else []
             events = [*kept, {"type": "error", "error": {"type": "overloaded_error",
                                                          "message": "Overloaded"}}]
-        for event in events:
+        for number, event in enumerate(events):
+            if number and mode.delay_between_chunks:
+                await asyncio.sleep(mode.delay_between_chunks)
             if event["type"] == "error" and mode.after_chunks:
                 await asyncio.sleep(0.1)  # let what came before reach the client first
             await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -299,7 +300,8 @@ def written(events: list[dict[str, Any]]) -> tuple[str, list[str]]:
 
 def test_a_stream_filtered_after_its_role_chunk_follows_the_content_policy_chain(
         gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
-    fakes["big"].set_mode(FILTERED)  # OpenAI's way: a role-only chunk, then the filter's finish
+    # OpenAI's way: a role-only chunk, then (a moment later, as it decides) the filter's finish
+    fakes["big"].set_mode(replace(FILTERED, delay_between_chunks=0.05))
 
     answer, events = streamed(gateway, "guarded")
 
@@ -313,7 +315,8 @@ def test_a_stream_filtered_after_its_role_chunk_follows_the_content_policy_chain
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 def test_an_anthropic_refusal_before_any_content_follows_the_content_policy_chain(
         gateway: GatewayProcess, fakes: dict[str, FakeUpstream], stream: bool) -> None:
-    fakes["claude"].set_mode(Mode("ok", content="", finish_reason="content_filter"))
+    fakes["claude"].set_mode(Mode("ok", content="", finish_reason="content_filter",
+                                  delay_between_chunks=0.05))
 
     if stream:
         answer, events = streamed(gateway, "careful")
