@@ -195,6 +195,8 @@ class FakeAnthropic(FakeUpstream):
     def _stop_reason(self, mode: Mode) -> str:
         if mode.tool:
             return "tool_use"
+        if mode.finish_reason == "content_filter":  # Anthropic's classifiers stopped it
+            return "refusal"
         return "max_tokens" if mode.finish_reason == "length" else "end_turn"
 
     def _message(self, mode: Mode, body: dict[str, Any]) -> dict[str, Any]:
@@ -246,7 +248,9 @@ class FakeAnthropic(FakeUpstream):
             kept = events[:mode.after_chunks + 2] if mode.after_chunks else []
             events = [*kept, {"type": "error", "error": {"type": "overloaded_error",
                                                          "message": "Overloaded"}}]
-        for event in events:
+        for number, event in enumerate(events):
+            if number and mode.delay_between_chunks:
+                await asyncio.sleep(mode.delay_between_chunks)
             if event["type"] == "error" and mode.after_chunks:
                 await asyncio.sleep(0.1)  # let what came before reach the client first
             await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

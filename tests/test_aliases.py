@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from gateway.config.loader import parse
 from gateway.core.settings import ConfigError
 from tests.fake_anthropic import FakeAnthropic
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
-from tests.upstream import FakeUpstream, Mode, status
+from tests.upstream import FakeUpstream, Mode, paused, status, stream_cut
 
 HI = [{"role": "user", "content": "hi"}]
 # OpenAI's refusal by its content policy, as its API words it.
@@ -119,7 +120,8 @@ def document(fakes: dict[str, FakeUpstream], **models: Any) -> dict[str, Any]:
         "spare": provider(fakes["spare"].base_url, {
             "spare": {"id": "spare-model", "price": {"input": 2, "output": 4}}}),
         "claude": {"type": "anthropic", "base_url": fakes["claude"].base_url.removesuffix("/v1"),
-                   "api_key": "an-key-000000", "models": {"native": "claude-sonnet-4-5"}},
+                   "api_key": "an-key-000000", "models": {"native": "claude-sonnet-4-5",
+                                                          "careful": "claude-careful"}},
     }, defaults={"circuit": {"enabled": False}, "retries": {"attempts": 2, "backoff": 0.01}},
         models={
             "claude-*": {"alias_of": "smart"},
@@ -128,6 +130,7 @@ def document(fakes: dict[str, FakeUpstream], **models: Any) -> dict[str, Any]:
             "smart": {"fallbacks": ["fast"]},
             "guarded": {"fallbacks": {"content_policy": ["spare"], "default": []}},
             "busy": {"fallbacks": {"rate_limit": ["spare"], "default": ["fast"]}},
+            "careful": {"fallbacks": {"content_policy": ["spare"], "default": []}},
             **models,
         })
 
@@ -276,6 +279,94 @@ def test_a_filtered_answer_is_kept_when_its_chain_fails_too(
     assert answer.status_code == 200
     assert answer.headers["x-llms-model"] == "guarded"
     assert answer.json()["choices"][0]["finish_reason"] == "content_filter"
+
+
+def streamed(gateway: GatewayProcess, model: str) -> tuple[httpx.Response, list[dict[str, Any]]]:
+    """A streamed chat answer and its events, read to the end."""
+    body = {"model": model, "messages": HI, "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body,
+                      timeout=30) as answer:
+        events = [json.loads(line.removeprefix("data: ")) for line in answer.iter_lines()
+                  if line.startswith("data: {")]
+    return answer, events
+
+
+def written(events: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """A stream's text, and its finish reasons."""
+    choices = [c for e in events for c in e.get("choices", [])]
+    return ("".join(c["delta"].get("content") or "" for c in choices),
+            [c["finish_reason"] for c in choices if c.get("finish_reason")])
+
+
+def test_a_stream_filtered_after_its_role_chunk_follows_the_content_policy_chain(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    # OpenAI's way: a role-only chunk, then (a moment later, as it decides) the filter's finish
+    fakes["big"].set_mode(replace(FILTERED, delay_between_chunks=0.05))
+
+    answer, events = streamed(gateway, "guarded")
+
+    assert answer.status_code == 200
+    assert answer.headers["x-llms-model"] == "spare"
+    assert written(events) == ("Hello from spare", ["stop"]), "nothing of big's stream is sent"
+    assert len(fakes["big"].requests) == 1 and fakes["small"].requests == []
+    assert len(fakes["spare"].requests) == 1
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_an_anthropic_refusal_before_any_content_follows_the_content_policy_chain(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream], stream: bool) -> None:
+    fakes["claude"].set_mode(Mode("ok", content="", finish_reason="content_filter",
+                                  delay_between_chunks=0.05))
+
+    if stream:
+        answer, events = streamed(gateway, "careful")
+        assert written(events) == ("Hello from spare", ["stop"])
+    else:
+        answer = chat(gateway, "careful")
+        assert answer.json()["choices"][0]["message"]["content"] == "Hello from spare"
+
+    assert answer.status_code == 200
+    assert answer.headers["x-llms-model"] == "spare"
+    assert len(fakes["claude"].requests) == 1
+
+
+def test_a_stream_filtered_after_some_content_is_relayed_as_it_is(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    fakes["big"].set_mode(Mode("ok", chunks=("I can", ""), finish_reason="content_filter"))
+
+    answer, events = streamed(gateway, "guarded")
+
+    assert answer.headers["x-llms-model"] == "guarded"
+    assert written(events) == ("I can", ["content_filter"]), "a begun answer is an answer"
+    assert fakes["spare"].requests == []
+
+
+def test_a_guarded_stream_that_breaks_before_any_content_ends_with_its_error(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    fakes["big"].set_mode(stream_cut(after_chunks=0))  # its role chunk, then a reset
+
+    answer, events = streamed(gateway, "guarded")
+
+    assert answer.headers["x-llms-model"] == "guarded"
+    assert "failed mid-stream" in events[-1]["error"]["message"], "never a silent end"
+    assert fakes["spare"].requests == [], "a break is not a filter"
+
+
+def test_a_guarded_stream_s_first_content_is_not_held_until_more_comes(
+        gateway: GatewayProcess, fakes: dict[str, FakeUpstream]) -> None:
+    fakes["big"].set_mode(paused(after_events=2, content="Hello there"))  # role, "Hello "
+    body = {"model": "guarded", "messages": HI, "stream": True}
+
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body,
+                      timeout=10) as answer:
+        lines = answer.iter_lines()
+        first = next(json.loads(line.removeprefix("data: ")) for line in lines
+                     if '"content": "Hello' in line or '"content":"Hello' in line)
+        fakes["big"].release()  # only now does the upstream send the rest
+        rest = [line for line in lines if line]
+
+    assert first["choices"][0]["delta"]["content"].startswith("Hello")
+    assert rest[-1] == "data: [DONE]" and answer.headers["x-llms-model"] == "guarded"
 
 
 def test_a_name_a_pattern_serves_can_be_retrieved_as_a_model(gateway: GatewayProcess) -> None:

@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
 
@@ -110,6 +110,12 @@ def held(then: Mode | None = None) -> Mode:
 def held_mid() -> Mode:
     """Send an answer's first chunk (speech audio), then nothing until `release()`."""
     return Mode("held_mid")
+
+
+def paused(after_events: int, content: str | None = None) -> Mode:
+    """Stream an answer's first `after_events` events, then nothing until `release()`, then
+    the rest (a whole answer: as `ok`)."""
+    return Mode("paused", content=content, after_chunks=after_events)
 
 
 def slow_first_token(seconds: float, then: Mode | None = None) -> Mode:
@@ -512,7 +518,9 @@ class FakeUpstream:
             pieces = continued(body, pieces, self.prefills)
         if streaming:
             events = [_sse(event) for event in shape.events(body, pieces, mode)]
-            return await _stream(request, events + ([DONE] if shape.ends_with_done else []), mode)
+            pause = self._until_released if mode.kind == "paused" else None
+            return await _stream(request, events + ([DONE] if shape.ends_with_done else []), mode,
+                                 pause)
         if mode.kind == "cut":
             return await _cut_json(request)
         return web.json_response(shape.whole(body, pieces, mode))
@@ -564,7 +572,8 @@ def _sse(event: dict[str, Any]) -> bytes:
     return named + b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
-async def _stream(request: web.Request, events: list[bytes], mode: Mode) -> web.StreamResponse:
+async def _stream(request: web.Request, events: list[bytes], mode: Mode,
+                  pause: Callable[[], Awaitable[None]] | None = None) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -573,6 +582,8 @@ async def _stream(request: web.Request, events: list[bytes], mode: Mode) -> web.
     for number, event in enumerate(events):
         if number and mode.delay_between_chunks:
             await asyncio.sleep(mode.delay_between_chunks)
+        if pause is not None and number == mode.after_chunks:
+            await pause()
         await response.write(event)
     if mode.kind == "cut":
         _abort(request)  # the chunked body never gets its terminating chunk

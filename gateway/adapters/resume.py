@@ -153,7 +153,7 @@ class Resuming(Adapter):
         request.resumes.by = served.provider
         # Its prompt as sent, were its usage not to come: the request and the partial answer.
         prompt = (len(request.raw) + len(partial.encode()) + 3) // 4
-        return _joined(opened.head, opened.rest), _Continued(served.provider, prompt)
+        return _joined(opened), _Continued(served.provider, prompt)
 
     def _order(self, alias: str) -> tuple[Route, ...]:
         """The alias's candidates after this provider, then those before it, then itself (the
@@ -235,11 +235,14 @@ async def _read(chunks: AsyncIterator[bytes], stitched: Stitched
         yield tail
 
 
-async def _joined(head: bytes, rest: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """A peeked stream read again from its start."""
+async def _joined(opened: Opened) -> AsyncGenerator[bytes, None]:
+    """A peeked stream read again from its start; its watch reads what follows the head, as
+    a relay's does, since the try's verdict at the stream's end is read from it."""
+    rest, watch = opened.rest, opened.watch
     try:
-        yield head
+        yield opened.head
         async for chunk in rest:
+            watch.feed(chunk)
             yield chunk
     finally:
         await close_quietly(rest)

@@ -6,6 +6,9 @@
 
 A rate-limited provider is not broken: a 429 puts it in a cooldown for its `Retry-After` instead,
 kept per provider (see `gateway.routing.health`).
+
+The half-open probe is a token (`Claim.probe`): only the request that holds it frees it, so a try
+that went without a claim (forced, while another request probes) cannot end someone else's probe.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ class CircuitState(StrEnum):
     HALF_OPEN = "half_open"
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The right to send one request; `probe` is its token when it is the half-open circuit's
+    one probe (0: an ordinary request, nothing to free)."""
+
+    probe: int = 0
+
+
+FREE = Claim()
+
+
 @dataclass(slots=True)
 class Breaker:
     """One breaker; every method takes `now` so tests drive the clock."""
@@ -34,7 +48,8 @@ class Breaker:
     consecutive_failures: int = 0
     trips: int = 0
     open_until: float = 0.0
-    probing: bool = False
+    probe: int = 0  # the token of the probe out, 0 when none
+    _issued: int = field(default=0, repr=False)
     # [slot, requests, failures] per 1/WINDOW_SLOTS of the window: bounded memory whatever the
     # rate (one entry per outcome held 360,000 tuples at 6,000 req/s, and full GC passes
     # walked them all).
@@ -48,27 +63,37 @@ class Breaker:
             return now + self.policy.open_for
         return 0.0
 
-    def acquire(self, now: float) -> bool:
-        """Claim the right to send one request; in half-open only one probe at a time."""
+    @property
+    def probing(self) -> bool:
+        """A half-open probe is out."""
+        return self.probe != 0
+
+    def acquire(self, now: float) -> Claim | None:
+        """Claim the right to send one request (None: refused); in half-open only one probe
+        at a time, its claim carrying the token that frees it."""
         if self.state is CircuitState.OPEN:
             if now < self.open_until:
-                return False
+                return None
             self.state = CircuitState.HALF_OPEN
         if self.state is CircuitState.HALF_OPEN:
-            if self.probing:
-                return False
-            self.probing = True
-        return True
+            if self.probe:
+                return None
+            self._issued += 1
+            self.probe = self._issued
+            return Claim(self.probe)
+        return FREE
 
-    def release(self) -> None:
-        """The claimed request ended without a verdict (the client left): free the probe."""
-        self.probing = False
+    def release(self, claim: Claim) -> None:
+        """The claimed request ended without a verdict (the client left, a 429): its probe is
+        freed, and only its own (a later probe has another token)."""
+        if claim.probe and claim.probe == self.probe:
+            self.probe = 0
 
     def success(self, now: float) -> None:
         self._record(now, ok=True)
         self.consecutive_failures = 0
         if self.state is not CircuitState.CLOSED:
-            self.state, self.trips, self.probing = CircuitState.CLOSED, 0, False
+            self.state, self.trips, self.probe = CircuitState.CLOSED, 0, 0
 
     def failure(self, now: float) -> bool:
         """Count a failure; True if it opened the circuit."""
@@ -85,7 +110,7 @@ class Breaker:
         period = min(self.policy.max_open_for, self.policy.open_for * 2 ** (self.trips - 1))
         self.state = CircuitState.OPEN
         self.open_until = max(until or 0.0, now + period)
-        self.probing = False
+        self.probe = 0
 
     def _record(self, now: float, ok: bool) -> None:
         width = self.policy.window / WINDOW_SLOTS

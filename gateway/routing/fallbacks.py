@@ -25,9 +25,8 @@ from gateway.routing import router, sizing
 from gateway.routing.router import Routing, Served
 from providers.contract.errors import GatewayError, UpstreamClientError
 from providers.contract.provider import Answer, Outgoing, Provider, Reply
-from providers.contract.refusals import filtered
-from providers.contract.stream import Opened
-from providers.wire import sse
+from providers.contract.refusals import filtered, filtered_first
+from providers.contract.stream import Opened, settle
 
 CONTEXT_REASONS = frozenset({sizing.TOO_SMALL, "context_length_exceeded"})
 POLICY = "content_policy"
@@ -78,7 +77,7 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
                 # Read only for an alias with a chain for refusals: it costs a decode.
                 refusals = _within(chain.snapshot.chains.after(alias, POLICY), may_reach) \
                     if rest is None else ()
-                if not (refusals and _emptied(served.answer)):
+                if not (refusals and await _emptied(served.answer)):
                     if held is not None:
                         await held[1].answer.close()
                     return name, served
@@ -110,14 +109,19 @@ async def _attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, cha
         raise
 
 
-def _emptied(answer: Answer) -> bool:
-    """A whole answer, or a stream's first event, that a content filter stopped before any
-    content (later events of a stream are not waited for)."""
+async def _emptied(answer: Answer) -> bool:
+    """A whole answer, or a stream, that a content filter stopped before any content. A
+    stream is read on until its first content (or its end): events that write nothing (a
+    role, filter results) come first, so the filter's finish may follow them; the first
+    content is never waited past, nor anything after it."""
     if isinstance(answer, Reply):
         return filtered([answer.body])
-    if isinstance(answer, Opened):
-        return filtered(event.data for event in sse.Reader().feed(answer.head)
-                        if not event.done)
+    if isinstance(answer, Opened) and answer.media_type is None:
+        try:
+            return await settle(answer, filtered_first)
+        except BaseException:  # the client left while the stream was read: let it go
+            await answer.close()
+            raise
     return False
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gateway.core.settings import Route
-from gateway.routing.circuit import Breaker, CircuitState
+from gateway.routing.circuit import Breaker, CircuitState, Claim
 from providers.contract.errors import ProviderError, ProviderRateLimited
 from providers.contract.spec import CircuitPolicy
 
@@ -103,9 +103,9 @@ class ProviderHealth:
             ready += [Planned(route, forced=True) for _, _, route in excluded]
         return ready
 
-    def acquire(self, planned: Planned, policy: CircuitPolicy) -> bool:
-        """Claim a try at the route's circuit (half-open lets one probe through); False when
-        refused. A forced try goes without a claim, and must not release one it never held."""
+    def acquire(self, planned: Planned, policy: CircuitPolicy) -> Claim | None:
+        """Claim a try at the route's circuit (half-open lets one probe through); None when
+        refused. A forced try then goes without a claim: it has no probe of its own to free."""
         return self.breaker(planned.route, policy).acquire(self.clock())
 
     def succeeded(self, planned: Planned, policy: CircuitPolicy) -> None:
@@ -115,8 +115,10 @@ class ProviderHealth:
         if planned.forced:
             self.cooldowns.pop(planned.route.provider, None)
 
-    def failed(self, route: Route, policy: CircuitPolicy, error: ProviderError) -> None:
-        """Count a failure; a 429 cools the whole provider down instead."""
+    def failed(self, route: Route, policy: CircuitPolicy, error: ProviderError,
+               claim: Claim | None = None) -> None:
+        """Count a failure; a 429 cools the whole provider down instead, and frees the probe
+        `claim` holds, if any (never another request's)."""
         if not policy.enabled:
             return
         now = self.clock()
@@ -125,15 +127,17 @@ class ProviderHealth:
             if until > self.cooldowns.get(route.provider, 0.0):
                 self.cooldowns[route.provider] = until
                 self._announce(Change(route.provider, None, until))
-            self.breaker(route, policy).release()
+            if claim is not None:
+                self.breaker(route, policy).release(claim)
             return
         breaker = self.breaker(route, policy)
         if breaker.failure(now):
             self._announce(Change(route.provider, route.upstream_model, breaker.open_until,
                                   breaker.trips))
 
-    def released(self, route: Route, policy: CircuitPolicy) -> None:
-        self.breaker(route, policy).release()
+    def released(self, route: Route, policy: CircuitPolicy, claim: Claim) -> None:
+        """The claimed try ended without a verdict: its probe, if it was one, is free."""
+        self.breaker(route, policy).release(claim)
 
     def apply_remote(self, change: Change, policy: CircuitPolicy | None = None) -> None:
         """Take in a trip or cooldown another process saw."""
@@ -154,7 +158,7 @@ class ProviderHealth:
             breaker.state = CircuitState.OPEN
             breaker.open_until = change.until
             breaker.trips = max(breaker.trips, change.trips)
-            breaker.probing = False
+            breaker.probe = 0
 
     def snapshot(self) -> list[dict[str, object]]:
         """Every breaker and cooldown, for /ready, metrics and the status page."""

@@ -33,6 +33,7 @@ from gateway.core.settings import Route, Snapshot
 from gateway.routing.health import Planned, ProviderHealth
 from gateway.routing.hedging import AliasHedging
 from gateway.routing.strategy import Latencies
+from gateway.routing.verdicts import judged
 from providers.contract.errors import (
     ContentRefused,
     ContextLengthExceeded,
@@ -42,7 +43,7 @@ from providers.contract.errors import (
 from providers.contract.failover import NoneAnswered, first_answer
 from providers.contract.provider import Answer, Gathering, Outgoing, Provider, Reply
 from providers.contract.spec import CircuitPolicy, Retries
-from providers.contract.stream import UNREADABLE_ANSWER, unreadable
+from providers.contract.stream import UNREADABLE_ANSWER, Opened, unreadable
 from providers.contract.usage import Usage
 
 
@@ -259,8 +260,8 @@ class _Trying:
         health, plan = self.routing.health, candidate.plan
         provider, route, policy = candidate.provider, plan.route, candidate.provider.spec.circuit
         retries = provider.spec.retries
-        claimed = health is not None and health.acquire(plan, policy)
-        if health is not None and not claimed and not plan.forced:
+        claim = health.acquire(plan, policy) if health is not None else None
+        if health is not None and claim is None and not plan.forced:
             if route not in self.tried:
                 self.candidates.append(_Candidate(provider, plan._replace(forced=True)))
             raise CircuitOpen(f"circuit open for {route.provider}/{route.upstream_model}")
@@ -268,6 +269,7 @@ class _Trying:
         verdict = False
         try:
             won = await run()
+            verdict = True  # given below: now, or by a stream when it ends
         except ProviderError as exc:
             if exc.retry_after is not None:  # every provider's hint is bounded here, once
                 exc.retry_after = min(exc.retry_after, retries.max_retry_after)
@@ -276,7 +278,7 @@ class _Trying:
                                        exc.message, exc.retry_after))
             self._learn(route, exc)
             if health is not None and verdict and not isinstance(exc, CircuitOpen):
-                health.failed(route, policy, exc)
+                health.failed(route, policy, exc, claim)
             raise
         except UpstreamClientError:
             verdict = True  # the provider answered sensibly: it is healthy
@@ -284,9 +286,12 @@ class _Trying:
                 health.succeeded(plan, policy)
             raise
         finally:
-            if health is not None and claimed and not verdict:
-                health.released(route, policy)
-        if health is not None:
+            if health is not None and claim is not None and not verdict:
+                health.released(route, policy, claim)
+        if health is not None and isinstance(won.answer, Opened) and policy.enabled:
+            # A break mid-stream is a failure too: the verdict waits for the stream's end.
+            judged(won.answer, health, plan, policy, claim, self.request.resumes)
+        elif health is not None:
             health.succeeded(plan, policy)
         return won
 

@@ -69,8 +69,19 @@ def classify(status: int, message: str, error_type: str | None, code: str | None
 
 
 class _Message(msgspec.Struct):
+    """What a message (or a stream's delta) writes: any of these, and it has begun."""
+
     content: Any = None
     tool_calls: Any = None
+    function_call: Any = None
+    refusal: Any = None  # the model's own refusal, in its words: an answer
+    audio: Any = None
+    reasoning_content: Any = None
+    reasoning: Any = None
+
+    def wrote(self) -> bool:
+        return bool(self.content or self.tool_calls or self.function_call or self.refusal
+                    or self.audio or self.reasoning_content or self.reasoning)
 
 
 class _Choice(msgspec.Struct):
@@ -89,7 +100,8 @@ _ANSWER = msgspec.json.Decoder(_Answer)
 def filtered(payloads: Iterable[bytes]) -> bool:
     """Whether a chat answer (a whole body, or a stream's first events) was stopped by a
     content filter before any of it was written: `finish_reason: content_filter` with no
-    content and no tool call before it. A partly written answer is an answer."""
+    content, tool call, refusal, audio or reasoning before it. A partly written answer is an
+    answer."""
     for payload in payloads:
         if (settled := filtered_first(payload)) is not None:
             return settled
@@ -98,15 +110,15 @@ def filtered(payloads: Iterable[bytes]) -> bool:
 
 def filtered_first(payload: bytes) -> bool | None:
     """What one chat answer event says of `filtered`: True (the filter stopped it before
-    any content), False (content or a tool call came, or it is no answer), None (not yet: an
-    event that writes nothing, such as a role or Azure's prompt filter results)."""
+    any content), False (something was written, or it is no answer), None (not yet: an event
+    that writes nothing, such as a role, Azure's prompt filter results or usage)."""
     try:
         choices = _ANSWER.decode(payload).choices or []
     except (msgspec.DecodeError, msgspec.ValidationError):
         return False
     for choice in choices:
         said = choice.message or choice.delta
-        if said is not None and (said.content or said.tool_calls):
+        if said is not None and said.wrote():
             return False
         if choice.finish_reason == "content_filter":
             return True

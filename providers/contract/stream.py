@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +39,9 @@ END_OF_BODY_GRACE = 0.25
 # not expect (a list where an object belongs): the upstream's fault, not the gateway's.
 UNREADABLE_ANSWER = (TypeError, ValueError, KeyError, AttributeError, IndexError,
                      msgspec.MsgspecError)
+# How many events `settle` reads ahead at most: those that write nothing (a role, a provider's
+# filter results, usage) are few before the first content of any stream.
+MAX_SETTLING_EVENTS = 32
 _UNDECODABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
@@ -219,6 +222,66 @@ async def flowing(chunks: AsyncIterator[bytes], media_type: str) -> Opened:
     except BaseException:
         await close_quietly(chunks)
         raise
+
+
+async def settle(opened: Opened, says: Callable[[bytes], bool | None],
+                 most: int = MAX_SETTLING_EVENTS) -> bool:
+    """Whether `says` is True of the first event of `opened` that settles it (True or False;
+    None: not yet): the events at hand first, then read on until one settles it, `[DONE]`,
+    the end of the stream, or `most` events. What was read ahead is given back first, unread
+    (its consumer's watch reads it then), so nothing waits longer than for that event."""
+    reader = sse.Reader()
+    events = 0
+    for event in reader.feed(opened.head):
+        events += 1
+        settled = False if event.done else says(event.data)
+        if settled is not None:
+            return settled
+    read: list[bytes] = []
+    settled = None
+    failure: Exception | None = None
+    try:
+        while settled is None and events < most:
+            try:
+                chunk = await anext(opened.rest)
+            except StopAsyncIteration:
+                break
+            read.append(chunk)
+            for event in reader.feed(chunk):
+                events += 1
+                settled = False if event.done else says(event.data)
+                if settled is not None:
+                    break
+    except (ProviderError, *UNREADABLE_ANSWER) as exc:  # a break: the consumer's to report
+        failure = exc.with_traceback(None)  # its frames hold `opened`: no cycle through it
+    if read or failure is not None:
+        opened.rest = _Ahead(read, failure, opened.rest)
+    return bool(settled)
+
+
+class _Ahead:
+    """Chunks read ahead of a stream's consumer, given back first, then the error that ended
+    the reading (if one did), then the rest."""
+
+    def __init__(self, read: list[bytes], failure: Exception | None,
+                 rest: AsyncIterator[bytes]) -> None:
+        self._read = read
+        self._failure = failure
+        self._rest = rest
+
+    def __aiter__(self) -> _Ahead:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._read:
+            return self._read.pop(0)
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        return await anext(self._rest)
+
+    async def aclose(self) -> None:
+        await close_quietly(self._rest)
 
 
 def event_object(data: bytes) -> dict[str, Any] | None:
