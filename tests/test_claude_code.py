@@ -66,7 +66,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory,
             fakes: dict[str, FakeUpstream]) -> Iterator[GatewayProcess]:
     doc = config({
         "claude": {"type": "anthropic", "base_url": fakes[NATIVE].base_url.removesuffix("/v1"),
-                   "api_key": "an-key-000000", "models": {NATIVE: "claude-sonnet-4-5"}},
+                   "api_key": "an-key-000000", "models": {NATIVE: "claude-sonnet-4-5"},
+                   # The operator lets Claude Code's betas through (none pass unless listed).
+                   "betas": BETAS.split(",")},
         "chat": provider(fakes[CHAT].base_url, {CHAT: "kimi-k2"}),
     }, defaults={"circuit": {"enabled": False}}, server={"api_keys": [KEY]},
         # Claude Code's own names, whatever this release calls its models.
@@ -237,7 +239,10 @@ def test_the_configured_betas_and_the_client_s_both_reach_anthropic(
     doc = config({"claude": {
         "type": "anthropic", "base_url": fakes[NATIVE].base_url.removesuffix("/v1"),
         "api_key": "an-key-000000", "models": {NATIVE: "claude-sonnet-4-5"},
-        "headers": {"Anthropic-Beta": "files-api-2025-04-14,context-management-2025-06-27"}}})
+        "headers": {"Anthropic-Beta": "files-api-2025-04-14,context-management-2025-06-27"},
+        "betas": ["claude-code-*", "interleaved-thinking-*", "context-management-*",
+                  "mid-conversation-tool-changes-*", "thinking-token-count-*",
+                  "advanced-tool-use-*", "effort-*", "files-api-*"]}})
     gateway = GatewayProcess(tmp_path, doc).start()
     try:
         body = {**REQUESTS[0], "stream": False}

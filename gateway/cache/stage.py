@@ -5,7 +5,7 @@ cache serves, when the defaults or some alias give the cache a `ttl`."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,7 +32,8 @@ def stage_of(snapshot: Snapshot, store: ResponseCache, metrics: Metrics) -> Stag
 
     async def stage(call: Call, following: Next) -> Delivery:
         ttl = snapshot.policy(call.alias).cache.ttl
-        kept = caching(call.headers, call.record, ttl, call.outgoing.json(), store, metrics) \
+        kept = caching(call.headers, call.record, ttl, call.outgoing.json(), store, metrics,
+                       forwarded(call)) \
             if ttl and call.outgoing is not None else None
         if kept is None:
             return await following(call)
@@ -64,13 +65,25 @@ class Caching:
     metrics: Metrics
 
 
+def forwarded(call: Call) -> list[str]:
+    """The client's betas some provider would send upstream with this call: those alone can
+    change its answer (the others are dropped before any upstream sees them)."""
+    outgoing = call.outgoing
+    if outgoing is None or not outgoing.betas:
+        return []
+    return sorted({beta for provider in call.providers.values()
+                   for beta in provider.forwarded_betas(outgoing)})
+
+
 def caching(headers: Mapping[str, str], record: Record, ttl: float | None,
-            body: Mapping[str, Any], store: ResponseCache, metrics: Metrics) -> Caching | None:
-    """How the cache takes this request; None when its alias is not cached."""
+            body: Mapping[str, Any], store: ResponseCache, metrics: Metrics,
+            betas: Sequence[str] = ()) -> Caching | None:
+    """How the cache takes this request (`betas`: those that may reach an upstream); None
+    when its alias is not cached."""
     if not ttl or record.endpoint not in cache.ENDPOINTS or record.model is None:
         return None
     read, write = cache.bypassed(headers)
-    key = cache.key_of(record.endpoint, record.model, body, record.key_id)
+    key = cache.key_of(record.endpoint, record.model, body, record.key_id, betas)
     if not read:
         metrics.cache_lookup(record.model, "bypass")
     return Caching(key, read, write, time.time() + ttl, store, metrics)

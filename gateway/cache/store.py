@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -90,10 +90,15 @@ def sound(cached: Cached) -> bool:
     return watch.done and watch.finished and watch.error_event is None
 
 
-def key_of(endpoint: str, alias: str, body: Mapping[str, Any], scope: str | None) -> str:
-    """The cache key: the alias, the body without `_IGNORED` fields, and who asked."""
+def key_of(endpoint: str, alias: str, body: Mapping[str, Any], scope: str | None,
+           betas: Sequence[str] = ()) -> str:
+    """The cache key: the alias, the body without `_IGNORED` fields, who asked, and the betas
+    that may reach an upstream with it (a beta changes what the same body answers)."""
     kept = {name: value for name, value in body.items() if name not in _IGNORED}
-    identity = msgspec.json.encode([endpoint, alias, scope, kept], order="sorted")
+    named: list[Any] = [endpoint, alias, scope, kept]
+    if betas:  # a request without betas keeps the key it always had
+        named.append(sorted(betas))
+    identity = msgspec.json.encode(named, order="sorted")
     return hashlib.sha256(identity).hexdigest()
 
 

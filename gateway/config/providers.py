@@ -94,6 +94,7 @@ def provider(name: str, raw: dict[str, Any], timeouts: Timeouts, retries: Retrie
         stream_upstream=stream_upstream if entry.stream_upstream is None
         else entry.stream_upstream,
         credentials=tuple(Secret(v) for v in _credentials(raw, environ)),
+        betas=entry.betas,
     )
     if spec.base_url and spec.enabled:
         try:  # an environment proxy the transport cannot use, named with its variable

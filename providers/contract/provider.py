@@ -254,6 +254,11 @@ class Provider(ABC):
         upstream that does not know them may refuse them."""
         return False
 
+    def forwarded_betas(self, request: Outgoing) -> list[str]:
+        """The client's betas (`request.betas`) this provider sends upstream with `request`:
+        what, beside the body, may change its answer (the response cache's key)."""
+        return []
+
     @property
     def embedding_batch_limit(self) -> int | None:
         """The most inputs one upstream embeddings call may carry."""
@@ -297,6 +302,9 @@ class Adapter(Provider):
 
     def takes_cache_control(self, upstream_model: str) -> bool:
         return self.inner.takes_cache_control(upstream_model)
+
+    def forwarded_betas(self, request: Outgoing) -> list[str]:
+        return self.inner.forwarded_betas(request)
 
     @property
     def embedding_batch_limit(self) -> int | None:

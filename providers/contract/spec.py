@@ -111,11 +111,19 @@ class ProviderEntry(msgspec.Struct, frozen=True):
     # Paths `/passthrough/{provider}/{path}` may relay (fnmatch patterns), read from `raw` by
     # `gateway.edge.passthrough`; typed here so a wrong one is a config error.
     passthrough: tuple[str, ...] = ()
+    # The client `anthropic-beta` values an `anthropic` provider forwards (fnmatch patterns):
+    # a beta switches features on the operator's key, premium ones included, so none is
+    # forwarded unless listed here; the others are dropped from what goes upstream.
+    betas: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for pattern in self.passthrough:
             if not pattern.startswith("/"):
                 raise ValueError(f"passthrough path {pattern!r} must start with '/'")
+        for beta in self.betas:
+            if not beta or "," in beta or beta != beta.strip():
+                raise ValueError(f"betas: {beta!r} is not a beta name (one name or pattern, "
+                                 "no commas or spaces)")
 
 
 class Secret:
@@ -167,6 +175,13 @@ class ProviderSpec:
     # Credentials a kind reads from its own fields (an Entra secret, an AWS key), resolved: the
     # redactor removes them from everything that leaves, as it does `api_key`.
     credentials: tuple[Secret, ...] = field(default=(), repr=False)
+    # The client betas it forwards (`ProviderEntry.betas`), as patterns.
+    betas: tuple[str, ...] = ()
+
+    def forwarded(self, header: str | None) -> list[str]:
+        """The betas of a client's `anthropic-beta` header this provider lets through."""
+        return [beta for beta in betas_in(header)
+                if any(fnmatch.fnmatchcase(beta, pattern) for pattern in self.betas)]
 
     def link_for(self, url: str | None) -> Link:
         """How to reach `url` for this provider: its proxy (from llms.json, or the environment's
@@ -176,6 +191,13 @@ class ProviderSpec:
         if isinstance(proxy, ProxyEnvironment):
             proxy = proxy.proxy_for(url) if url else None
         return Link(proxy, self.tls, self.max_answer_bytes)
+
+
+def betas_in(header: str | None) -> list[str]:
+    """The beta names an `anthropic-beta` header holds, once each, in its order."""
+    if not header:
+        return []
+    return list(dict.fromkeys(b.strip() for b in header.split(",") if b.strip()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import msgspec
 from providers.contract.errors import BadUpstreamResponse, NotFound, ProviderUnavailable
 from providers.contract.messages import STOP_REASONS, usage_of
 from providers.contract.provider import Outgoing, Provider, Reply
-from providers.contract.spec import ProviderSpec
+from providers.contract.spec import ProviderSpec, betas_in
 from providers.contract.stream import event_object
 from providers.contract.translate import translated
 from providers.contract.transport import Transport
@@ -258,14 +258,22 @@ class AnthropicProvider(Provider):
         results, _ = await self.http.call("GET", url, None)
         return batches.results_file(results, which, to_chat_completion)
 
-    def _betas(self, request: Outgoing) -> dict[str, str] | None:
-        """The client's betas beside the configured ones, for a body relayed as the client
-        wrote it: without them Anthropic refuses the fields they enable."""
+    def forwarded_betas(self, request: Outgoing) -> list[str]:
+        """The client's betas this provider lets through (`betas` in llms.json), for a body
+        relayed as the client wrote it. A beta not listed is dropped, never refused: it would
+        switch a feature on (and bill it) on the operator's key."""
         if request.endpoint not in NATIVE or not request.betas:
+            return []
+        return self.spec.forwarded(request.betas)
+
+    def _betas(self, request: Outgoing) -> dict[str, str] | None:
+        """The betas sent: the configured ones and the client's forwarded ones, without
+        which Anthropic refuses the fields they enable."""
+        forwarded = self.forwarded_betas(request)
+        if not forwarded:
             return None
-        named = f"{self._configured_betas},{request.betas}".split(",")
-        return {self._beta_header: ",".join(dict.fromkeys(b.strip() for b in named
-                                                           if b.strip()))}
+        named = betas_in(",".join((self._configured_betas, *forwarded)))
+        return {self._beta_header: ",".join(named)}
 
     async def send(self, request: Outgoing, upstream_model: str) -> Reply:
         url = NATIVE.get(request.endpoint, "")
