@@ -144,7 +144,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         accounts = Accounts(Database(snapshot.database.url or IN_MEMORY), snapshot.database,
                             lambda provider, alias: runtime.price_of(provider, alias),
                             lambda alias, provider: runtime.route_of(alias, provider),
-                            ledger or machine)
+                            ledger or machine, alone=_alone(snapshot, redis))
         await accounts.start()
         app.state.spend = Overview(accounts)  # the status page's spend, read every 10 s at most
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
@@ -189,6 +189,14 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 get_logger().exception("shutdown_cleanup_failed")
             if tracing is not None:  # the spans still queued are exported
                 await tracing.close()
+
+
+def _alone(snapshot: Snapshot, redis: Redis | None) -> bool:
+    """Whether no other process reads this accounts database: one worker, a SQLite file, no
+    Redis (replicas share one). Else a request without a key asks the database first."""
+    workers = os.environ.get(WORKERS_ENV, "1")
+    url = snapshot.database.url or IN_MEMORY
+    return workers == "1" and url.startswith("sqlite") and redis is None
 
 
 def _machine_ledger(snapshot: Snapshot) -> FileLedger | None:

@@ -65,6 +65,19 @@ def identify(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts 
     return _known(key, snapshot, accounts, keyed)
 
 
+async def admitted(headers: Mapping[str, str], snapshot: Snapshot,
+                   accounts: Accounts | None = None, *, reading: bool = False,
+                   public: bool = False) -> GatewayKey | Account | None:
+    """`identify`, where a route would serve without a key only once the accounts say no key
+    was made yet as their database holds it now (`Accounts.keyless`): a first key made on
+    another worker or replica is required here the moment its admin answer is back."""
+    key = identify(headers, snapshot, accounts, reading=reading, public=public)
+    if key is None and accounts is not None and not accounts.alone \
+            and not await accounts.keyless():
+        key = identify(headers, snapshot, accounts, reading=reading, public=public)
+    return key
+
+
 def _known(key: str, snapshot: Snapshot, accounts: Accounts | None, keyed: bool = True
            ) -> GatewayKey | Account:
     matched = _match(key, snapshot.keys + snapshot.admin_keys)

@@ -2,13 +2,16 @@
 
 The database is polled for its revision (one small read); when an admin changed something the
 whole directory is read again and swapped in one assignment, so a revocation reaches every
-worker and replica within the poll interval. If the database is down the last directory keeps
+worker and replica within the poll interval. A process that may share its database with others
+reads it again before it serves a request without a key (`fresh`), so the first key made on any
+of them closes every one at once. If the database is down the last directory keeps
 serving. With each read comes what every budgeted scope has spent in its current period, the
 starting point of a ledger that sees the period for the first time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +43,11 @@ class Directory:
 
     def __init__(self) -> None:
         self.known = Known()
+        # Reads for `fresh`: how many began, the last one's number once it ended, and the turn
+        # they take (one at a time; a caller joins the next read, never one already under way).
+        self._begun = 0
+        self._ended = 0
+        self._turn = asyncio.Lock()
 
     def find(self, secret: str) -> Account | None:
         """The account a presented key opens, if any (expired ones included)."""
@@ -52,6 +60,19 @@ class Directory:
     def spent(self, scope_id: str, start: float) -> float:
         """Dollars the database knew `scope_id` spent since `start`, at the last read."""
         return self.known.spent.get((scope_id, start), 0.0)
+
+    async def fresh(self, db: Database, now: float | None = None) -> None:
+        """The directory as the database holds it now: read again unless a read that began
+        after this call has ended meanwhile (callers that come together share one read)."""
+        arrived = self._begun
+        async with self._turn:
+            if self._ended > arrived:
+                return
+            self._begun += 1
+            try:
+                await self.refresh(db, now)
+            finally:
+                self._ended = self._begun
 
     async def refresh(self, db: Database, now: float | None = None) -> bool:
         """Read the database again if it changed; whether it did."""

@@ -70,7 +70,7 @@ class Accounts:
                  price_of: Callable[[str, str], Price | None],
                  route_of: Callable[[str, str], Route | None],
                  shared: Ledger | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, alone: bool = True) -> None:
         self.db = db
         self.settings = settings
         self.price_of = price_of  # (provider, alias) -> its price
@@ -78,6 +78,9 @@ class Accounts:
         self.shared = shared
         self.clock = clock
         self.directory = Directory()
+        # No other process reads this database (one worker, its own SQLite file, no Redis):
+        # its own admin routes are the only way a key appears while it serves.
+        self.alone = alone
         self.local = LocalLedger(clock)
         self.parallel: Counter[str] = Counter()
         self.buffer: deque[tuple[Any, ...]] = deque()  # spend rows, but their upstream model
@@ -177,6 +180,19 @@ class Accounts:
         never read (a database down at start must not open the gateway)."""
         known = self.directory.known
         return known.ever or known.revision < 0
+
+    async def keyless(self) -> bool:
+        """Whether a request without a key may still be served: no key was ever made, as the
+        database says now when another worker or replica may have made the first one (their
+        admin answer returned, so none of their key's requests may go uncharged here)."""
+        if self.keys_required:
+            return False
+        if not self.alone:
+            try:
+                await self.directory.fresh(self.db, self.clock())
+            except DatabaseUnavailable as exc:  # the last directory serves, as for keys
+                self._mark(False, exc)
+        return not self.keys_required
 
     def find(self, secret: str) -> Account | None:
         return self.directory.find(secret)

@@ -1,10 +1,10 @@
 """The accounts' stages: who a call runs as (`keys`), and what it may cost (`budget`).
 
 `keys` comes first on every relay endpoint: the key presented (or given by whoever runs the
-call, a batch's owner), a virtual key's expiry and parallel limit, and the per-minute limits of
-the key and its team, all before the body is read. `budget` comes after admission, once the
-alias and its candidates are known (and a Responses turn's stored conversation, `previous`): the
-request's worst case, over every candidate it may reach (its fallbacks' too, those its key may
+call, a batch's owner), or none while no key was ever made (`auth.admitted`), a virtual key's
+expiry and parallel limit, and the per-minute limits of the key and its team, all before the
+body is read. `budget` comes after admission, once the alias and its candidates are known (and
+a Responses turn's stored conversation, `previous`): the request's worst case, over every candidate it may reach (its fallbacks' too, those its key may
 use), is held against every budget it falls under before it waits or reaches a provider
 (settled when its record ends, `Accounts.ended`). A budgeted key never reaches a model without
 a price: asked for, it is refused (`ModelUnpriced`); as a fallback, it is passed over.
@@ -41,7 +41,7 @@ def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) ->
     """The stage that finds the call's key and checks its limits."""
 
     async def stage(call: Call, following: Next) -> Delivery:
-        key = call.key if call.caller else auth.identify(call.headers, snapshot, accounts)
+        key = call.key if call.caller else await auth.admitted(call.headers, snapshot, accounts)
         call.key = key
         if key is not None:
             call.record.key_id = key.limits.key_id
