@@ -164,6 +164,8 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         supervisor.start("batches", batches.run)
         if ledger is not None:
             supervisor.start("budget_settlements", ledger.run)
+        if ledger is not None or machine is not None:
+            supervisor.start("parallel_leases", accounts.lease)
         if redis is not None:
             shared = RedisSync(state, redis, runtime.health, runtime.limiter,
                                runtime.longest_cooldown, runtime.latencies)

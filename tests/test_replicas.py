@@ -8,15 +8,25 @@ again within its lease, while a slot whose request still runs is kept.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+from redis.asyncio import Redis
 
+from gateway.accounts.account import Slots
+from gateway.accounts.file_ledger import FileLedger
+from gateway.accounts.ledger import Hold, Ledger, Over, RedisLedger
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
-from tests.upstream import FakeUpstream
+from tests.redis_server import RedisServer
+from tests.upstream import FakeUpstream, held
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -70,3 +80,103 @@ def story_of_the_first_key(gateway: GatewayProcess, upstream: FakeUpstream) -> N
     assert len(upstream.requests) == served, "nothing went upstream uncharged"
     wait_until(lambda: len(pids(gateway, 401)) == 2, what="both workers refusing")
     assert chat(gateway, made.json()["key"]).status_code == 200
+
+
+def replicas(tmp_path: Path, upstreams: list[FakeUpstream], redis: RedisServer,
+             **sections: Any) -> tuple[GatewayProcess, GatewayProcess]:
+    """Two gateways as two replicas run them: one accounts database, one Redis; the model
+    `m` served by the first upstream, `k` by the second."""
+    doc = config({"main": provider(upstreams[0].base_url, {"m": "m"}),
+                  "other": provider(upstreams[-1].base_url, {"k": "k"})},
+                 database={"url": f"sqlite:///{tmp_path / 'accounts.db'}", **sections.pop(
+                     "database", {})},
+                 state={"backend": "redis", "url": redis.url}, **sections)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    return GatewayProcess(tmp_path / "one", doc), GatewayProcess(tmp_path / "two", doc)
+
+
+def in_background(call: Callable[[], httpx.Response]) -> concurrent.futures.Future[Any]:
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(call)
+    pool.shutdown(wait=False)
+    return future
+
+
+def test_a_killed_replica_s_parallel_slot_is_free_again_within_its_lease(
+        tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream],
+        redis_server: RedisServer) -> None:
+    first, second = upstream_factory("first"), upstream_factory("second")
+    one, two = replicas(tmp_path, [first, second], redis_server,
+                        database={"parallel_lease": 1})
+    with running(one, two):
+        made = httpx.post(f"{one.url}/admin/keys", json={"name": "one-at-a-time",
+                                                         "max_parallel": 1}, timeout=10)
+        key = made.json()["key"]
+        wait_until(lambda: chat(two).status_code == 401, what="the key known to both")
+        assert chat(two, key, model="k").status_code == 200
+
+        first.set_mode(held())
+        running_on_two = in_background(lambda: chat(two, key))
+        wait_until(lambda: first.requests, what="a request running on two")
+        time.sleep(3)  # three leases: its slot is held as long as the request runs
+        assert chat(one, key, model="k").status_code == 429
+        first.release()
+        assert running_on_two.result(timeout=10).status_code == 200
+
+        second.set_mode(held())
+        killed = in_background(lambda: chat(one, key, model="k"))
+        wait_until(lambda: len(second.requests) == 2, what="a request running on one")
+        assert chat(two, key).status_code == 429, "one request at a time, across replicas"
+        os.killpg(one.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        one.process.wait()  # type: ignore[union-attr]
+
+        wait_until(lambda: chat(two, key).status_code == 200, within=10,
+                   what="the killed replica's slot free again after about its lease")
+        assert isinstance(killed.exception(timeout=10), httpx.HTTPError)
+
+
+ONE_AT_A_TIME = Slots("key", "key_a", 1)
+LEASE = 10.0
+
+
+def nothing_before(scope_id: str, start: float) -> float:
+    return 0.0
+
+
+async def lease_story(ledgers: list[Ledger]) -> None:
+    """On an injected clock: a slot renewed while its request runs stays held past its lease;
+    one its process no longer renews is taken by another process after about the lease."""
+    first, second = ledgers[0], ledgers[-1]
+    held = await first.reserve([ONE_AT_A_TIME], 1, nothing_before, 1000.0, LEASE)
+    assert isinstance(held, Hold)
+    for now in (1004.0, 1008.0, 1012.0, 1016.0):  # renewed, a third of the lease apart
+        await first.renew([held], now, LEASE)
+        assert isinstance(await second.reserve([ONE_AT_A_TIME], 1, nothing_before, now + 1,
+                                               LEASE), Over)
+    # Its process is gone: nothing renews it.
+    assert isinstance(await second.reserve([ONE_AT_A_TIME], 1, nothing_before, 1020.0, LEASE),
+                      Over)
+    taken = await second.reserve([ONE_AT_A_TIME], 1, nothing_before, 1016.0 + LEASE + 2,
+                                 LEASE)
+    assert isinstance(taken, Hold), "free again within about the lease, not an hour"
+
+
+def test_slot_leases_on_the_machine_s_file(tmp_path: Path) -> None:
+    ledgers = [FileLedger(tmp_path / "budgets.sqlite3") for _ in range(2)]
+    try:
+        asyncio.run(lease_story(list(ledgers)))
+    finally:
+        for ledger in ledgers:
+            ledger.close()
+
+
+def test_slot_leases_in_redis(redis_server: RedisServer) -> None:
+    async def story() -> None:
+        clients = [Redis.from_url(redis_server.url) for _ in range(2)]
+        try:
+            await lease_story([RedisLedger(client, "test:") for client in clients])
+        finally:
+            for client in clients:
+                await client.aclose()
+    asyncio.run(story())

@@ -29,6 +29,7 @@ from gateway.accounts.ledger import (
     LedgerUnavailable,
     Over,
     Windows,
+    expiry,
     new_id,
 )
 from providers.contract.log import get_logger
@@ -106,13 +107,13 @@ class FileLedger:
             self.db.execute("COMMIT")
 
     async def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
-                      now: float) -> Hold | Over:
+                      now: float, ttl: float = HOLD_TTL) -> Hold | Over:
         """All scopes held in one transaction, or none, on the ledger's thread."""
         entries = [(scope, start, end, round(known(scope.id, start) * NANO))
                    for scope, start, end in self.windows.entries(scopes, now)]
         hold = Hold(new_id(), tuple((scope.id, start) for scope, start, _, _ in entries), amount,
                     0.0)
-        job = self.thread.submit(self._reserve, hold, entries, now,
+        job = self.thread.submit(self._reserve, hold, entries, now, expiry(now, ttl),
                                  time.monotonic() + LOCK_WAIT)
         try:
             return await asyncio.wrap_future(job)
@@ -128,8 +129,24 @@ class FileLedger:
             with contextlib.suppress(RuntimeError):  # closing: the hold expires by itself
                 self.settle(held, 0)
 
-    def _reserve(self, hold: Hold, entries: list[_Entry], now: float, deadline: float
-                 ) -> Hold | Over:
+    async def renew(self, holds: Sequence[Hold], now: float, ttl: float) -> None:
+        """One transaction for every hold still held, on the ledger's thread."""
+        if not holds:
+            return
+        job = self.thread.submit(self._renew, [h.id for h in holds], expiry(now, ttl),
+                                 time.monotonic() + LOCK_WAIT)
+        try:
+            await asyncio.wrap_future(job)
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(type(exc).__name__) from exc
+
+    def _renew(self, ids: list[str], until: int, deadline: float) -> None:
+        with self._transaction(deadline) as db:
+            db.executemany("UPDATE holds SET deadline = ? WHERE id = ?",
+                           [(until, hold_id) for hold_id in ids])
+
+    def _reserve(self, hold: Hold, entries: list[_Entry], now: float, until: int,
+                 deadline: float) -> Hold | Over:
         if time.monotonic() >= deadline:  # asked while the file was held: not worth a try now
             raise LedgerUnavailable("the budgets file stayed locked")
         amount = hold.amount
@@ -151,7 +168,7 @@ class FileLedger:
                 db.execute("UPDATE counts SET reserved = reserved + ? WHERE entry = ?",
                            (amount, key))
                 db.execute("INSERT INTO holds VALUES (?, ?, ?, ?)",
-                           (hold.id, key, amount, now + HOLD_TTL))
+                           (hold.id, key, amount, until))
         hold.remaining = min(remaining, default=0) / NANO
         return hold
 

@@ -7,7 +7,9 @@ others hold. `LocalLedger` keeps the counts in this process (one worker); `FileL
 SQLite file the workers of one machine share; `RedisLedger` in Redis, reserved by one script,
 so every worker and replica shares them. A hold carries a
 deadline: one whose request never settled (its process died) is released by the next reservation
-that looks at its budget.
+that looks at its budget. A parallel slot's deadline is a short lease (`database.parallel_lease`)
+its process renews while the request runs (`renew`), so a killed process's slots are free again
+within about the lease, not the hour a budget's hold may wait.
 
 Amounts are integer nano-dollars. The spent a budget starts a period with is what the database
 knew when the ledger first saw the period (`known`); from then on the ledger is the count.
@@ -77,12 +79,23 @@ class Ledger(Protocol):
     """Where budgets are counted that several processes share (Redis, the machine's file)."""
 
     async def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
-                      now: float) -> Hold | Over:
-        """Hold `amount` against every scope, or none; LedgerUnavailable when it cannot
-        answer."""
+                      now: float, ttl: float = HOLD_TTL) -> Hold | Over:
+        """Hold `amount` against every scope, or none, until `now + ttl` at least unless
+        renewed; LedgerUnavailable when it cannot answer."""
+        ...
+
+    async def renew(self, holds: Sequence[Hold], now: float, ttl: float) -> None:
+        """Move the deadline of each hold still held to `now + ttl` at least;
+        LedgerUnavailable when it cannot answer."""
         ...
 
     def settle(self, hold: Hold, cost: int) -> None: ...
+
+
+def expiry(now: float, ttl: float) -> int:
+    """A hold's deadline in whole seconds, never before `now + ttl` (ledgers compare it with
+    the whole second a reservation is made in)."""
+    return int(now + ttl) + 1
 
 
 class Windows:
@@ -231,6 +244,18 @@ for _, key in ipairs(KEYS) do
 end
 return 0
 """
+# KEYS: the hashes of the holds renewed. ARGV: the new deadline, then per key the hold's id. A
+# hold already released (settled, or expired and taken by another reservation) stays so.
+RENEW = """
+for i, key in ipairs(KEYS) do
+  local name = 'h:' .. ARGV[i + 1]
+  local held = redis.call('HGET', key, name)
+  if held then
+    redis.call('HSET', key, name, string.match(held, '^(%d+)') .. ':' .. ARGV[1])
+  end
+end
+return 0
+"""
 # How long a period's counts outlive the period in Redis (late settlements still land).
 AFTER_PERIOD = 7 * 86400
 
@@ -245,6 +270,7 @@ class RedisLedger:
         self.prefix = prefix
         self._reserve = client.register_script(RESERVE)
         self._settle = client.register_script(SETTLE)
+        self._renew = client.register_script(RENEW)
         self.pending: deque[tuple[Hold, int]] = deque(maxlen=100_000)
         self.wake = asyncio.Event()
         self.windows = Windows()
@@ -253,11 +279,11 @@ class RedisLedger:
         return f"{self.prefix}budget:{entry[0]}:{int(entry[1])}"
 
     async def reserve(self, scopes: Sequence[Counted], amount: int, known: Known,
-                      now: float) -> Hold | Over:
+                      now: float, ttl: float = HOLD_TTL) -> Hold | Over:
         """One script: every scope's expired holds released, all checked, all held or none."""
         entries = self.windows.entries(scopes, now)
         hold_id = new_id()
-        argv: list[str | int] = [int(now), amount, hold_id, int(now + HOLD_TTL)]
+        argv: list[str | int] = [int(now), amount, hold_id, expiry(now, ttl)]
         for scope, start, end in entries:
             argv += [scope.limit, round(known(scope.id, start) * NANO),
                      int(end + AFTER_PERIOD) if end is not None else 0]
@@ -271,6 +297,17 @@ class RedisLedger:
             return Over(scope, int(value) / NANO, end)
         return Hold(hold_id, tuple((scope.id, start) for scope, start, _ in entries), amount,
                     int(value) / NANO)
+
+    async def renew(self, holds: Sequence[Hold], now: float, ttl: float) -> None:
+        """One script for every hold's every budget."""
+        entries = [(self._key(entry), hold.id) for hold in holds for entry in hold.entries]
+        if not entries:
+            return
+        try:
+            await self._renew(keys=[key for key, _ in entries],
+                              args=[expiry(now, ttl), *(hold_id for _, hold_id in entries)])
+        except self.trouble as exc:
+            raise LedgerUnavailable(type(exc).__name__) from exc
 
     def settle(self, hold: Hold, cost: int) -> None:
         if not hold.settled:

@@ -83,6 +83,9 @@ class Accounts:
         self.alone = alone
         self.local = LocalLedger(clock)
         self.parallel: Counter[str] = Counter()
+        # Slots held in the shared ledger by requests still running, by hold id: their lease
+        # is renewed until they end (`lease`).
+        self.leased: dict[str, Hold] = {}
         self.buffer: deque[tuple[Any, ...]] = deque()  # spend rows, but their upstream model
         self.dropped = 0  # spend rows lost to a full buffer while the database was down
         self.up: bool | None = None  # None until the database first answered or failed
@@ -126,6 +129,19 @@ class Accounts:
                 await self._prune()
             except DatabaseUnavailable as exc:
                 self._mark(False, exc)
+
+    async def lease(self) -> None:
+        """Forever: the parallel slots of the requests still running renewed in the shared
+        ledger, a third of their lease apart, so only a process that stopped loses them."""
+        lease = self.settings.parallel_lease
+        while True:
+            await asyncio.sleep(lease / 3)
+            if self.shared is None or not self.leased:
+                continue
+            try:
+                await self.shared.renew(list(self.leased.values()), self.clock(), lease)
+            except LedgerUnavailable as exc:
+                get_logger().warning("parallel_lease_unrenewed", error=str(exc))
 
     async def flush(self) -> None:
         """Write the buffered spend rows; on failure they stay, in order."""
@@ -284,7 +300,7 @@ class Accounts:
         assert self.shared is not None
         try:
             held = await self.shared.reserve(charge.account.slots, 1, _none_before,
-                                             self.clock())
+                                             self.clock(), self.settings.parallel_lease)
         except LedgerUnavailable as exc:
             get_logger().warning("budget_ledger_unavailable", error=str(exc))
             self._count_here(charge)
@@ -292,6 +308,7 @@ class Accounts:
         if isinstance(held, Over):
             raise KeyRateLimited(_busy(held.scope), retry_after=1.0)
         charge.slots = held
+        self.leased[held.id] = held
 
     def ended(self, record: Record) -> None:
         """The record's listener: release its slot, settle its hold, buffer its spend row."""
@@ -311,6 +328,7 @@ class Accounts:
                 for slot in account.slots:
                     self.parallel[slot.id] -= 1
             if charge.slots is not None and self.shared is not None:
+                self.leased.pop(charge.slots.id, None)
                 self.shared.settle(charge.slots, 0)
             if charge.hold is not None:
                 ledger = self.shared if charge.shared and self.shared is not None \

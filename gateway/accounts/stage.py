@@ -4,12 +4,13 @@
 call, a batch's owner), or none while no key was ever made (`auth.admitted`), a virtual key's
 expiry and parallel limit, and the per-minute limits of the key and its team, all before the
 body is read. `budget` comes after admission, once the alias and its candidates are known (and
-a Responses turn's stored conversation, `previous`): the request's worst case, over every candidate it may reach (its fallbacks' too, those its key may
-use), is held against every budget it falls under before it waits or reaches a provider
-(settled when its record ends, `Accounts.ended`). A budgeted key never reaches a model without
-a price: asked for, it is refused (`ModelUnpriced`); as a fallback, it is passed over.
-`finishing` comes last, around the relay: a whole request held against a budget is read to its
-end when its client leaves, so it is charged what its provider bills.
+a Responses turn's stored conversation, `previous`): the request's worst case, over every
+candidate it may reach (its fallbacks' too, those its key may use), is held against every
+budget it falls under before it waits or reaches a provider (settled when its record ends,
+`Accounts.ended`). A budgeted key never reaches a model without a price: asked for, it is
+refused (`ModelUnpriced`); as a fallback, it is passed over. `finishing` comes last, around
+the relay: a whole request held against a budget is read to its end when its client leaves, so
+it is charged what its provider bills.
 """
 
 from __future__ import annotations

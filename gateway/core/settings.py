@@ -238,6 +238,10 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Spend rows held while the database is down; past it the oldest are dropped (counted).
     max_buffered_rows: Annotated[int, msgspec.Meta(ge=1000, le=10_000_000)] = 200_000
     retention_days: Annotated[int, msgspec.Meta(ge=1, le=36_500)] = 400
+    # Seconds a request's `max_parallel` slot is held in the ledger workers and replicas share
+    # unless its process renews it (a third of this apart, while the request runs): how soon a
+    # killed process's slots are free again.
+    parallel_lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
 
 
 @dataclass(frozen=True, slots=True)
