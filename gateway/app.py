@@ -138,7 +138,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                                   snapshot.responses.store_max_entry_bytes, redis, state.prefix)
         remembered = snapshot.idempotency
         idempotency = IdempotencyStore(remembered.max_bytes, remembered.max_entry_bytes, redis,
-                                       state.prefix)
+                                       state.prefix, lease=remembered.lease)
         ledger = RedisLedger(redis, state.prefix) if redis is not None else None
         machine = _machine_ledger(snapshot) if ledger is None else None
         accounts = Accounts(Database(snapshot.database.url or IN_MEMORY), snapshot.database,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from redis.asyncio import Redis
 
 from gateway.accounts.account import Slots
@@ -26,13 +27,16 @@ from gateway.accounts.file_ledger import FileLedger
 from gateway.accounts.ledger import Hold, Ledger, Over, RedisLedger
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.redis_server import RedisServer
-from tests.upstream import FakeUpstream, held
+from tests.upstream import FakeUpstream, held, ok
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-def chat(gateway: GatewayProcess, key: str | None = None, **extra: Any) -> httpx.Response:
+def chat(gateway: GatewayProcess, key: str | None = None, idempotency: str | None = None,
+         **extra: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if idempotency is not None:
+        headers["Idempotency-Key"] = idempotency
     with httpx.Client(timeout=20) as client:  # a connection of its own: any worker may take it
         return client.post(f"{gateway.base_url}/chat/completions", headers=headers,
                            json={"model": "m", "messages": MESSAGES, **extra})
@@ -133,6 +137,55 @@ def test_a_killed_replica_s_parallel_slot_is_free_again_within_its_lease(
 
         wait_until(lambda: chat(two, key).status_code == 200, within=10,
                    what="the killed replica's slot free again after about its lease")
+        assert isinstance(killed.exception(timeout=10), httpx.HTTPError)
+
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_retry_on_another_replica_waits_for_the_first_answer_and_is_not_billed_again(
+        tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream],
+        redis_server: RedisServer, stream: bool) -> None:
+    upstream = upstream_factory("billed")
+    one, two = replicas(tmp_path, [upstream], redis_server)
+    with running(one, two):
+        upstream.set_mode(held(ok("the one answer")))
+        first = in_background(lambda: chat(one, idempotency="retried", stream=stream))
+        wait_until(lambda: upstream.requests, what="the first running on one")
+        retry = in_background(lambda: chat(two, idempotency="retried", stream=stream))
+        other = chat(two, idempotency="retried", stream=stream,
+                     messages=[{"role": "user", "content": "other"}])
+        assert other.status_code == 422, "another body under the key, on any replica"
+        time.sleep(0.5)  # the retry reached two and waits there
+        assert not retry.done()
+        upstream.release()
+
+        answered, replayed = first.result(timeout=20), retry.result(timeout=20)
+        assert answered.status_code == replayed.status_code == 200, replayed.text
+        assert replayed.content == answered.content
+        assert replayed.headers["x-llms-idempotent-replay"] == "true"
+        assert len(upstream.requests) == 1, "run and billed once"
+
+
+def test_a_retry_waiting_on_a_killed_replica_runs_the_request_once_its_claim_lapses(
+        tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream],
+        redis_server: RedisServer) -> None:
+    first, second = upstream_factory("first"), upstream_factory("second")
+    one, two = replicas(tmp_path, [first, second], redis_server, idempotency={"lease": 1})
+    with running(one, two):
+        first.set_mode(held())
+        killed = in_background(lambda: chat(one, idempotency="lapsing"))
+        wait_until(lambda: first.requests, what="the first running on one")
+        retry = in_background(lambda: chat(two, idempotency="lapsing"))
+        time.sleep(3)  # three leases: renewed while one runs it
+        assert not retry.done() and len(first.requests) == 1
+        os.killpg(one.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        one.process.wait()  # type: ignore[union-attr]
+        first.release()
+
+        ran = retry.result(timeout=15)
+        assert ran.status_code == 200, ran.text
+        assert "x-llms-idempotent-replay" not in ran.headers, "its own run, not a replay"
+        assert len(first.requests) == 2
         assert isinstance(killed.exception(timeout=10), httpx.HTTPError)
 
 

@@ -26,6 +26,7 @@ DEFAULT_STORE_MAX_ENTRY_BYTES = 16 * 1024 * 1024
 DEFAULT_IDEMPOTENCY_TTL = 24 * 3600.0
 DEFAULT_IDEMPOTENCY_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES = 4 * 1024 * 1024
+DEFAULT_IDEMPOTENCY_LEASE = 10.0
 
 _QUANTILE = re.compile(r"p(\d{2}(?:\.\d+)?)")
 
@@ -198,6 +199,10 @@ class IdempotencyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES
     # Retries that may wait on one running request; past it, a 409.
     max_waiters: Annotated[int, msgspec.Meta(ge=1)] = 16
+    # With Redis, seconds a replica's claim on a running keyed request lasts unless renewed
+    # (a third of this apart, while it runs): how soon retries waiting on other replicas run
+    # it themselves once that replica was killed (read at start).
+    lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = DEFAULT_IDEMPOTENCY_LEASE
 
 
 class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -14,9 +14,10 @@ very moment its SDK retries). Every client of the key follows the flight, the fi
 
 The same key with another body is a 422 naming the header. Failures are not remembered: an error
 answer, a stream ended by an in-band error. A retry after one runs again; a retry that joined a
-flight that failed gets the same failure. Joining is within one process: with Redis, a retry that
-reaches another replica while the first still runs there runs too (both are billed); a retry after
-it completed is replayed on any replica.
+flight that failed gets the same failure. With Redis, a flight holds a claim on its key
+(`gateway.idempotency.claims`): a retry that reaches another replica while the first still runs
+waits there for its answer and is replayed (a stream whole, once it ended), never run again; a
+retry after it completed is replayed on any replica.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gateway.core.delivery import Streamed, Whole, kept_stream
 from gateway.core.errors import IdempotencyKeyBusy, IdempotencyKeyReused
 from gateway.core.record import Outcome, Record
 from gateway.core.settings import IdempotencyConfig
+from gateway.idempotency.claims import Claim, pause
 from gateway.idempotency.store import IdempotencyStore, Remembered, digest_of, key_of
 from providers.contract.errors import GatewayError, InvalidRequest
 from providers.contract.log import get_logger
@@ -45,6 +47,7 @@ ENDPOINTS = endpoints.GENERATING
 _OWN_HEADERS = frozenset({"x-request-id", "x-llms-cost", "x-llms-attempts"})
 
 Produce = Callable[[], Awaitable[Whole | Streamed | None]]
+FIRST_PAUSE = 0.02  # the first look again at another replica's answer
 
 
 @dataclass(slots=True, eq=False)  # each follower is itself, whatever its place
@@ -141,10 +144,11 @@ class Idempotency:
         self.hold = hold
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def launch(self, key: str, flight: Flight, produce: Produce, ttl: float) -> None:
-        """Run `flight` in a task of its own, held here until it ends."""
+    def launch(self, key: str, flight: Flight, produce: Produce, ttl: float,
+               claim: Claim) -> None:
+        """Run `flight` in a task of its own, held here (and claimed) until it ends."""
         self.running[key] = flight
-        task = asyncio.create_task(_fly(self, key, flight, produce, ttl))
+        task = asyncio.create_task(_fly(self, key, flight, produce, ttl, claim))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -189,8 +193,19 @@ async def answer(keys: Idempotency, sent: str, body: bytes, record: Record,
         flight = keys.running.get(key)  # another request may have started it meanwhile
     if flight is not None:
         return await _join(flight, digest, record, config, watching)
+    try:
+        claim = await _claimed(keys, key, digest, watching)
+    except ClientDisconnected:
+        record.end(Outcome.CLIENT_LEFT)
+        return None
+    if isinstance(claim, Remembered):
+        _check(claim.digest, digest)
+        return _replayed(claim, record)
+    if (flight := keys.running.get(key)) is not None:  # started here while this one waited
+        await keys.store.claims.release(claim)
+        return await _join(flight, digest, record, config, watching)
     flight = Flight(digest, keys.store.max_entry_bytes)
-    keys.launch(key, flight, produce, config.ttl)
+    keys.launch(key, flight, produce, config.ttl, claim)
     try:
         async with watching():
             await flight.opened.wait()
@@ -201,6 +216,33 @@ async def answer(keys: Idempotency, sent: str, body: bytes, record: Record,
     return _first(keys, flight)
 
 
+async def _claimed(keys: Idempotency, key: str, digest: str, watching: Watching
+                   ) -> Claim | Remembered:
+    """This process's claim on the key; or, while another replica holds it, the answer it
+    stored once it let go (waited for as long as the client stays)."""
+    if keys.store.claims.redis is None:  # this process alone runs the key's requests
+        return Claim(key)
+    waited = FIRST_PAUSE
+    async with watching():
+        while True:
+            taken = await keys.store.claims.take(key, digest)
+            if isinstance(taken, Claim):
+                break
+            _check(taken.digest, digest)
+            if not taken.joinable:
+                raise IdempotencyKeyBusy(f"The request with this {PARAM} is still running on "
+                                         "another replica and too large to join; retry once "
+                                         "it has finished", param=PARAM)
+            waited = await pause(waited)
+            if (remembered := await keys.store.get(key)) is not None:
+                return remembered
+    # Stored between this request's first look and its claim: the claim is not needed.
+    if taken.token and (remembered := await keys.store.get(key)) is not None:
+        await keys.store.claims.release(taken)
+        return remembered
+    return taken
+
+
 def _check(remembered: str, digest: str) -> None:
     if remembered != digest:
         raise IdempotencyKeyReused(f"This {PARAM} was already used with a different request "
@@ -208,9 +250,13 @@ def _check(remembered: str, digest: str) -> None:
 
 
 async def _fly(keys: Idempotency, key: str, flight: Flight, produce: Produce,
-               ttl: float) -> None:
-    """Run the request to its end, whoever still follows it, and remember it if it succeeded."""
+               ttl: float, claim: Claim) -> None:
+    """Run the request to its end, whoever still follows it, and remember it if it succeeded;
+    its claim kept until then."""
     remembered: Remembered | None = None
+    claims = keys.store.claims
+    kept = asyncio.create_task(claims.keep(claim, flight.digest, lambda: flight.joinable)) \
+        if claim.token else None
     try:
         answer = await produce()
         if isinstance(answer, Streamed):
@@ -239,11 +285,14 @@ async def _fly(keys: Idempotency, key: str, flight: Flight, produce: Produce,
     except Exception:  # a bug: followers end as the flight does; logged with its traceback
         get_logger().exception("idempotent_request_failed")
     finally:
+        if kept is not None:
+            kept.cancel()
         flight.end()
         if keys.running.get(key) is flight:
             del keys.running[key]
         if flight.release is not None:
             flight.release()
+        await claims.release(claim)  # after the answer is stored: a replica waiting reads it
 
 
 def _first(keys: Idempotency, flight: Flight) -> Whole | Streamed:

@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from gateway.core.settings import DEFAULT_IDEMPOTENCY_MAX_BYTES, DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES
+from gateway.core.settings import (
+    DEFAULT_IDEMPOTENCY_LEASE,
+    DEFAULT_IDEMPOTENCY_MAX_BYTES,
+    DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES,
+)
+from gateway.idempotency.claims import Claims
 from gateway.stores.kept import Kept
 
 if TYPE_CHECKING:
@@ -67,9 +72,12 @@ class IdempotencyStore:
     def __init__(self, max_bytes: int = DEFAULT_IDEMPOTENCY_MAX_BYTES,
                  max_entry_bytes: int = DEFAULT_IDEMPOTENCY_MAX_ENTRY_BYTES,
                  redis: Redis | None = None,
-                 prefix: str = "", clock: Callable[[], float] = time.time) -> None:
+                 prefix: str = "", clock: Callable[[], float] = time.time,
+                 lease: float = DEFAULT_IDEMPOTENCY_LEASE) -> None:
         self.kept = Kept(max_bytes, max_entry_bytes, redis, f"{prefix}idempotency:")
         self.clock = clock  # wall time: entries' expiries are shared with other replicas
+        # Which replica runs a keyed request still running (with Redis).
+        self.claims = Claims(redis, prefix, lease)
 
     @property
     def max_entry_bytes(self) -> int:
