@@ -152,6 +152,7 @@ def test_a_retry_on_another_replica_waits_for_the_first_answer_and_is_not_billed
         first = in_background(lambda: chat(one, idempotency="retried", stream=stream))
         wait_until(lambda: upstream.requests, what="the first running on one")
         retry = in_background(lambda: chat(two, idempotency="retried", stream=stream))
+        joined = in_background(lambda: chat(one, idempotency="retried", stream=stream))
         other = chat(two, idempotency="retried", stream=stream,
                      messages=[{"role": "user", "content": "other"}])
         assert other.status_code == 422, "another body under the key, on any replica"
@@ -161,7 +162,7 @@ def test_a_retry_on_another_replica_waits_for_the_first_answer_and_is_not_billed
 
         answered, replayed = first.result(timeout=20), retry.result(timeout=20)
         assert answered.status_code == replayed.status_code == 200, replayed.text
-        assert replayed.content == answered.content
+        assert replayed.content == answered.content == joined.result(timeout=20).content
         assert replayed.headers["x-llms-idempotent-replay"] == "true"
         assert len(upstream.requests) == 1, "run and billed once"
 

@@ -201,9 +201,8 @@ async def answer(keys: Idempotency, sent: str, body: bytes, record: Record,
     if isinstance(claim, Remembered):
         _check(claim.digest, digest)
         return _replayed(claim, record)
-    if (flight := keys.running.get(key)) is not None:  # started here while this one waited
-        await keys.store.claims.release(claim)
-        return await _join(flight, digest, record, config, watching)
+    if isinstance(claim, Flight):  # started here while this one claimed: followed live
+        return await _join(claim, digest, record, config, watching)
     flight = Flight(digest, keys.store.max_entry_bytes)
     keys.launch(key, flight, produce, config.ttl, claim)
     try:
@@ -217,9 +216,10 @@ async def answer(keys: Idempotency, sent: str, body: bytes, record: Record,
 
 
 async def _claimed(keys: Idempotency, key: str, digest: str, watching: Watching
-                   ) -> Claim | Remembered:
-    """This process's claim on the key; or, while another replica holds it, the answer it
-    stored once it let go (waited for as long as the client stays)."""
+                   ) -> Claim | Remembered | Flight:
+    """This process's claim on the key; or, while another request holds it, the flight if it
+    runs here, else the answer its replica stored once it let go (waited for as long as the
+    client stays)."""
     if keys.store.claims.redis is None:  # this process alone runs the key's requests
         return Claim(key)
     waited = FIRST_PAUSE
@@ -228,6 +228,8 @@ async def _claimed(keys: Idempotency, key: str, digest: str, watching: Watching
             taken = await keys.store.claims.take(key, digest)
             if isinstance(taken, Claim):
                 break
+            if (flight := keys.running.get(key)) is not None:
+                return flight
             _check(taken.digest, digest)
             if not taken.joinable:
                 raise IdempotencyKeyBusy(f"The request with this {PARAM} is still running on "
