@@ -87,7 +87,7 @@ async def handle(request: Incoming, runtime: Runtime) -> Whole:
     live = runtime.live
     record = Record(request_id(request.headers), ENDPOINT, runtime.listeners)
     try:
-        key = auth.identify(request.headers, live.snapshot, runtime.accounts)
+        key = await auth.admitted(request.headers, live.snapshot, runtime.accounts)
         record.key_id = key.limits.key_id if key is not None else None
         scope = request.scope
         raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")

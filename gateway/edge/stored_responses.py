@@ -72,7 +72,7 @@ async def _owned(request: Request[Any, Any, Any], response_id: str) -> StoredTur
     """The stored response, if this request's key may see it; else 404."""
     runtime = _runtime(request)
     snapshot = runtime.live.snapshot
-    key = auth.identify(request.headers, snapshot, runtime.accounts)
+    key = await auth.admitted(request.headers, snapshot, runtime.accounts)
     turn = await runtime.responses.turn(response_id)
     if turn is None or not len(turn.response):
         raise ResponseNotFound(response_id, param="response_id")
