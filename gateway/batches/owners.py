@@ -3,20 +3,12 @@ batch's requests run as, found again by that id when they run."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from gateway.accounts import auth
 from gateway.accounts.account import Account
 from gateway.accounts.service import Accounts
 from gateway.core.errors import AuthenticationFailed
 from gateway.core.settings import GatewayKey, Snapshot
 
 NOBODY = ""  # the owner of what is made on a gateway without keys
-
-
-def owner(headers: Mapping[str, str], snapshot: Snapshot, accounts: Accounts | None) -> str:
-    """The id of the key the request presents (401 without a valid one when keys are on)."""
-    return id_of(auth.identify(headers, snapshot, accounts))
 
 
 def id_of(key: GatewayKey | Account | None) -> str:

@@ -44,19 +44,19 @@ class CreateBatch(msgspec.Struct, forbid_unknown_fields=False):
     metadata: dict[str, str] | None = None
 
 
-def _runtime(request: Request[Any, Any, Any]) -> tuple[Runtime, Store, str]:
+async def _runtime(request: Request[Any, Any, Any]) -> tuple[Runtime, Store, str]:
     """The runtime, the batches' store, and the id of the key asking (401 without one)."""
-    runtime, store, key = _keyed(request)
+    runtime, store, key = await _keyed(request)
     return runtime, store, owners.id_of(key)
 
 
-def _keyed(request: Request[Any, Any, Any]
-           ) -> tuple[Runtime, Store, GatewayKey | Account | None]:
+async def _keyed(request: Request[Any, Any, Any]
+                 ) -> tuple[Runtime, Store, GatewayKey | Account | None]:
     """The runtime, the batches' store, and the key asking (401 without one)."""
     runtime: Runtime = request.app.state.runtime
     store: Store = request.app.state.batches.store  # the process's `runner.Runner`
-    return runtime, store, auth.identify(request.headers, runtime.live.snapshot,
-                                         runtime.accounts)
+    return runtime, store, await auth.admitted(request.headers, runtime.live.snapshot,
+                                               runtime.accounts)
 
 
 def _holds(request: Request[Any, Any, Any]) -> dict[str, Charge]:
@@ -88,7 +88,7 @@ def _limit(raw: str | None, default: int, most: int) -> int:
 async def create_file(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Upload a batch input file (multipart `file`, `purpose=batch`), checked line by
     line."""
-    runtime, store, key = _keyed(request)
+    runtime, store, key = await _keyed(request)
     owner = owners.id_of(key)
     form = await request.form()
     purpose, upload = form.get("purpose"), form.get("file")
@@ -116,7 +116,7 @@ async def create_file(request: Request[Any, Any, Any]) -> Response[bytes]:
 @get("/v1/files")
 async def list_files(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The key's files, newest first (`order=asc` for oldest), `after` and `limit`."""
-    _, store, owner = _runtime(request)
+    _, store, owner = await _runtime(request)
     query = request.query_params
     limit = _limit(query.get("limit"), 10_000, 10_000)
     rows = await store.files(owner, query.get("purpose"), query.get("after"), limit,
@@ -125,7 +125,7 @@ async def list_files(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/v1/files/{file_id:str}")
 async def retrieve_file(request: Request[Any, Any, Any], file_id: str) -> Response[bytes]:
-    _, store, owner = _runtime(request)
+    _, store, owner = await _runtime(request)
     row = await store.file(file_id, owner)
     if row is None:
         raise _no_file(file_id)
@@ -134,7 +134,7 @@ async def retrieve_file(request: Request[Any, Any, Any], file_id: str) -> Respon
 @get("/v1/files/{file_id:str}/content")
 async def file_content(request: Request[Any, Any, Any], file_id: str) -> Response[bytes]:
     """The file's bytes as uploaded, or a batch's output or error file."""
-    runtime, store, owner = _runtime(request)
+    runtime, store, owner = await _runtime(request)
     row = await store.file(file_id, owner)
     if row is None:
         raise _no_file(file_id)
@@ -148,7 +148,7 @@ async def file_content(request: Request[Any, Any, Any], file_id: str) -> Respons
 
 @delete("/v1/files/{file_id:str}", status_code=200)
 async def delete_file(request: Request[Any, Any, Any], file_id: str) -> Response[bytes]:
-    _, store, owner = _runtime(request)
+    _, store, owner = await _runtime(request)
     if not await store.delete_file(file_id, owner):
         raise _no_file(file_id)
     return _json({"id": file_id, "object": "file", "deleted": True})
@@ -156,7 +156,7 @@ async def delete_file(request: Request[Any, Any, Any], file_id: str) -> Response
 @post("/v1/batches", status_code=200)
 async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A batch of the requests in an uploaded file, run (or relayed) from now."""
-    runtime, store, key = _keyed(request)
+    runtime, store, key = await _keyed(request)
     owner = owners.id_of(key)
     try:
         asked = msgspec.json.decode(await request.body(), type=CreateBatch)
@@ -214,7 +214,7 @@ async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
 @get("/v1/batches")
 async def list_batches(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The key's batches, newest first, `after` and `limit`."""
-    runtime, store, owner = _runtime(request)
+    runtime, store, owner = await _runtime(request)
     limit = _limit(request.query_params.get("limit"), 20, 100)
     rows = await store.batches(owner, request.query_params.get("after"), limit)
     counts = await store.counts([r["id"] for r in rows])
@@ -226,7 +226,7 @@ async def list_batches(request: Request[Any, Any, Any]) -> Response[bytes]:
 @get("/v1/batches/{batch_id:str}")
 async def retrieve_batch(request: Request[Any, Any, Any], batch_id: str
                          ) -> Response[bytes]:
-    runtime, store, owner = _runtime(request)
+    runtime, store, owner = await _runtime(request)
     row = await store.batch(batch_id, owner)
     if row is None:
         raise _no_batch(batch_id)
@@ -237,7 +237,7 @@ async def retrieve_batch(request: Request[Any, Any, Any], batch_id: str
 @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
 async def cancel_batch(request: Request[Any, Any, Any], batch_id: str) -> Response[bytes]:
     """Start no more of its requests; those running finish, then it is `cancelled`."""
-    runtime, store, owner = _runtime(request)
+    runtime, store, owner = await _runtime(request)
     row = await store.batch(batch_id, owner)
     if row is not None and row["provider"] is not None:
         return _json(await native.cancel(runtime, row))

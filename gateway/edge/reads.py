@@ -31,7 +31,7 @@ OPENAPI = msgspec.json.encode(openapi.document())
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every alias served by an enabled provider; for a key limited to some, those."""
-    runtime, key = _reader(request, "/v1/models")
+    runtime, key = await _reader(request, "/v1/models")
     limited = key.models if isinstance(key, Account) else None
     if limited is None:
         return Response(runtime.live.models_body, media_type=JSON)
@@ -52,7 +52,7 @@ def _allowed(snapshot: Snapshot, name: str, limited: frozenset[str]) -> bool:
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
     """One alias, or a name that serves as one (`alias_of`, a pattern); else 404
     model_not_found (403 model_not_allowed for a key limited to other aliases, known or not)."""
-    runtime, key = _reader(request, "/v1/models")
+    runtime, key = await _reader(request, "/v1/models")
     live = runtime.live
     alias = model_id.lstrip("/")
     if isinstance(key, Account) and (limited := key.models) is not None \
@@ -67,7 +67,7 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Resp
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text format, every worker's when there are several; the series labelled by
     key (their ids) only to an admin, or on a gateway without keys."""
-    runtime, key = _reader(request, "/metrics")
+    runtime, key = await _reader(request, "/metrics")
     every_key = _sees_every_key(request, runtime, key)
     return Response(runtime.metrics.exposition(keys=every_key),
                     media_type=METRICS_CONTENT_TYPE)
@@ -84,7 +84,7 @@ async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     """What the status page shows, refreshed every two seconds. Other keys' ids and spend
     only to an admin (`auth.is_admin`), or on a gateway without keys: another key sees its own
     place in the queue and no spend."""
-    runtime, key = _reader(request, "/status.json")
+    runtime, key = await _reader(request, "/status.json")
     every_key = _sees_every_key(request, runtime, key)
     body = status_page.status(runtime, every_key, _id_of(key))
     body.update(await status_page.accounts_view(runtime, request.app.state.spend, every_key))
@@ -111,7 +111,8 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     be valid even here (`auth.identify`), so an expired one is refused as everywhere."""
     runtime = _runtime(request)
     snapshot = runtime.live.snapshot
-    key = auth.identify(request.headers, snapshot, runtime.accounts, reading=True, public=True)
+    key = await auth.admitted(request.headers, snapshot, runtime.accounts, reading=True,
+                              public=True)
     is_ready = any(p.enabled for p in snapshot.providers)
     loading = sorted({alias for provider in runtime.live.providers.values()
                       for alias in provider.loading_models()})
@@ -144,14 +145,14 @@ def _json(runtime: Runtime, body: Any, status: int = 200) -> Response[bytes]:
     return Response(status_page.encoded(runtime, body), media_type=JSON, status_code=status)
 
 
-def _reader(request: Request[Any, Any, Any], path: str
-            ) -> tuple[Runtime, GatewayKey | Account | None]:
+async def _reader(request: Request[Any, Any, Any], path: str
+                  ) -> tuple[Runtime, GatewayKey | Account | None]:
     """The runtime and the caller's key, for a request allowed to read `path` (a key, or
     anyone on a public path; a key presented there is checked all the same)."""
     runtime = _runtime(request)
     snapshot = runtime.live.snapshot
-    key = auth.identify(request.headers, snapshot, runtime.accounts, reading=True,
-                        public=path in snapshot.server.public_paths)
+    key = await auth.admitted(request.headers, snapshot, runtime.accounts, reading=True,
+                              public=path in snapshot.server.public_paths)
     return runtime, key
 
 
