@@ -12,29 +12,20 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
-import os
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from gateway import cli_ls, config
+from gateway.cli_admin import ADMIN_KEY_ENV, AdminError, Target, target
 from gateway.cli_tables import key_rows, spend_csv, spend_rows, team_rows
-from gateway.core.settings import ConfigError
 
-ADMIN_KEY_ENV = "LLMS_ADMIN_KEY"
 PERIODS = ("day", "week", "month", "total")
 GROUPS = ("key", "team", "alias", "provider", "model", "day")
 CLEAR = "none"  # `keys update ID --budget none`: the field is cleared (sent as null)
-
-
-class AdminError(Exception):
-    """The gateway refused a call (its envelope's message), or could not be reached."""
 
 
 # --- options, read by small pure functions --------------------------------------------------
@@ -104,77 +95,6 @@ def _option(parse: Callable[[str], Any], clearable: bool) -> Callable[[str], Any
             raise argparse.ArgumentTypeError(str(exc)) from None
     typed.__name__ = parse.__name__.removeprefix("parse_")  # what argparse names in errors
     return typed
-
-
-# --- the admin API over HTTP -----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where the gateway's admin API answers, and the key it is sent."""
-
-    root: str
-    admin_key: str | None
-    direct: bool  # the config's own address, this machine: past any proxy of the environment
-
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
-             query: dict[str, str] | None = None) -> Any:
-        """The JSON answer to one admin call; AdminError with the envelope's message."""
-        url = f"{self.root}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        headers = {"Accept": "application/json"}
-        if self.admin_key:
-            headers["Authorization"] = f"Bearer {self.admin_key}"
-        data = None
-        if body is not None:
-            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-        request = urllib.request.Request(url, data=data, headers=headers, method=method)
-        handlers = [urllib.request.ProxyHandler({})] if self.direct else []
-        try:
-            with urllib.request.build_opener(*handlers).open(request, timeout=30) as answer:
-                return json.load(answer)
-        except urllib.error.HTTPError as exc:
-            raise AdminError(_refusal(exc)) from None
-        except (OSError, ValueError) as exc:
-            raise AdminError(f"no gateway answering at {self.root} ({exc}): start it "
-                             "(llms-gateway serve) or point --url at it") from None
-
-
-def _refusal(error: urllib.error.HTTPError) -> str:
-    """What the gateway said: its envelope's message, and for a key it refused, the hint."""
-    try:
-        message = str(json.load(error)["error"]["message"])
-    except (OSError, ValueError, KeyError, TypeError):
-        message = f"HTTP {error.code}"
-    if error.code in (401, 403):
-        message += f" (an admin key: --admin-key or ${ADMIN_KEY_ENV})"
-    return f"the gateway answered {error.code}: {message}"
-
-
-def target(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Target:
-    """The gateway and admin key a command uses (see the module's docstring for the order)."""
-    key = args.admin_key or environ.get(ADMIN_KEY_ENV) or None
-    if args.url and (key or args.config is None):
-        snapshot = _config_or_none(args.config) if key is None else None
-    else:
-        snapshot = config.load(config.discover(args.config))
-    if key is None and snapshot is not None and snapshot.admin_keys:
-        key = snapshot.admin_keys[0].secret.reveal()
-    if args.url:
-        return Target(_root(args.url), key, direct=False)
-    assert snapshot is not None
-    return Target(_root(cli_ls.local_url(snapshot)), key, direct=True)
-
-
-def _config_or_none(path: str | None) -> config.Snapshot | None:
-    """The config for its admin key when `--url` names the gateway: none found is no error."""
-    try:
-        return config.load(config.discover(path))
-    except ConfigError:
-        return None
-
-
-def _root(url: str) -> str:
-    return url.rstrip("/").removesuffix("/v1")
 
 
 # --- what each command prints -------------------------------------------------------------
@@ -278,8 +198,10 @@ def add_commands(commands: Any) -> None:
     update.add_argument("id")
     update.add_argument("--name", default=argparse.SUPPRESS)
     _add_fields(update, update=True, key=True)
+    reopen = actions.add_parser("reopen", help="revoke every key and serve without keys again "
+                                               "(a gateway on this machine only)")
     for parser, run in ((create, _key_create), (listed, _key_list), (revoke, _key_revoke),
-                        (update, _key_update)):
+                        (update, _key_update), (reopen, _key_reopen)):
         _add_connection(parser)
         parser.set_defaults(run=run)
 
@@ -346,6 +268,13 @@ def _key_list(args: argparse.Namespace, gateway: Target) -> None:
 def _key_revoke(args: argparse.Namespace, gateway: Target) -> None:
     done = gateway.call("DELETE", f"/admin/keys/{urllib.parse.quote(args.id, safe='')}")
     print(f"Revoked key {done['id']} ({done['name']}): it is refused from now on.")
+
+
+@_reported
+def _key_reopen(args: argparse.Namespace, gateway: Target) -> None:
+    done = gateway.call("POST", "/admin/reopen")
+    print(f"Revoked {done['revoked']} key(s): the gateway serves without a key again, as its "
+          "llms.json says (audited as gateway_reopened).")
 
 
 @_reported

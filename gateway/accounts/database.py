@@ -38,6 +38,8 @@ GROUPS = {"key": spend.c.key_id, "team": spend.c.team, "alias": spend.c.alias,
 GroupBy = Literal["key", "team", "alias", "provider", "day", "model"]
 # PostgreSQL's advisory lock the migrations run under, so replicas starting together migrate once.
 MIGRATION_LOCK = 0x11_5_6A7E
+# The audit action after which a gateway with no key in llms.json serves without one again.
+REOPENED = "gateway_reopened"
 # A spend row with one of these statuses and no provider is a refusal (a key's model, budget or
 # limits, the queue full): no provider was asked.
 REFUSALS = (403, 429, 503)
@@ -124,12 +126,14 @@ class Database:
             return int((await conn.execute(sa.select(revision.c.value))).scalar_one())
 
     async def directory(self) -> tuple[int, bool, list[dict[str, Any]], list[dict[str, Any]]]:
-        """The revision, whether any key was ever made, every key not revoked, and every team,
-        read in one transaction."""
+        """The revision, whether a key was made since the gateway was last reopened (or ever),
+        every key not revoked, and every team, read in one transaction."""
         async with self._tx() as conn:
             value = (await conn.execute(sa.select(revision.c.value))).scalar_one()
-            made = (await conn.execute(sa.select(sa.func.count()).select_from(keys))
-                    ).scalar_one()
+            opened = sa.select(sa.func.coalesce(sa.func.max(audit.c.time), 0.0)).where(
+                audit.c.action == REOPENED).scalar_subquery()
+            made = (await conn.execute(sa.select(sa.func.count()).select_from(keys).where(
+                keys.c.created_at > opened))).scalar_one()
             key_rows = (await conn.execute(
                 sa.select(keys).where(keys.c.revoked_at.is_(None)))).mappings().all()
             team_rows = (await conn.execute(sa.select(teams))).mappings().all()
@@ -169,6 +173,15 @@ class Database:
                 await self._team_must_exist(conn, row["team"])
             await conn.execute(keys.insert().values(**row))
             await self._changed(conn, actor, "key_created", row["id"], shown)
+
+    async def reopen(self, actor: str) -> int:
+        """Revoke every live key and let the gateway serve without one again, audited as
+        `gateway_reopened`; how many keys were revoked."""
+        async with self._tx() as conn:
+            done = await conn.execute(keys.update().where(keys.c.revoked_at.is_(None))
+                                      .values(revoked_at=time.time(), updated_at=time.time()))
+            await self._changed(conn, actor, REOPENED, "gateway", {"revoked": done.rowcount})
+        return int(done.rowcount)
 
     async def _team_must_exist(self, conn: AsyncConnection, name: str) -> None:
         found = await conn.execute(sa.select(teams.c.name).where(teams.c.name == name))

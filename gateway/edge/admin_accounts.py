@@ -21,7 +21,9 @@ from gateway.accounts import auth
 from gateway.accounts.account import Period, digest, new_secret
 from gateway.accounts.database import GROUPS, GroupBy
 from gateway.accounts.service import Accounts
-from gateway.core.errors import DatabaseUnavailable
+from gateway.config.loader import BIND_ENV
+from gateway.config.snapshots import is_loopback
+from gateway.core.errors import Conflict, DatabaseUnavailable
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound
 
@@ -237,6 +239,22 @@ async def revoke_key(request: Request[Any, Any, Any], key_id: str) -> Response[b
     return _json(key_view(row))
 
 
+@post("/admin/reopen", status_code=200)
+async def reopen(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Revoke every virtual key and serve without keys again, as before the first was made;
+    refused (409) on a gateway that listens beyond this machine, where that would let anyone
+    spend its providers' credits."""
+    runtime, accounts, actor = await _admin(request)
+    bind = os.environ.get(BIND_ENV) or runtime.live.snapshot.server.host
+    if not is_loopback(bind):
+        raise Conflict(f"This gateway listens on {bind}, beyond this machine: serving it "
+                       "without keys would let anyone reach its providers; revoke keys one by "
+                       "one instead")
+    revoked = await accounts.db.reopen(actor)
+    await _changed(accounts)
+    return _json({"reopened": True, "revoked": revoked})
+
+
 @post("/admin/teams", status_code=201)
 async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new team."""
@@ -329,5 +347,5 @@ async def audit_log(request: Request[Any, Any, Any]) -> Response[bytes]:
          "target": r["target"], "change": r["change"] or {}} for r in rows]})
 
 
-ROUTES = [create_key, list_keys, get_key, update_key, revoke_key, create_team, list_teams,
+ROUTES = [create_key, list_keys, get_key, update_key, revoke_key, reopen, create_team, list_teams,
           update_team, delete_team, spend, audit_log]
