@@ -146,7 +146,21 @@ def facts_text(known: Facts) -> str:
 
 
 def worker_line(worker: dict[str, Any]) -> str:
-    """One pool worker as `ls` prints it: name, state and for how long, where, load."""
-    line = (f"worker {worker['name']:<12} {worker['state']:<9} {worker['for_s']:>7}s  "
-            f"{worker['url']}  inflight {worker['inflight']}  restarts {worker['restarts']}")
+    """One pool worker as `ls` prints it: name, its state and for how long, how long its start
+    took to load (when known), where, load: `ready for 3m20s, loaded in 4.2s`."""
+    said = f"{worker['state']} for {duration(worker['for_s'])}"
+    if worker.get("load_s") is not None:
+        said += f", loaded in {duration(worker['load_s'])}"
+    line = (f"worker {worker['name']:<12} {said:<34}  {worker['url']}  "
+            f"inflight {worker['inflight']}  restarts {worker['restarts']}")
     return line + (f"  ({worker['last_error']})" if worker.get("last_error") else "")
+
+
+def duration(seconds: float) -> str:
+    """A span as a person reads it: `4.2s`, `3m20s`, `2h05m`."""
+    if seconds < 59.95:  # what would print as 60.0s is 1m00s
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

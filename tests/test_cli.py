@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from gateway.cli_ls import worker_line
 from tests.conftest import Pair
 from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider, wait_until
 from tests.upstream import FakeUpstream, refusing_url, status
@@ -89,6 +90,22 @@ def test_ls_asks_the_running_gateway_for_each_provider_s_live_state(
                       "keyless": "disabled (NOT_SET_KEY_XYZ is not set)", "lister": "enabled"}
     assert "alpha  (discovered)" in result.stdout and "beta  (discovered)" in result.stdout
     assert "config's view" not in result.stdout
+
+
+def test_ls_prints_a_worker_s_time_in_state_and_its_load_time_apart() -> None:
+    """README's `ls` line: the time in state is never worded as the load time."""
+    seen = {"name": "local-0", "url": "http://127.0.0.1:8101/v1", "state": "ready",
+            "for_s": 200.4, "load_s": 4.21, "inflight": 0, "restarts": 0}
+    line = worker_line(seen)
+    remote = worker_line({**seen, "name": "remote-0", "for_s": 9.0, "load_s": None})
+    slow = worker_line({**seen, "state": "starting", "for_s": 7384.0, "load_s": None,
+                        "last_error": "exited (code 1)"})
+
+    assert "ready for 3m20s, loaded in 4.2s " in line and line.endswith("restarts 0")
+    assert "ready for 9.0s " in remote and "loaded" not in remote
+    assert "starting for 2h03m " in slow and slow.endswith("(exited (code 1))")
+    readme = (ROOT / "README.md").read_text()
+    assert "ready for 3m20s, loaded in 4.2s" in readme, "README shows what ls prints"
 
 
 def test_check_reports_each_provider_and_fails_when_one_is_down(

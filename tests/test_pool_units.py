@@ -838,17 +838,28 @@ def test_only_a_ready_worker_serves_and_only_its_models(state: S, model: str,
 def test_a_workers_view_shows_its_state_load_and_history() -> None:
     worker = Worker("local-0", "http://127.0.0.1:8101/v1", frozenset({"qwen", "gemma"}),
                     state=S.READY, load=Load(inflight=2, running=3, waiting=1, kv_cache=0.12345),
-                    restarts=1, pid=4242, last_error="exited (code 1): CUDA OOM")
+                    restarts=1, pid=4242, last_error="exited (code 1): CUDA OOM",
+                    load_s=4.21)
 
     view = worker.view()
 
     for_s = view.pop("for_s")
     assert isinstance(for_s, float) and for_s >= 0
     assert view == {"name": "local-0", "url": "http://127.0.0.1:8101/v1", "state": "ready",
-                    "spawned": True, "pid": 4242, "models": ["gemma", "qwen"], "restarts": 1,
-                    "inflight": 2, "running": 3, "waiting": 1, "kv_cache": 0.123,
+                    "load_s": 4.21, "spawned": True, "pid": 4242, "models": ["gemma", "qwen"],
+                    "restarts": 1, "inflight": 2, "running": 3, "waiting": 1, "kv_cache": 0.123,
                     "last_error": "exited (code 1): CUDA OOM"}
     assert worker.root == "http://127.0.0.1:8101"
+
+
+def test_a_new_start_forgets_the_last_load_time() -> None:
+    """A worker restarting is loading again: the load time of its last start is not its own."""
+    worker = Worker("local-0", "http://127.0.0.1:8101/v1", frozenset({"qwen"}),
+                    state=S.READY, load_s=4.2)
+    worker.move(S.FAILED, "health check")
+    assert worker.view()["load_s"] == 4.2, "a failed worker's last load is still its last"
+    worker.move(S.STARTING)
+    assert worker.view()["load_s"] is None
 
 
 # -- lasting: pools outlive config snapshots ----------------------------------------------

@@ -495,6 +495,8 @@ def test_ls_shows_every_worker_of_the_running_gateway(
                          check=True).stdout
     assert re.search(rf"worker local-0 +ready .*127.0.0.1:{port}/v1", out), out
     assert re.search(rf"worker local-1 +ready .*127.0.0.1:{port + 1}/v1", out), out
+    # Spawned here, so its load time is known: said apart from its time in state.
+    assert re.search(r"worker local-0 +ready for [\d.hms]+, loaded in \d+\.\ds ", out), out
 
 
 def test_a_worker_that_dies_while_loading_says_why_and_is_retried(tmp_path: Path,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 import re
 import shutil
 import subprocess
@@ -20,13 +22,22 @@ from gateway.accounts.database import Database
 from gateway.accounts.overview import Overview, near_limit
 from gateway.accounts.service import Accounts
 from gateway.accounts.spend import spend_row
+from gateway.cli_ls import duration
 from gateway.core.settings import DatabaseConfig
 from tests import browser
 from tests.fake_gpu import install_fakes
-from tests.gateway_process import GatewayProcess, config, free_port, provider, wait_until
+from tests.gateway_process import (
+    ROOT,
+    GatewayProcess,
+    config,
+    free_port,
+    provider,
+    wait_until,
+)
 from tests.test_teams import Admin, priced
 from tests.test_teams import chat as teams_chat
-from tests.upstream import FakeUpstream, slow_first_token
+from tests.upstream import FakeUpstream, ok, slow_first_token
+from tests.upstream import status as answering
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -51,9 +62,9 @@ def admin(gateway: GatewayProcess, path: str, key: str | None = KEY) -> httpx.Re
     return method(f"{gateway.url}/admin/{path}", headers=headers)
 
 
-def chat(gateway: GatewayProcess) -> httpx.Response:
+def chat(gateway: GatewayProcess, model: str = "m") -> httpx.Response:
     return httpx.post(f"{gateway.base_url}/chat/completions",
-                      json={"model": "m", "messages": MESSAGES},
+                      json={"model": model, "messages": MESSAGES},
                       headers={"Authorization": f"Bearer {KEY}"})
 
 
@@ -151,11 +162,112 @@ def test_the_page_renders_in_a_real_browser_and_shows_an_admin_disable(
     assert 'data-loaded="true"' in page.stdout, page.stderr[-2000:]
     order = re.findall(r'<li class="provider" data-name="(\w+)" data-health="(\w+)"',
                        page.stdout)
-    assert order == [("alpha", "ok"), ("beta", "disabled"), ("gamma", "ok")]
+    # The enabled in the order they are tried, the disabled folded below them.
+    assert order == [("alpha", "ok"), ("gamma", "ok"), ("beta", "disabled")]
     assert "disabled by an admin" in page.stdout
     assert re.search(r'class="stats">answered <b>1</b>', page.stdout), "per provider traffic"
     assert ":CONSOLE(" not in page.stderr, "the page logged to the console (an error?)"
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+# Where the docs show the page; this test takes it, and rewrites it with UPDATE_SCREENSHOTS=1
+# (else the picture goes to the test's own folder: a test run leaves the tree as it was).
+SCREENSHOT = ROOT / "docs" / "status-page.png"
+SPANS = (4.21, 59.96, 200.4, 7384.0)  # seconds, as a worker's for_s and load_s come
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_charts_have_axes_above_the_providers_and_the_disabled_are_folded(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
+    """Charts read at a glance (big, their scale and times labelled) before the provider cards;
+    providers that are never tried fold into one closed group below those that are."""
+    openai, anthropic, local = (upstream_factory(n) for n in ("openai", "anthropic", "local"))
+    off = {"enabled": False}
+    gateway = start_gateway(config({
+        "openai": provider(openai.base_url, {"gpt-4o": "gpt-4o", "m": "gpt-4o-mini"}),
+        "groq": provider(anthropic.base_url, {"m": "llama-3.3-70b"}, api_key="$NOT_SET_GROQ"),
+        "anthropic": provider(anthropic.base_url, {"claude": "claude-sonnet-4", "m": "m"}),
+        "local-vllm": provider(local.base_url, {"m": "qwen3-8b"}),
+        "mistral": provider(local.base_url, {"m": "mistral-small"}, **off),
+        "together": provider(local.base_url, {"m": "m"}, api_key="$NOT_SET_TOGETHER"),
+        "fireworks": provider(local.base_url, {"m": "m"}, **off)},
+        server={"api_keys": [CLIENT_KEY], "admin_keys": [KEY],
+                "public_paths": ["/status.json"]}))
+    for number in range(24):  # some tries fail over, and a few requests fail with nowhere to go
+        openai.set_mode(answering(500) if number % 6 == 5 else ok())
+        chat(gateway, "gpt-4o" if number % 8 == 7 else "m")
+    admin(gateway, "providers/local-vllm/disable")
+
+    with browser.launched(tmp_path) as port:
+        seen = asyncio.run(layout(gateway.url, port))
+
+    assert seen["charts_first"] and seen["charts_bottom"] <= seen["providers_top"], seen
+    assert seen["enabled"] == [["1.", "openai"], ["3.", "anthropic"]]
+    assert seen["folded"] == [["2.", "groq"], ["4.", "local-vllm"], ["5.", "mistral"],
+                              ["6.", "together"], ["7.", "fireworks"]]
+    assert seen["summary"] == "5 disabled providers" and seen["open"] is False
+    assert seen["folded_room"] < 1 and not seen["folded_seen"], "closed: no room, not seen"
+    assert seen["opened_room"] > 300, "a click on the summary shows them"
+    for name, chart in seen["charts"].items():
+        assert chart["height"] >= 150, (name, chart)
+        assert chart["min"] in ("0/s", "0%", "0 ms") and chart["max"] != chart["min"], chart
+        assert len(chart["times"]) >= 4 and all(re.fullmatch(r"\d\d:\d\d", t)
+                                                for t in chart["times"]), chart
+    assert seen["charts"]["chart-rps"]["max"].endswith("/s")
+    assert seen["charts"]["chart-errors"]["max"].endswith("%")
+    assert seen["charts"]["chart-latency"]["lines"] == 2, "p50 and p99"
+    assert seen["spans"] == [duration(s) for s in SPANS], "a worker's times worded as ls does"
+    picture = base64.b64decode(seen["picture"])
+    assert len(picture) > 10_000
+    (tmp_path / "status-page.png").write_bytes(picture)
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOT.write_bytes(picture)
+
+
+async def layout(url: str, port: int) -> dict[str, Any]:
+    """Open the page at a desktop's width: where its parts are, what its charts say, and a
+    picture of the whole page (PNG, base64)."""
+    async with browser.open_page(port) as page:
+        await page.send("Emulation.setDeviceMetricsOverride", width=900, height=1100,
+                        deviceScaleFactor=1, mobile=False)
+        await page.goto(f"{url}/")
+        await page.wait_for("document.body.dataset.loaded === 'true' && "
+                            "document.querySelectorAll('#chart-latency text.x').length > 0")
+        cards = ("[...document.querySelectorAll('#ID li.provider')].map(li => "
+                 "[li.querySelector('.order').textContent, li.dataset.name])")
+        seen: dict[str, Any] = await page.evaluate("""(() => {
+          const $ = (id) => document.getElementById(id);
+          const charts = {};
+          for (const svg of document.querySelectorAll('svg.chart')) {
+            const said = (cls) => [...svg.querySelectorAll(`text.${cls}`)].map(t => t.textContent);
+            charts[svg.id] = {height: svg.getBoundingClientRect().height, min: said('y-min')[0],
+                              max: said('y-max')[0], times: said('x'),
+                              lines: svg.querySelectorAll('polyline').length};
+          }
+          return {charts,
+                  charts_first: Boolean($('charts').compareDocumentPosition($('providers'))
+                                        & Node.DOCUMENT_POSITION_FOLLOWING),
+                  charts_bottom: $('charts').getBoundingClientRect().bottom,
+                  providers_top: $('providers').getBoundingClientRect().top,
+                  summary: $('disabled-summary').textContent,
+                  open: $('disabled-providers').open,
+                  folded_room: $('disabled-providers').getBoundingClientRect().height
+                               - $('disabled-summary').getBoundingClientRect().height,
+                  folded_seen: $('disabled').querySelector('li').checkVisibility()};
+        })()""")
+        seen["enabled"] = await page.evaluate(cards.replace("ID", "providers"))
+        seen["folded"] = await page.evaluate(cards.replace("ID", "disabled"))
+        seen["spans"] = await page.evaluate(f"{list(SPANS)}.map(duration)")
+        height = await page.evaluate("document.documentElement.scrollHeight")
+        await page.send("Emulation.setDeviceMetricsOverride", width=900, height=height,
+                        deviceScaleFactor=1, mobile=False)
+        seen["picture"] = (await page.send("Page.captureScreenshot", format="png"))["data"]
+        await page.click("#disabled-summary")
+        seen["opened_room"] = await page.wait_for(
+            "document.getElementById('disabled').querySelector('li').checkVisibility() && "
+            "document.getElementById('disabled').getBoundingClientRect().height")
+        return seen
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")

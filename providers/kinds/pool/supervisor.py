@@ -130,7 +130,8 @@ class Supervisor:
             if await self._until_ready(worker, process) and not self._stopping:
                 loaded = time.monotonic() - worker.since
                 worker.move(WorkerState.READY)
-                self.log.info("worker_ready", worker=plan.name, load_s=round(loaded, 2))
+                worker.load_s = round(loaded, 2)
+                self.log.info("worker_ready", worker=plan.name, load_s=worker.load_s)
                 self._balancer.serve_line(worker)
                 reason = await self._while_ready(worker, process)
                 ready_for = time.monotonic() - worker.since

@@ -59,6 +59,7 @@ class Worker:
     last_error: str | None = None
     failed_checks: int = 0
     suspect: bool = False  # a request to it just failed: skipped until its next good check
+    load_s: float | None = None  # how long its last start took to be ready (spawned workers)
 
     def move(self, to: WorkerState, why: str | None = None) -> None:
         """Change state; IllegalTransition if the move is not in the diagram."""
@@ -66,6 +67,8 @@ class Worker:
             return
         if to not in _ALLOWED[self.state]:
             raise IllegalTransition(f"worker {self.name}: {self.state.value} -> {to.value}")
+        if to is WorkerState.STARTING:
+            self.load_s = None  # a new start: the last one's load time no longer describes it
         self.state, self.since = to, time.monotonic()
         if why is not None:
             self.last_error = why
@@ -78,10 +81,12 @@ class Worker:
         return self.state is WorkerState.READY and model in self.models
 
     def view(self) -> dict[str, Any]:
-        """What /ready, /status.json and `llms-gateway ls` show of this worker."""
+        """What /ready, /status.json and `llms-gateway ls` show of this worker: `for_s` is the
+        time in its state, `load_s` how long its start took to be ready (None: not known)."""
         return {
             "name": self.name, "url": self.base_url, "state": self.state.value,
-            "for_s": round(time.monotonic() - self.since, 1), "spawned": self.spawned,
+            "for_s": round(time.monotonic() - self.since, 1), "load_s": self.load_s,
+            "spawned": self.spawned,
             "pid": self.pid, "models": sorted(self.models), "restarts": self.restarts,
             "inflight": self.load.inflight, "running": self.load.running,
             "waiting": self.load.waiting, "kv_cache": round(self.load.kv_cache, 3),
