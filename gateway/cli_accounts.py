@@ -232,6 +232,13 @@ def add_commands(commands: Any) -> None:
     spend.set_defaults(run=_spend)
 
 
+def _warned(answer: dict[str, Any]) -> dict[str, Any]:
+    """The admin API's answer, its warnings (what `--force` kept) printed to stderr."""
+    for warning in answer.get("warnings") or ():
+        print(f"llms-gateway: warning: {warning}", file=sys.stderr)
+    return answer
+
+
 def _reported(command: Callable[[argparse.Namespace, Target], None]
               ) -> Callable[[argparse.Namespace], int]:
     """A command that prints the gateway's refusal and exits 1 instead of a traceback."""
@@ -247,8 +254,8 @@ def _reported(command: Callable[[argparse.Namespace, Target], None]
 
 @_reported
 def _key_create(args: argparse.Namespace, gateway: Target) -> None:
-    made = gateway.call("POST", "/admin/keys", checked(args, gateway,
-                                                       {"name": args.name, **_fields(args)}))
+    made = _warned(gateway.call("POST", "/admin/keys", checked(
+        args, gateway, {"name": args.name, **_fields(args)})))
     team = f", team {made['team']}" if made.get("team") else ""
     print(f"Created key {made['id']} ({made['name']}{team}). Its secret is shown this once, "
           "only its hash is kept: store it now.")
@@ -282,16 +289,16 @@ def _key_update(args: argparse.Namespace, gateway: Target) -> None:
     body = _fields(args)
     if hasattr(args, "name"):
         body["name"] = args.name
-    done = gateway.call("PATCH", f"/admin/keys/{urllib.parse.quote(args.id, safe='')}",
-                        checked(args, gateway, body))
+    done = _warned(gateway.call("PATCH", f"/admin/keys/{urllib.parse.quote(args.id, safe='')}",
+                                checked(args, gateway, body)))
     for line in key_rows([done]):
         print(line)
 
 
 @_reported
 def _team_create(args: argparse.Namespace, gateway: Target) -> None:
-    made = gateway.call("POST", "/admin/teams", checked(args, gateway,
-                                                        {"name": args.name, **_fields(args)}))
+    made = _warned(gateway.call("POST", "/admin/teams", checked(
+        args, gateway, {"name": args.name, **_fields(args)})))
     for line in team_rows([made]):
         print(line)
 
@@ -304,8 +311,8 @@ def _team_list(args: argparse.Namespace, gateway: Target) -> None:
 
 @_reported
 def _team_update(args: argparse.Namespace, gateway: Target) -> None:
-    done = gateway.call("PATCH", f"/admin/teams/{urllib.parse.quote(args.name, safe='')}",
-                        checked(args, gateway, _fields(args)))
+    done = _warned(gateway.call("PATCH", f"/admin/teams/{urllib.parse.quote(args.name, safe='')}",
+                                checked(args, gateway, _fields(args))))
     for line in team_rows([done]):
         print(line)
 

@@ -164,6 +164,21 @@ def test_aliases_nobody_serves_and_a_past_expiry_are_refused_unless_forced(
     assert team.returncode == 0, team.stderr
     assert expired.returncode == 1 and "--expires: 2020-01-01" in expired.stderr
     assert "carol" not in cli(gateway, "keys", "list"), "nothing was made"
-    forced = cli(gateway, "keys", "create", "--name", "carol", "--models", "m,gpt-4o",
-                 "--force")
-    assert re.findall(r"key_[0-9a-f]+", forced)
+    forced = run("keys", "create", "--name", "carol", "--models", "m,gpt-4o", "--force",
+                 "--config", str(gateway.config_path))
+    assert forced.returncode == 0 and re.findall(r"key_[0-9a-f]+", forced.stdout)
+    assert "warning: models: no provider serves gpt-4o" in forced.stderr
+
+
+def test_the_admin_api_keeps_what_it_is_sent_and_warns_of_what_no_request_could_use(
+        gateway: GatewayProcess) -> None:
+    admin = Admin(gateway, ADMIN_KEY)
+    made = admin.call("POST", "/admin/keys", json={
+        "name": "erin", "models": ["m", "claude"], "expires_at": "2020-01-01T00:00:00Z"})
+    team = admin.call("POST", "/admin/teams", json={"name": "fine", "models": ["m", "other"]})
+
+    assert made.status_code == 201
+    assert made.json()["warnings"] == ["models: no provider serves claude",
+                                       "expires_at: already past: the key is refused from the "
+                                       "start"]
+    assert team.status_code == 201 and "warnings" not in team.json()

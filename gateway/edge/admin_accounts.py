@@ -24,6 +24,7 @@ from gateway.accounts.service import Accounts
 from gateway.config.loader import BIND_ENV
 from gateway.config.snapshots import is_loopback
 from gateway.core.errors import Conflict, DatabaseUnavailable
+from gateway.core.settings import Snapshot
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound
 
@@ -177,7 +178,7 @@ async def _changed(accounts: Accounts) -> None:
 @post("/admin/keys", status_code=201)
 async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new virtual key: the answer carries its secret, the only time it is shown."""
-    _, accounts, actor = await _admin(request)
+    runtime, accounts, actor = await _admin(request)
     body: KeyBody = _decode(await request.body(), KeyBody)
     secret, now = new_secret(), time.time()
     row = {**_columns(body), "id": f"key_{os.urandom(8).hex()}", "hash": digest(secret),
@@ -188,7 +189,27 @@ async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     await _changed(accounts)
     found = await accounts.db.key(row["id"])
     assert found is not None
-    return _json({**key_view(found), "key": secret}, 201)
+    return _json(_warned({**key_view(found), "key": secret}, runtime, body), 201)
+
+
+def _warned(view: dict[str, Any], runtime: Runtime, body: msgspec.Struct) -> dict[str, Any]:
+    """`view`, with `warnings` when the change is kept but no request could use it as asked
+    (an alias no provider serves, an expiry already past): a typo is said, not silent."""
+    said = warnings(runtime.live.snapshot, getattr(body, "models", None),
+                    getattr(body, "expires_at", None), time.time())
+    return {**view, "warnings": said} if said else view
+
+
+def warnings(snapshot: Snapshot, models: Any, expires_at: Any, now: float) -> list[str]:
+    """What a key's or team's fields promise that the gateway cannot keep (pure)."""
+    said = []
+    if isinstance(models, list):
+        unknown = [m for m in models if snapshot.resolve(m) not in snapshot.routes]
+        if unknown:
+            said.append(f"models: no provider serves {', '.join(unknown)[:500]}")
+    if isinstance(expires_at, dt.datetime) and _epoch(expires_at) <= now:
+        said.append("expires_at: already past: the key is refused from the start")
+    return said
 
 
 def _defaults(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,13 +239,13 @@ async def get_key(request: Request[Any, Any, Any], key_id: str) -> Response[byte
 @patch("/admin/keys/{key_id:str}")
 async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """Change a key's team, aliases, limits, budget, expiry or metadata."""
-    _, accounts, actor = await _admin(request)
+    runtime, accounts, actor = await _admin(request)
     body: KeyPatch = _decode(await request.body(), KeyPatch)
     row = await accounts.db.update_key(key_id, _columns(body), actor)
     if row is None:
         raise NotFound(f"No live key with id '{key_id[:64]}'")
     await _changed(accounts)
-    return _json(key_view(row))
+    return _json(_warned(key_view(row), runtime, body))
 
 
 @delete("/admin/keys/{key_id:str}", status_code=200)
@@ -258,13 +279,13 @@ async def reopen(request: Request[Any, Any, Any]) -> Response[bytes]:
 @post("/admin/teams", status_code=201)
 async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new team."""
-    _, accounts, actor = await _admin(request)
+    runtime, accounts, actor = await _admin(request)
     body: TeamBody = _decode(await request.body(), TeamBody)
     now = time.time()
     row = {**_columns(body), "created_at": now, "updated_at": now}
     await accounts.db.add_team(row, actor)
     await _changed(accounts)
-    return _json(team_view({**_team_defaults(), **row}), 201)
+    return _json(_warned(team_view({**_team_defaults(), **row}), runtime, body), 201)
 
 
 def _team_defaults() -> dict[str, Any]:
@@ -282,13 +303,13 @@ async def list_teams(request: Request[Any, Any, Any]) -> Response[bytes]:
 @patch("/admin/teams/{name:str}")
 async def update_team(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
     """Change a team's aliases, limits, budget or metadata."""
-    _, accounts, actor = await _admin(request)
+    runtime, accounts, actor = await _admin(request)
     body: TeamPatch = _decode(await request.body(), TeamPatch)
     row = await accounts.db.update_team(name, _columns(body), actor)
     if row is None:
         raise NotFound(f"No team named '{name[:64]}'")
     await _changed(accounts)
-    return _json(team_view(row))
+    return _json(_warned(team_view(row), runtime, body))
 
 
 @delete("/admin/teams/{name:str}", status_code=200)
