@@ -62,7 +62,9 @@ if TYPE_CHECKING:
 # What a browser's script may read of an answer besides the CORS-safelisted headers.
 EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-model", "x-llms-attempts",
                    "x-llms-cost", "x-llms-cache", "x-llms-hedged", "x-llms-overhead-ms",
-                   "retry-after")
+                   "retry-after", *(f"x-ratelimit-{what}-{kind}"
+                                    for what in ("limit", "remaining", "reset")
+                                    for kind in ("requests", "tokens")))
 # The collector's thresholds: (young objects between collections, young collections per
 # middle one, middle collections per full one). Request paths leave no cycles (a test checks),
 # so collections find nothing and their cost is what they traverse: what lives longer than a

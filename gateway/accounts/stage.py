@@ -3,8 +3,9 @@
 `keys` comes first on every relay endpoint: the key presented (or given by whoever runs the
 call, a batch's owner), or none while no key was ever made (`auth.admitted`), a virtual key's
 expiry and parallel limit, and the per-minute limits of the key and its team, all before the
-body is read. `budget` comes after admission, once the alias and its candidates are known (and
-a Responses turn's stored conversation, `previous`): the request's worst case, over every
+body is read (what the tightest of those leave is told in the answer's `x-ratelimit-*`
+headers). `budget` comes after admission, once the alias and its candidates are known (and a
+Responses turn's stored conversation, `previous`): the request's worst case, over every
 candidate it may reach (its fallbacks' too, those its key may use), is held against every
 budget it falls under before it waits or reaches a provider (settled when its record ends,
 `Accounts.ended`). A budgeted key never reaches a model without a price: asked for, it is
@@ -25,7 +26,7 @@ from gateway.adapters.responses.previous import HISTORY
 from gateway.core.aliases import Chains
 from gateway.core.call import Call, ClientDisconnected, Delivery, Next, Stage, staying
 from gateway.core.errors import KeyRateLimited, ModelUnpriced
-from gateway.core.limits import KeyLimits, RateLimiter
+from gateway.core.limits import Left, RateLimiter
 from gateway.core.record import Outcome, Record
 from gateway.core.settings import Route, Snapshot
 from providers.contract.errors import GatewayError
@@ -49,9 +50,9 @@ def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) ->
             account = key if isinstance(key, Account) else None
             if account is not None and accounts is not None:
                 accounts.check(account, call.record)
-            _rate_limited(limiter, key.limits)
-            if account is not None and account.team_limits is not None:
-                _rate_limited(limiter, account.team_limits)
+            team = account.team_limits if account is not None else None
+            if (left := limiter.admit(key.limits, team)) is not None:
+                _rate_limited(call.record, left)
         return await following(call)
 
     return stage
@@ -162,7 +163,13 @@ def _left(record: Record, delivery: Delivery, charge: Charge) -> None:
     record.end(Outcome.CLIENT_LEFT)
 
 
-def _rate_limited(limiter: RateLimiter, limits: KeyLimits) -> None:
-    if (wait := limiter.admit(limits)) is not None:
-        raise KeyRateLimited(f"Rate limit reached for key {limits.key_id}; "
-                             f"retry in {wait:.0f}s", retry_after=wait)
+def _rate_limited(record: Record, left: Left) -> None:
+    """The answer's `x-ratelimit-*` headers (a refusal's too: they ride on the record), and
+    429 `rate_limit_exceeded` until the window ends when a limit is used up."""
+    for header, value in left.headers().items():
+        record.mark(header, value)
+    if left.refused is not None:
+        team = left.refused.removeprefix("team:")
+        whose = f"team {team}" if team != left.refused else f"key {left.refused}"
+        raise KeyRateLimited(f"Rate limit reached for {whose}; retry in {left.reset:.0f}s",
+                             retry_after=left.reset)

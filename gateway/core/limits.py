@@ -1,9 +1,12 @@
 """Per-key request and token limits over fixed one-minute windows.
 
-Counting is local and instant; with a shared backend (`gateway.state.redis_sync`) the local counts
-are flushed to Redis a few times a second and the cluster-wide totals read back, so limits hold
-across processes and replicas without a Redis round trip per request. The price is a small
-overshoot (at most what other replicas admitted since the last sync), stated in the docs.
+Each request is checked against its key's limits and its team's at once, and counted against
+all of them or none; what the tightest leave (`Left`) is what its answer's `x-ratelimit-*`
+headers say, in OpenAI's words. Counting is local and instant; with a shared backend
+(`gateway.state.redis_sync`) the local counts are flushed to Redis a few times a second and the
+cluster-wide totals read back, so limits hold across processes and replicas without a Redis
+round trip per request. The price is a small overshoot (at most what other replicas admitted
+since the last sync), stated in the docs.
 """
 
 from __future__ import annotations
@@ -31,6 +34,50 @@ class KeyLimits:
     weight: int = 1  # requests started per turn between keys
 
 
+@dataclass(frozen=True, slots=True)
+class Left:
+    """What a request's per-minute limits leave in the current window: of the key's and its
+    team's, the one with the fewest left, for requests and for tokens apart (pure; made by
+    `RateLimiter.admit` as it counts)."""
+
+    requests: tuple[int, int] | None  # (per minute, left after this request); None: no limit
+    tokens: tuple[int, int] | None  # (per minute, left before this request's usage)
+    reset: float  # seconds until the window ends and every count starts again
+    refused: str | None = None  # the id of the limits used up (nothing was counted)
+
+    def headers(self) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-*` headers: the requests triplet where a request limit
+        applies, the tokens triplet where a token limit does."""
+        headers = {}
+        reset = duration(self.reset)
+        for kind, counts in (("requests", self.requests), ("tokens", self.tokens)):
+            if counts is not None:
+                headers[f"x-ratelimit-limit-{kind}"] = str(counts[0])
+                headers[f"x-ratelimit-remaining-{kind}"] = str(counts[1])
+                headers[f"x-ratelimit-reset-{kind}"] = reset
+        return headers
+
+
+def duration(seconds: float) -> str:
+    """Seconds as OpenAI's rate-limit headers write them (Go's durations), to the millisecond:
+    `6m0s`, `1s`, `59.5s`, `1h2m3.25s`, `120ms`."""
+    millis = max(0, round(seconds * 1000))
+    if millis < 1000:
+        return f"{millis}ms" if millis else "0s"
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    whole, fraction = divmod(millis, 1000)
+    text = f"{whole}.{fraction:03d}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def _floored(counts: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Nothing left is 0, however far past its limit a window's usage went."""
+    return None if counts is None else (counts[0], max(0, counts[1]))
+
+
 class RateLimiter:
     """Request and token counts per (key, minute), local plus what other processes reported."""
 
@@ -46,18 +93,38 @@ class RateLimiter:
             return self.remote[counted] + self.pending.get(counted, 0)
         return self.local.get(counted, 0)
 
-    def admit(self, limits: KeyLimits) -> float | None:
-        """Count one request; None if allowed, else seconds until the window resets."""
+    def admit(self, *limits: KeyLimits | None) -> Left | None:
+        """Count one request against every one of `limits` (a key's, its team's) that limits
+        anything, unless one of them is used up: then nothing is counted. None when none limits
+        anything (nothing is read nor counted); else what the tightest of each kind leaves."""
+        limiting = [each for each in limits if each is not None
+                    and (each.requests_per_minute is not None
+                         or each.tokens_per_minute is not None)]
+        if not limiting:
+            return None
         now = self.clock()
         window = int(now // WINDOW)
-        wait = (window + 1) * WINDOW - now
-        rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
-        if rpm is not None and self._used(limits.key_id, window, "req") >= rpm:
-            return wait
-        if tpm is not None and self._used(limits.key_id, window, "tok") >= tpm:
-            return wait
-        self._add(limits.key_id, window, "req", 1)
-        return None
+        tightest: dict[str, tuple[int, int]] = {}  # kind: (per minute, left), fewest left
+        refused = None
+        for each in limiting:
+            for kind, most in (("req", each.requests_per_minute),
+                               ("tok", each.tokens_per_minute)):
+                if most is None:
+                    continue
+                left = most - self._used(each.key_id, window, kind)
+                if left <= 0 and refused is None:
+                    refused = each.key_id
+                if kind not in tightest or left < tightest[kind][1]:
+                    tightest[kind] = (most, left)
+        requests = tightest.get("req")
+        if refused is None:
+            for each in limiting:
+                if each.requests_per_minute is not None:
+                    self._add(each.key_id, window, "req", 1)
+            if requests is not None:  # this request is one of them now
+                requests = (requests[0], requests[1] - 1)
+        return Left(_floored(requests), _floored(tightest.get("tok")),
+                    (window + 1) * WINDOW - now, refused)
 
     def spend_tokens(self, key_id: str, tokens: int) -> None:
         """Count tokens a request used (from its `usage`), against the current window."""
