@@ -248,3 +248,32 @@ def test_a_virtual_key_in_a_tighter_team_shows_the_team_s_limit(
             gateway.stop()
 
     within_one_minute(story)
+
+
+def test_passthrough_counts_against_a_key_s_limits_as_the_relay_does(
+        tmp_path_factory: pytest.TempPathFactory,
+        upstream_factory: Callable[[str], FakeUpstream]) -> None:
+    up = upstream_factory("up")
+    doc = limited_config(up)
+    doc["providers"]["up"]["passthrough"] = ["/v1/models"]
+
+    def story() -> None:
+        gateway = GatewayProcess(tmp_path_factory.mktemp("passthrough"), doc).start()
+        try:
+            def listed() -> httpx.Response:
+                return httpx.get(f"{gateway.url}/passthrough/up/v1/models", timeout=10,
+                                 headers={"Authorization": "Bearer key-for-team-a"})
+
+            answers = [listed() for _ in range(3)]
+            refused = listed()
+
+            assert [a.status_code for a in answers] == [200, 200, 200]
+            assert [a.headers["x-ratelimit-remaining-requests"] for a in answers] == \
+                ["2", "1", "0"]
+            assert refused.status_code == 429 and refused.headers["retry-after"]
+            assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+            assert chat(gateway, "key-for-team-a").status_code == 429, "one count for both"
+        finally:
+            gateway.stop()
+
+    within_one_minute(story)

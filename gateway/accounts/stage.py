@@ -52,7 +52,7 @@ def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) ->
                 accounts.check(account, call.record)
             team = account.team_limits if account is not None else None
             if (left := limiter.admit(key.limits, team)) is not None:
-                _rate_limited(call.record, left)
+                rate_limited(call.record, left)
         return await following(call)
 
     return stage
@@ -163,8 +163,9 @@ def _left(record: Record, delivery: Delivery, charge: Charge) -> None:
     record.end(Outcome.CLIENT_LEFT)
 
 
-def _rate_limited(record: Record, left: Left) -> None:
-    """The answer's `x-ratelimit-*` headers (a refusal's too: they ride on the record), and
+def rate_limited(record: Record, left: Left) -> None:
+    """What a key's per-minute limits left, on the record (on the relay and passthrough alike):
+    the answer's `x-ratelimit-*` headers (a refusal's too: they ride on the record), and
     429 `rate_limit_exceeded` until the window ends when a limit is used up."""
     for header, value in left.headers().items():
         record.mark(header, value)

@@ -25,6 +25,7 @@ import msgspec
 from gateway.accounts import auth, pricing
 from gateway.accounts.account import NANO, Account
 from gateway.accounts.service import Accounts, Charge
+from gateway.accounts.stage import rate_limited
 from gateway.core.delivery import Whole, error_delivery, internal_error
 from gateway.core.record import Outcome, Record, request_id
 from gateway.core.settings import Route
@@ -89,6 +90,10 @@ async def handle(request: Incoming, runtime: Runtime) -> Whole:
     try:
         key = await auth.admitted(request.headers, live.snapshot, runtime.accounts)
         record.key_id = key.limits.key_id if key is not None else None
+        if key is not None:  # a key's per-minute limits, as on the relay
+            team = key.team_limits if isinstance(key, Account) else None
+            if (left := runtime.limiter.admit(key.limits, team)) is not None:
+                rate_limited(record, left)
         scope = request.scope
         raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         name, _, rest = raw.removeprefix(PREFIX).partition("/")
