@@ -105,6 +105,16 @@ def worst_case(endpoint: str, need: Need, reach: Iterable[tuple[str, Route]],
     return max(1, _ceil_nano(dearest))
 
 
+def priced(endpoint: str, need: Need, price: Price, cached: bool = False) -> float:
+    """Dollars `need` costs at `price`, as price routing compares candidates: its prompt (at the
+    cached-input price when the request marks a cache breakpoint and the price has one) and the
+    answers it asks for (`DEFAULT_OUTPUT` each when it says no length)."""
+    prompt = price.cached_input if cached and price.cached_input is not None else price.input
+    output = 0 if endpoint == EMBEDDINGS \
+        else max(need.output or DEFAULT_OUTPUT, need.least) * need.answers
+    return (need.prompt * prompt + output * price.output) / 1_000_000
+
+
 def _ceil_nano(usd: float) -> int:
     return -int(-usd * NANO // 1)
 

@@ -70,6 +70,7 @@ class Call:
         "_closers",
         "_reader",
         "alias",
+        "asked",
         "caller",
         "endpoint",
         "head",
@@ -105,6 +106,9 @@ class Call:
         self.head: Any = None
         self.raw = b""
         self.alias = ""
+        # The request's own sort and price bound (`gateway.pipeline.preferences.Asked`), or
+        # None when it asks none and no alias prices its candidates.
+        self.asked: Any = None
         self.routes: tuple[Route, ...] = ()
         self.providers: Mapping[str, Provider] = {}
         self.priority = 0

@@ -133,12 +133,25 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     drain_timeout: Annotated[float, msgspec.Meta(gt=0)] = 25.0
 
 
+class MaxPrice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The dearest price a candidate may charge, in US dollars per million tokens (`max_price`,
+    OpenRouter's spelling); None: no bound on that side."""
+
+    prompt: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    completion: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
 class RoutingPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How an alias's candidates are tried (`routing`, in defaults or per alias)."""
 
     # order: file order; weighted: the first try spread by providers' `weight`, then file
-    # order; latency: the lowest recent time to first token first, exploring a share of tries.
-    strategy: Literal["order", "weighted", "latency"] = "order"
+    # order; latency: the lowest recent time to first token first, exploring a share of tries;
+    # price: the cheapest for this request first (unknown prices last); throughput: the most
+    # tokens per second first (`gateway.routing.sorting`).
+    strategy: Literal["order", "weighted", "latency", "price", "throughput"] = "order"
+    # Candidates dearer than this (or with no known price) are not tried (`gateway.routing.
+    # sorting.within`); a request's `provider.max_price` applies beside it.
+    max_price: MaxPrice | None = None
     explore: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
     # Seconds without a first token before the next candidate is started too (None: never),
     # or a quantile of the leading candidate's recent times to first token ("p90", learned:

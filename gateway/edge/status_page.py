@@ -55,6 +55,12 @@ def unpriced_view(runtime: Runtime) -> list[dict[str, Any]]:
             for u in live.unpriced if any(a.allows(u.alias) for a in budgeted)]
 
 
+def unknown_prices_view(runtime: Runtime) -> list[dict[str, Any]]:
+    """Every route no price is known for: sorted last by price, excluded by `max_price`."""
+    return [{"alias": u.alias, "provider": u.provider, "model": u.model}
+            for u in runtime.live.unpriced]
+
+
 def _health(enabled: bool, circuits: list[dict[str, Any]]) -> str:
     if not enabled:
         return "disabled"
@@ -86,6 +92,8 @@ def status(runtime: Runtime, every_key: bool = True, own: str | None = None
         "providers": providers_view(runtime),
         # Models a budgeted key may ask for that have no price of their own.
         "unpriced": unpriced_view(runtime),
+        # Routes with no known price: last when sorted by price, never within a `max_price`.
+        "unknown_prices": unknown_prices_view(runtime),
         # Per alias that hedges: its delay per leading provider, its budget used.
         "hedging": runtime.hedging.view(),
         "series": series,

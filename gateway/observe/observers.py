@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener, Outcome, Record
+from gateway.core.settings import Route
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic, refusal
+from gateway.routing.sorting import Throughputs
 
 # The status a request that lost its client before any answer is counted with (nginx's).
 CLIENT_CLOSED = 499
@@ -73,6 +75,21 @@ def drawn_by(traffic: RecentTraffic, providers: ProviderTraffic) -> Listener:
             providers.served(record.provider,
                              record.ttft if record.stream else record.upstream_time,
                              record.cost)
+    return ended
+
+
+def measured_by(throughputs: Throughputs, route_of: Callable[[str, str], Route | None]
+                ) -> Listener:
+    """Tokens per second of each completed stream (its output tokens over its time after the
+    first token), for the `throughput` sort: a whole answer's time holds its prompt's too."""
+    def ended(record: Record) -> None:
+        if not record.stream or record.outcome is not Outcome.COMPLETED \
+                or record.provider is None or record.from_store or record.usage is None:
+            return
+        tokens, seconds = record.usage.completion_tokens, record.duration - (record.ttft or 0.0)
+        if tokens and seconds > 0 and record.alias is not None \
+                and (route := route_of(record.alias, record.provider)) is not None:
+            throughputs.observe(route.provider, route.upstream_model, tokens / seconds)
     return ended
 
 

@@ -5,8 +5,10 @@ the cache).
 
 The body's head is typed by msgspec (a wrong type is a 400 naming its `param`), the name sent
 resolved to its alias (`Snapshot.resolve`; a key limited to some aliases gets a 403 for any
-other name, known or not), its candidates listed in the order the alias's strategy gives, and
-the request built once as the providers get it (`Outgoing`, named for its alias).
+other name, known or not), its candidates listed in the order the alias's strategy gives (or
+the request's own sort and price bound, `gateway.pipeline.preferences`, OpenRouter's `provider`
+object taken out of the body), and the request built once as the providers get it (`Outgoing`,
+named for its alias).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.errors import ModelNotFound
 from gateway.core.schemas import FormHead
 from gateway.core.settings import Route, Snapshot
-from gateway.routing import router, strategy
+from gateway.pipeline import preferences
+from gateway.routing import router, sorting, strategy
 from gateway.routing.fallbacks import as_alias
 from gateway.state.runtime import Live, Runtime
 from providers.contract.provider import Outgoing
@@ -33,6 +36,7 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
     snapshot, providers, accounts = live.snapshot, live.adapted[endpoint], runtime.accounts
     head_type = HEADS[endpoint]
     messages = endpoint in endpoints.ANTHROPIC
+    priced = preferences.prices_routes(snapshot)  # then every request is priced per alias
 
     async def stage(call: Call, following: Next) -> Delivery:
         record = call.record
@@ -40,7 +44,9 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
                                          call.headers.get("content-type"))
         record.model, record.stream = head.model, bool(getattr(head, "stream", False))
         alias = _alias(snapshot, head.model, call.key, accounts)
-        call.routes = ordered(runtime, endpoint, alias)
+        if priced or b'"provider"' in raw or sorting.HEADER in call.headers:
+            raw, call.asked = preferences.asked(endpoint, call.headers, raw, head, priced)
+        call.routes = ordered(runtime, endpoint, alias, call.asked)
         if getattr(head, "tools", None):
             call.routes = tools.tool_routes(alias, call.routes, providers)
         record.known_model, record.alias = True, alias
@@ -74,13 +80,15 @@ def _alias(snapshot: Snapshot, model: str, key: object, accounts: Accounts | Non
     return alias
 
 
-def ordered(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:
-    """`alias`'s candidates for `endpoint`, in the order its strategy gives; ModelNotFound
-    when none serves it."""
-    live = runtime.live
-    return strategy.ordered(alias, able(runtime, endpoint, alias),
-                            live.snapshot.policy(alias).routing, runtime.spread,
-                            runtime.latencies)
+def ordered(runtime: Runtime, endpoint: str, alias: str,
+            asked: preferences.Asked | None = None) -> tuple[Route, ...]:
+    """`alias`'s candidates for `endpoint`, in the order its strategy (or the request's own
+    sort, `asked`) gives; ModelNotFound when none serves it."""
+    routes = able(runtime, endpoint, alias)
+    if asked is not None:
+        return preferences.ordered(runtime, alias, routes, asked)
+    return strategy.ordered(alias, routes, runtime.live.snapshot.policy(alias).routing,
+                            runtime.spread, runtime.latencies, throughputs=runtime.throughputs)
 
 
 def able(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:

@@ -10,6 +10,7 @@ capability: those are stages around it, adapters under it, or listeners on its r
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 
@@ -65,13 +66,16 @@ def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
     async def serve(call: Call) -> Delivery:
         record, outgoing = call.record, call.outgoing
         assert outgoing is not None, "admission builds the request before it is served"
+        asked = call.asked  # a request's own sort and price bound hold for its fallbacks too
+        followed = chain if asked is None else dataclasses.replace(
+            chain, candidates=lambda name: ordered(runtime, endpoint, name, asked))
         try:
             runtime.stage("provider")
             began = time.perf_counter()
             try:
                 async with call.watching():
                     record.alias, served = await fallbacks.attempt(
-                        call.alias, call.routes, outgoing, chain, call.may_reach)
+                        call.alias, call.routes, outgoing, followed, call.may_reach)
             finally:
                 record.upstream_wait += time.perf_counter() - began
             runtime.stage("reply")

@@ -1,4 +1,5 @@
-"""In which order an alias's candidates are tried: `order`, `weighted` or `latency`.
+"""In which order an alias's candidates are tried: `order`, `weighted` or `latency`; `price` and
+`throughput`, and a request's own sort, are `gateway.routing.sorting`'s.
 
 The strategy only chooses who goes first; failover then continues through the others in file order,
 and breakers and cooldowns (`gateway.routing.health`) put whoever is excluded last. `weighted`
@@ -16,6 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.core.settings import Route, RoutingPolicy
+from gateway.routing import sorting
+from gateway.routing.sorting import Throughputs
 
 # How much one new observation moves a candidate's average time to first token.
 SMOOTHING = 0.3
@@ -76,11 +79,22 @@ class Latencies:
 
 
 def ordered(alias: str, routes: tuple[Route, ...], policy: RoutingPolicy, spread: Spread,
-            latencies: Latencies, rng: Callable[[], float] = random.random) -> tuple[Route, ...]:
-    """The candidates in the order to try them."""
-    if len(routes) < 2 or policy.strategy == "order":
+            latencies: Latencies, rng: Callable[[], float] = random.random, *,
+            throughputs: Throughputs | None = None, sort: str | None = None,
+            cost: Callable[[Route], float | None] | None = None) -> tuple[Route, ...]:
+    """The candidates in the order to try them: `sort`, a request's own (`x-llms-sort`), over
+    the alias's strategy; `cost`, what this request costs at a route (for `price`; without it,
+    file order)."""
+    how = sort or policy.strategy
+    if len(routes) < 2 or how == "order":
         return routes
-    if policy.strategy == "weighted":
+    if how == "price":
+        return routes if cost is None else sorting.by_price(routes, cost)
+    if how == "throughput":
+        return routes if throughputs is None else sorting.by_throughput(routes, throughputs)
+    if how == "latency" and sort is not None:  # asked for: the fastest, no exploring
+        return sorting.by_latency(routes, latencies.of)
+    if how == "weighted":
         first = spread.first(alias, routes)
     else:
         first = _fastest(routes, policy.explore, latencies, rng)

@@ -35,11 +35,12 @@ from gateway.idempotency.flight import Idempotency
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
-from gateway.observe.observers import counted_by, drawn_by, logged_by, spent_by
+from gateway.observe.observers import counted_by, drawn_by, logged_by, measured_by, spent_by
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.queue.queueing import Queue, Ticket
 from gateway.routing.health import ProviderHealth
 from gateway.routing.hedging import Hedging
+from gateway.routing.sorting import Throughputs
 from gateway.routing.strategy import Latencies, Spread
 from gateway.state.drain import Drain
 from gateway.state.supervise import Supervisor
@@ -169,6 +170,7 @@ class Runtime:
         self.health = ProviderHealth()
         self.spread = Spread()  # the weighted strategy's turns, per alias
         self.latencies = Latencies()  # what the latency strategy has learned
+        self.throughputs = Throughputs()  # streams' tokens per second (the throughput sort)
         self.hedging = Hedging()  # per alias: hedge delays learned, budgets spent
         self.limiter = RateLimiter()
         self.metrics = Metrics(self.health, inflight=lambda: self.inflight,
@@ -214,8 +216,8 @@ class Runtime:
         # Told of every request's record when it ends, in this order.
         self.listeners: tuple[Listener, ...] = (
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
-            logged_by(self.request_log), spent_by(self.limiter), *charged, *traced,
-            self._staged)
+            logged_by(self.request_log), spent_by(self.limiter),
+            measured_by(self.throughputs, self.route_of), *charged, *traced, self._staged)
         # What composes each snapshot's stages (`gateway.pipeline.stack.stacks`, given by the
         # app: the runtime holds state, the pipeline above it decides what a request passes).
         self.stacks = stacks
@@ -298,6 +300,7 @@ class Runtime:
         routed = [route for routes in effective.routes.values() for route in routes]
         self.health.retain(routed)
         self.latencies.retain(routed)
+        self.throughputs.retain(routed)
         self.hedging.retain((alias, route.provider) for alias, routes in effective.routes.items()
                             for route in routes)
         self.spread.retain(effective.routes)
