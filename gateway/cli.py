@@ -225,6 +225,7 @@ def _ls(args: argparse.Namespace) -> int:
     root = (args.url or cli_ls.local_url(snapshot)).rstrip("/").removesuffix("/v1")
     live, why = cli_ls.live_status(root, _key(args, snapshot), direct=args.url is None)
     print(f"{path} ({len(snapshot.providers)} providers, tried in this order)")
+    print(f"its state in {state_dir(os.environ, path)}")
     for line in cli_ls.lines(snapshot, live, model_facts(snapshot)):
         print(line)
     if live is None:

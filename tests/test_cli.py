@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from gateway.cli_ls import worker_line
+from gateway.config.loader import state_dir
 from tests.conftest import Pair
 from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider, wait_until
 from tests.upstream import FakeUpstream, refusing_url, status
@@ -52,6 +53,7 @@ def test_ls_lists_providers_in_order_with_why_disabled(tmp_path: Path) -> None:
     assert "small -> small-upstream" in result.stdout
     assert "* (discovered at start)" in result.stdout
     assert "this is the config's view" in lines[-1]
+    assert lines[1] == f"its state in {state_dir({**os.environ}, path)}"
 
 
 def test_ls_asks_the_running_gateway_for_each_provider_s_live_state(
