@@ -64,7 +64,10 @@ class LitestarClient:
 async def realtime(socket: WebSocket[Any, Any, Any]) -> None:
     """A Realtime session (`gateway.realtime.session`)."""
     state = socket.app.state
+    # One entry may hold the whole comma-separated header (granian's, unlike other servers).
+    offered = tuple(name.strip() for entry in socket.scope.get("subprotocols") or ()
+                    for name in entry.split(",") if name.strip())
     opening = session.Opening(
         {name.lower(): value for name, value in socket.headers.items()},
-        socket.query_params.get("model"), tuple(socket.scope.get("subprotocols") or ()))
+        socket.query_params.get("model"), offered)
     await session.serve(LitestarClient(socket), opening, state.runtime, state.realtime)
