@@ -30,7 +30,9 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   all under one key (first come first served), alternating rounds (queueing.py);
 - hedging: a provider slow to its first token one time in ten, through no hedging, a fixed
   `hedge_after` (short and long) and `"p90"` (with two budgets): p99 time to first token and
-  upstream requests per answer (hedging.py).
+  upstream requests per answer (hedging.py);
+- realtime: 20 Realtime sessions at once sending 4 KiB frames, each echoed by the upstream:
+  round trip per frame and frames/s, direct against through the gateway (realtime.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -79,6 +81,7 @@ from harness import (
 )
 from hedging import hedging
 from queueing import queueing
+from realtime import realtime
 from resume import resume
 
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -95,7 +98,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts")
+         "hedging", "accounts", "realtime")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -322,6 +325,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
                                                   _post_script(work))[0].rps),
         "queueing": lambda: queueing(work, 2 if quick else 4),
         "hedging": lambda: hedging(work, 200 if quick else 500),
+        "realtime": lambda: realtime(work, 2 if quick else 3),
         "accounts": lambda: accounts.accounts_cost(
             work, duration, 2 if quick else 5,
             lambda url, key, seconds: measure("accounts", url, [accounts.CLIENTS], seconds,

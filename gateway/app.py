@@ -39,13 +39,14 @@ from gateway.config.loader import BIND_ENV, WORKERS_ENV, state_dir
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge
 from gateway.core.record import request_id
 from gateway.core.settings import CachePolicy, Snapshot
-from gateway.edge import admin, admin_accounts, reads, stored_responses
+from gateway.edge import admin, admin_accounts, reads, realtime, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe import logs
 from gateway.pipeline import stack
+from gateway.realtime.limits import Sessions
 from gateway.state import discovery, reload
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime
@@ -154,6 +155,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                           idempotency=idempotency, accounts=accounts, stacks=stack.stacks)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
+        app.state.realtime = Sessions()  # the Realtime sessions open, per key
         app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
         runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
@@ -259,7 +261,8 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     if snapshot is None:
         snapshot = config.load(config.discover())
     guarded = Guard.around(Front(Litestar(
-        route_handlers=handlers(snapshot),
+        # The Realtime API's WebSocket: its key is checked by its session (`gateway.realtime`).
+        route_handlers=[*handlers(snapshot), realtime.realtime],
         lifespan=[lifespan],
         exception_handlers={
             GatewayError: on_gateway_error,

@@ -53,6 +53,7 @@ from providers.contract.errors import (
 )
 from providers.contract.log import get_logger
 from providers.contract.transport import DIRECT, Link, TlsOptions, Transport
+from providers.websocket import AiohttpSocket, open_socket
 
 KEEPALIVE = 60.0
 DNS_TTL = 60
@@ -276,12 +277,7 @@ class AiohttpTransport(Transport):
                       body: bytes | None = None, link: Link = DIRECT,
                       connect_timeout: float = 10.0, compressed: bool = True) -> _Answer:
         """Send one request; the answer once its head is in (see `Transport.request`)."""
-        route = self._routes.get(link)
-        if route is None:
-            try:
-                route = self._route(link)
-            except ValueError as exc:  # prepare() was skipped: say what is wrong with the link
-                raise ProviderUnavailable(str(exc)) from None
+        route = self._routes.get(link) or self._checked_route(link)
         if not compressed and not any(name.lower() == "accept-encoding" for name in headers):
             # A compressing server may hold events back to fill its buffer; a header the
             # config sets wins.
@@ -302,6 +298,22 @@ class AiohttpTransport(Transport):
                 _drop_tracebacks(exc)
                 response = await self._send(method, url, headers, body, route, timeout)
         return _Answer(response, route)
+
+    def _checked_route(self, link: Link) -> _Route:
+        try:
+            return self._route(link)
+        except ValueError as exc:  # prepare() was skipped: say what is wrong with the link
+            raise ProviderUnavailable(str(exc)) from None
+
+    async def websocket(self, url: str, *, headers: Mapping[str, str], link: Link = DIRECT,
+                        connect_timeout: float = 10.0, max_frame_bytes: int = 4 << 20
+                        ) -> AiohttpSocket:
+        """Open a WebSocket on the session (see `Transport.websocket`)."""
+        route = self._routes.get(link) or self._checked_route(link)
+        return await open_socket(self._session, url, headers, proxy=route.proxy,
+                                 ssl_context=route.ssl, errors=route.errors,
+                                 connect_timeout=connect_timeout,
+                                 max_frame_bytes=max_frame_bytes)
 
     def _send(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
               route: _Route, timeout: aiohttp.ClientTimeout) -> Any:

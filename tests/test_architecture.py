@@ -100,7 +100,7 @@ LAYERS = {
     "accounts": 5, "queue": 5, "idempotency": 5, "cache": 5,
     "state": 6,
     "pipeline": 7,
-    "batches": 8,
+    "batches": 8, "realtime": 8,
     "edge": 9,
 }
 TOP = 10  # app.py, cli*.py, __main__.py: the composition

@@ -34,6 +34,7 @@ from gateway.core.settings import (
     GatewayKey,
     IdempotencyConfig,
     KeyEntry,
+    RealtimeConfig,
     ResponsesConfig,
     RoutingPolicy,
     ServerConfig,
@@ -105,6 +106,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telemetry: Telemetry = Telemetry()
     database: DatabaseConfig = DatabaseConfig()
     batches: BatchesConfig = BatchesConfig()
+    realtime: RealtimeConfig = RealtimeConfig()
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -184,7 +186,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry,
                     database=_database(file.database, path, environ), batches=file.batches,
-                    unpriced=_unpriced(file.defaults.unpriced, where))
+                    unpriced=_unpriced(file.defaults.unpriced, where),
+                    realtime=file.realtime)
 
 
 def _unpriced(policy: Literal["refuse"] | Price, where: str) -> Price | None:

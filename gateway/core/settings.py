@@ -60,6 +60,22 @@ class BatchesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0
 
 
+class RealtimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Bounds of a Realtime session (`/v1/realtime`, `gateway.realtime`)."""
+
+    # The largest frame either side may send (OpenAI caps an audio append at 15 MiB of base64);
+    # the ASGI server's own cap is 64 MiB.
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * MiB)] = 8 * MiB
+    # Seconds with no frame either way before the session is ended.
+    idle_timeout: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 300.0
+    # Seconds a session may last at most (OpenAI ends its own at 30 or 60 minutes).
+    max_session_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 3600.0
+    # Sessions open at once per key (an open gateway's callers share one count), per process;
+    # and over every key.
+    max_sessions_per_key: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 10
+    max_sessions: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1_000
+
+
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
 # The request bodies one process holds at once (read, or being read): 128 MiB, six bodies at the
 # largest size; with the copies a request makes of its body, a few hundred MiB at most.
@@ -310,6 +326,7 @@ class Snapshot:
     # snapshot built without a file (an in-memory database then).
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     batches: BatchesConfig = field(default_factory=BatchesConfig)  # `/v1/files`, `/v1/batches`
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # `/v1/realtime`
     # What a budgeted key pays for a model no price is known for (`defaults.unpriced`): None
     # refuses it (403 `model_unpriced`), a price is held and charged instead.
     unpriced: Price | None = None

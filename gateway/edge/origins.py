@@ -107,4 +107,10 @@ class Origins:
         if scope["type"] == ScopeType.HTTP and (refused := self.refusal(scope)) is not None:
             await answer(send, refused)
             return
+        if scope["type"] == ScopeType.WEBSOCKET and self.refusal(scope) is not None:
+            # A page may open a WebSocket to any address: the same check, and a handshake
+            # closed before it is accepted is a 403 for the page.
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008, "reason": ""})
+            return
         await self.inner(scope, receive, send)

@@ -105,8 +105,8 @@ def run(server: ServerLimits, host: str, port: int, workers: int, open_files: in
         # `asgi`, not `asginl`: the app's lifespan owns its sessions and background tasks.
         interface=Interfaces.ASGI, loop=Loops.uvloop,
         # HTTP/1.1 only: every OpenAI client speaks it, and HTTP/2's header limits are other
-        # settings with far larger defaults.
-        http=HTTPModes.http1, websockets=False,
+        # settings with far larger defaults. WebSockets for the Realtime API (`/v1/realtime`).
+        http=HTTPModes.http1, websockets=True,
         http1_settings=HTTP1Settings(header_read_timeout=max(1, int(head_timeout(server) * 1000)),
                                      keep_alive=True, max_buffer_size=buffer_size(server)),
         # granian's own cap on a worker's connections (1,024 by default) would leave streams

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from providers.contract.errors import GatewayError
 from providers.contract.redact import mask_credentials
-from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
+from providers.contract.transport import DIRECT, HttpResponse, Link, Transport, UpstreamSocket
 
 # The key, in OpenTelemetry's context, of the headers every upstream call of a request not
 # sampled carries (set by `Tracing.serving`); absent outside one.
@@ -67,6 +67,14 @@ class TracedTransport(Transport):
         if answer.status >= 400:
             span.set_status(Status(StatusCode.ERROR, str(answer.status)))
         return _TracedResponse(answer, span)
+
+    def websocket(self, url: str, *, headers: Mapping[str, str], link: Link = DIRECT,
+                  connect_timeout: float = 10.0, max_frame_bytes: int = 4 << 20
+                  ) -> Coroutine[Any, Any, UpstreamSocket]:
+        # A Realtime session's socket: its span is the session's own (`gateway.realtime`).
+        return self.inner.websocket(url, headers=headers, link=link,
+                                    connect_timeout=connect_timeout,
+                                    max_frame_bytes=max_frame_bytes)
 
     def prepare(self, link: Link, provider: str) -> None:
         self.inner.prepare(link, provider)

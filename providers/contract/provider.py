@@ -16,12 +16,12 @@ from typing import Any, ClassVar
 import msgspec
 
 from providers.contract import form
-from providers.contract.errors import InvalidRequest
+from providers.contract.errors import InvalidRequest, ProviderRejected
 from providers.contract.lasting import Lasting
 from providers.contract.numbers import check_numbers
 from providers.contract.spec import ProviderSpec
 from providers.contract.stream import Opened, peek
-from providers.contract.transport import Transport
+from providers.contract.transport import Transport, UpstreamSocket
 from providers.contract.usage import Usage
 
 
@@ -197,6 +197,12 @@ class Provider(ABC):
         by a kind whose upstream speaks another: its whole 2xx answer, as OpenAI's."""
         raise NotImplementedError(f"provider type {self.kind!r} does not run batches")
 
+    async def realtime(self, upstream_model: str, beta: bool, max_frame_bytes: int
+                       ) -> UpstreamSocket:
+        """A Realtime session's upstream WebSocket, its handshake done (`beta`: the client
+        speaks the beta protocol, `OpenAI-Beta: realtime=v1`); a kind that has none refuses."""
+        raise ProviderRejected(f"provider type {self.kind!r} does not serve the Realtime API")
+
     async def list_models(self) -> list[str]:
         """The upstream's model ids, for `"models": "*"`; kinds that can list them override."""
         raise NotImplementedError(f"provider type {self.kind!r} cannot list its models")
@@ -296,6 +302,10 @@ class Adapter(Provider):
 
     def credentials(self) -> Mapping[str, str]:
         return self.inner.credentials()
+
+    async def realtime(self, upstream_model: str, beta: bool, max_frame_bytes: int
+                       ) -> UpstreamSocket:
+        return await self.inner.realtime(upstream_model, beta, max_frame_bytes)
 
     def continues(self) -> str:
         return self.inner.continues()

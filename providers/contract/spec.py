@@ -67,6 +67,7 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     context_window: int | None = None
     max_output_tokens: int | None = None
     price: Price | None = None
+    realtime: bool = False  # it serves the Realtime API (`/v1/realtime`, a WebSocket)
 
 
 class TlsEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

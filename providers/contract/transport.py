@@ -198,6 +198,27 @@ class HttpResponse(Protocol):
         ...
 
 
+class UpstreamSocket(Protocol):
+    """An upstream WebSocket once its handshake is done: frames in and out as they are (text as
+    `str`, binary as `bytes`), nothing parsed."""
+
+    async def receive(self) -> str | bytes | None:
+        """The next data frame; None once the upstream closed (`close_code` says how: None for
+        a connection lost without a close frame); ProviderUnavailable when it broke."""
+        ...
+
+    async def send(self, frame: str | bytes) -> None:
+        """Send one frame, returning once the socket took it (its buffer drained)."""
+        ...
+
+    @property
+    def close_code(self) -> int | None: ...
+
+    async def close(self, code: int = 1000) -> None:
+        """Close the socket (and its connection); idempotent."""
+        ...
+
+
 class Transport(ABC):
     """Sends HTTP requests upstream; one per process, shared by every provider.
 
@@ -212,6 +233,14 @@ class Transport(ABC):
         `compressed=False` asks the upstream not to compress (streams: a compressing server may
         hold events back to fill its buffer); headers that already carry `Accept-Encoding` are
         sent as they are. Raises only `errors.ProviderError` subclasses or `errors.Overloaded`."""
+
+    async def websocket(self, url: str, *, headers: Mapping[str, str], link: Link = DIRECT,
+                        connect_timeout: float = 10.0, max_frame_bytes: int = 4 << 20
+                        ) -> UpstreamSocket:
+        """Open a WebSocket (`ws://`, `wss://`) and return once its handshake is done within
+        `connect_timeout`; frames over `max_frame_bytes` break it. Raises only
+        `errors.ProviderError` subclasses (a refused upgrade by its status, as `request`'s)."""
+        raise NotImplementedError("this transport does not open WebSockets")
 
     def prepare(self, link: Link, provider: str) -> None:  # noqa: B027 - optional hook
         """Ready `link` for `provider`'s requests (TLS files loaded, checked once); ValueError

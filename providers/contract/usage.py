@@ -67,6 +67,9 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     output: float = 0.0
     cached_input: float | None = None
     cache_write: float | None = None
+    # Realtime's audio tokens, when dearer than text (else at `input` / `output`).
+    audio_input: float | None = None
+    audio_output: float | None = None
 
 
 class _Response(msgspec.Struct):

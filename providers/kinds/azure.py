@@ -32,7 +32,7 @@ from providers.contract.provider import Outgoing, ProviderDisabled, Reply
 from providers.contract.refusals import filtered, filtered_first
 from providers.contract.spec import ProviderSpec
 from providers.contract.translate import translated
-from providers.contract.transport import Transport
+from providers.contract.transport import Transport, UpstreamSocket
 from providers.kinds.openai import OpenAIProvider
 from providers.wire import sse
 from providers.wire.deadline import DATA
@@ -280,6 +280,16 @@ class AzureProvider(OpenAIProvider):
     def url(self, endpoint: str, upstream_model: str) -> str:
         return deployment_url(self._base_url, upstream_model, endpoint,
                               self.azure.api_version)
+
+    async def realtime(self, upstream_model: str, beta: bool, max_frame_bytes: int
+                       ) -> UpstreamSocket:
+        """`{base_url}/openai/realtime?api-version=V&deployment=D`, Azure's Realtime path."""
+        query = urlencode({"api-version": self.azure.api_version, "deployment": upstream_model})
+        headers = await self.realtime_headers(beta)
+        if self.tokens is not None:
+            headers["Authorization"] = f"Bearer {await self.tokens.token()}"
+        return await self.dial(f"{self._base_url}/openai/realtime?{query}", headers,
+                               max_frame_bytes)
 
     async def start(self, lasting: Lasting) -> None:
         written = self.azure.azure_ad_token

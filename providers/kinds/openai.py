@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 import msgspec
 
@@ -18,7 +19,7 @@ from providers.contract.provider import Answer, Outgoing, Provider, Reply, decod
 from providers.contract.spec import ProviderSpec
 from providers.contract.stream import flowing
 from providers.contract.translate import translated
-from providers.contract.transport import Transport
+from providers.contract.transport import Transport, UpstreamSocket
 from providers.kinds.compat import (
     OPTION_FIELDS,
     OpenAIOptions,
@@ -69,6 +70,12 @@ def build_headers(spec: ProviderSpec) -> Mapping[str, str]:
     if spec.api_key is not None:
         headers["Authorization"] = f"Bearer {spec.api_key.reveal()}"
     return headers
+
+
+def ws_url(url: str) -> str:
+    """`url` with its scheme for a WebSocket: `https` to `wss`, `http` to `ws`."""
+    scheme, sep, rest = url.partition("://")
+    return {"https": "wss", "http": "ws"}.get(scheme.lower(), scheme) + sep + rest
 
 
 # OpenAI's endpoints besides chat (rerank: the Cohere/Jina shape vLLM serves at /v1/rerank),
@@ -140,6 +147,26 @@ class OpenAIProvider(Provider):
 
     def credentials(self) -> Mapping[str, str]:
         return self.http.credentials()
+
+    async def realtime(self, upstream_model: str, beta: bool, max_frame_bytes: int
+                       ) -> UpstreamSocket:
+        """`{base_url}/realtime?model=ID`, with this provider's key (never the client's)."""
+        url = f"{self._base_url}/realtime?{urlencode({'model': upstream_model})}"
+        return await self.dial(url, await self.realtime_headers(beta), max_frame_bytes)
+
+    async def realtime_headers(self, beta: bool) -> dict[str, str]:
+        """The upgrade's headers: credentials, configured headers, the beta protocol's."""
+        headers = dict(self.credentials())
+        if beta:
+            headers["OpenAI-Beta"] = "realtime=v1"
+        return headers
+
+    async def dial(self, url: str, headers: Mapping[str, str], max_frame_bytes: int
+                   ) -> UpstreamSocket:
+        """Open the WebSocket at `url` (an http(s) URL) within `timeouts.connect`."""
+        return await self.transport.websocket(
+            ws_url(url), headers=headers, link=self.spec.link_for(url),
+            connect_timeout=self.spec.timeouts.connect, max_frame_bytes=max_frame_bytes)
 
     async def batch_api(self, method: str, path: str, body: bytes | None = None,
                         content_type: str = "application/json") -> bytes:

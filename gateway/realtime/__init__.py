@@ -1,0 +1,1 @@
+"""The Realtime API (`/v1/realtime`, a WebSocket): sessions relayed, governed like requests."""
