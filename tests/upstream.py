@@ -844,8 +844,9 @@ def vector(text: str | list[int], dimensions: int = DIMENSIONS) -> list[float]:
 
 MEANING_DIMENSIONS = 256
 # Words that say little of what a question asks: dropped before `meaning` hashes the rest.
-STOPWORDS = frozenset("a an the is are was were be what whats which who how of in on at to for "
-                      "and or s do does me tell please i you".split())
+STOPWORDS = frozenset({"a", "an", "the", "is", "are", "was", "were", "be", "what", "whats",
+                       "which", "who", "how", "of", "in", "on", "at", "to", "for", "and", "or",
+                       "s", "do", "does", "me", "tell", "please", "i", "you"})
 
 
 def meaning(text: str | list[int], dimensions: int = MEANING_DIMENSIONS) -> list[float]:

@@ -53,11 +53,11 @@ class Embedder:
     prices: Mapping[tuple[str, str], Price]
     routing: Routing
 
-    async def __call__(self, alias: str, text: str, record: Record, timeout: float
+    async def __call__(self, alias: str, text: str, record: Record, within: float
                        ) -> array[float] | None:
-        """`text`'s unit vector by `alias`; None when it could not be had within `timeout`."""
+        """`text`'s unit vector by `alias`; None when it could not be had `within` seconds."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 return self._read(await self._embedded(alias, text, record), alias, record)
         except (GatewayError, ProviderError, TimeoutError, msgspec.DecodeError,
                 msgspec.ValidationError) as exc:

@@ -113,7 +113,7 @@ def similarity(one: array[float], other: array[float]) -> float:
     embedded one of them)."""
     if len(one) != len(other):
         return 0.0
-    return sum(map(operator.mul, one, other))
+    return float(sum(map(operator.mul, one, other)))
 
 
 def nearest(vector: array[float], candidates: Sequence[tuple[str, array[float]]]

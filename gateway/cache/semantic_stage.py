@@ -20,9 +20,9 @@ import msgspec
 from gateway.cache import semantic
 from gateway.cache import store as cache
 from gateway.cache.embedding import Embed
+from gateway.cache.semantic_store import SemanticStore
 from gateway.cache.stage import Caching, forwarded, kept_after, lookup
 from gateway.cache.store import Cached
-from gateway.cache.semantic_store import SemanticStore
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.settings import Snapshot
 from gateway.observe.metrics import Metrics
