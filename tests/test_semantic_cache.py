@@ -21,7 +21,7 @@ import pytest
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.test_teams import Admin, keyed_everywhere
-from tests.upstream import FakeUpstream, ok, status, tool_call
+from tests.upstream import FakeUpstream, hang, ok, status, tool_call
 
 FRANCE = "What is the capital of France?"
 PARAPHRASE = "what's France's capital city"
@@ -183,6 +183,16 @@ def test_an_embedding_alias_down_is_a_miss_and_the_question_is_still_answered(
     embed_up.set_mode(ok())
     ask(gateway, "What is the capital of Australia?")
     assert ask(gateway, "Australia's capital city")[1]["x-llms-cache"] == "semantic"
+
+
+def test_an_embedding_alias_that_never_answers_is_a_miss_once_its_timeout_passes(
+        gateway: GatewayProcess, chat_up: FakeUpstream, embed_up: FakeUpstream) -> None:
+    chat_up.set_mode(ok("Wellington."))
+    embed_up.set_mode(hang())
+    answer, headers = ask(gateway, "What is the capital of New Zealand?")
+
+    assert answer == "Wellington." and "x-llms-cache" not in headers
+    assert len(asked_upstream(chat_up)) == 1
 
 
 def test_an_alias_without_a_semantic_cache_is_never_served_from_it(
