@@ -33,6 +33,8 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   upstream requests per answer (hedging.py);
 - realtime: 20 Realtime sessions at once sending 4 KiB frames, each echoed by the upstream:
   round trip per frame and frames/s, direct against through the gateway (realtime.py).
+- semantic: semantic cache hits (a paraphrase, its embedding asked of a local fake) against exact
+  cache hits on the same gateway, req/s and p50 at 10 clients, alternating rounds (semantic.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -62,6 +64,7 @@ from typing import Any
 
 import accounts
 import scenarios
+import semantic
 import stages
 import traced
 from assembly import assembly
@@ -98,7 +101,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts", "realtime")
+         "hedging", "accounts", "realtime", "semantic")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -252,6 +255,13 @@ def _keyed_script(work: Path, key: str) -> Path:
     return script
 
 
+def _body_script(work: Path, body: dict[str, Any]) -> Path:
+    """A wrk script that posts `body` (a body with no single quote: the script quotes it)."""
+    script = work / f"post-{body['model']}.lua"
+    script.write_text(LUA % json.dumps(body))
+    return script
+
+
 def whole_streamed(work: Path, duration: float, wrk: str | None, rounds: int) -> dict[str, Any]:
     """The cost of early failover: whole requests relayed whole, against the same requests
     asked upstream as a stream of `WHOLE_CHUNKS` events and assembled, at 10 clients, in
@@ -330,6 +340,12 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
             work, duration, 2 if quick else 5,
             lambda url, key, seconds: measure("accounts", url, [accounts.CLIENTS], seconds,
                                               wrk, _keyed_script(work, key))[0].rps),
+        # wrk only: the Python load generator sends one fixed body.
+        "semantic": lambda: semantic.semantic_cost(
+            work, duration, 2 if quick else 3,
+            lambda url, body, seconds: measure("semantic", url, [semantic.CLIENTS], seconds,
+                                               wrk, _body_script(work, body))[0])
+        if wrk else {"skipped": "needs wrk"},
     }
     for name, step in steps.items():
         if name in parts:
@@ -502,6 +518,7 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         rows.append(("non-streaming req/s against no tracing code: tracing off / on",
                      "≥ 0.98x / ≥ 0.85x", "not measured", None))
     rows += accounts.rows(data.get("accounts"))
+    rows += semantic.rows(data.get("semantic") if "rounds" in data.get("semantic", {}) else None)
     if hd := data.get("hedging"):
         for backup in dict.fromkeys(r["backup"] for r in hd["rows"]):
             mine = [r for r in hd["rows"] if r["backup"] == backup]
@@ -644,8 +661,9 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     duration = args.duration or (2.0 if args.quick else 5.0)
     parts = args.only or list(PARTS)
-    wrk = ensure_wrk() if {"throughput", "tracing", "accounts"} & set(parts) else None
-    if {"throughput", "tracing", "accounts"} & set(parts):
+    wrk = ensure_wrk() if {"throughput", "tracing", "accounts", "semantic"} & set(parts) \
+        else None
+    if {"throughput", "tracing", "accounts", "semantic"} & set(parts):
         print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
     data = run_parts(parts, args.quick, levels, duration, wrk)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

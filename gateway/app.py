@@ -34,6 +34,7 @@ from gateway.adapters.responses.store import ResponseStore
 from gateway.batches import routes as batch_routes
 from gateway.batches.runner import Runner
 from gateway.batches.store import Store
+from gateway.cache.semantic_store import SemanticStore
 from gateway.cache.store import ResponseCache
 from gateway.config.loader import BIND_ENV, WORKERS_ENV, state_dir
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge
@@ -62,7 +63,8 @@ if TYPE_CHECKING:
 
 # What a browser's script may read of an answer besides the CORS-safelisted headers.
 EXPOSED_HEADERS = ("x-request-id", "x-llms-provider", "x-llms-model", "x-llms-attempts",
-                   "x-llms-cost", "x-llms-cache", "x-llms-hedged", "x-llms-overhead-ms",
+                   "x-llms-cost", "x-llms-cache", "x-llms-cache-similarity", "x-llms-hedged",
+                   "x-llms-overhead-ms",
                    "retry-after", *(f"x-ratelimit-{what}-{kind}"
                                     for what in ("limit", "remaining", "reset")
                                     for kind in ("requests", "tokens")))
@@ -152,7 +154,10 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.spend = Overview(accounts)  # the status page's spend, read every 10 s at most
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
-                          idempotency=idempotency, accounts=accounts, stacks=stack.stacks)
+                          idempotency=idempotency, accounts=accounts, stacks=stack.stacks,
+                          semantic=SemanticStore(cache_policy.max_bytes,
+                                                 cache_policy.max_entry_bytes,
+                                                 cache_policy.max_entries, redis, state.prefix))
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         app.state.realtime = Sessions()  # the Realtime sessions open, per key

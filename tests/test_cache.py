@@ -138,6 +138,17 @@ def test_answers_are_kept_per_key(start_gateway: Callable[..., GatewayProcess],
     assert len(upstream.requests) == 2
 
 
+def test_under_global_scope_every_key_is_served_the_same_answer(
+        start_gateway: Callable[..., GatewayProcess], upstream: FakeUpstream) -> None:
+    doc = cached_config(upstream, server={"api_keys": [ALICE, BOB]})
+    doc["models"]["cached"]["cache"]["scope"] = "global"
+    gateway = start_gateway(doc)
+    ask(gateway, "ours", key=ALICE)
+    bobs = ask(gateway, "ours", key=BOB)
+    assert bobs.headers["x-llms-cache"] == "hit"
+    assert len(upstream.requests) == 1
+
+
 @pytest.mark.skipif(not RedisServer.available(), reason="redis-server is not installed")
 def test_two_gateways_on_one_redis_share_hits(tmp_path: Path, upstream: FakeUpstream) -> None:
     redis = RedisServer().start()

@@ -88,6 +88,15 @@ def problems(doc: dict[str, Any]) -> str:
     pytest.param({"models": {"m": {"routing": {"hedge_aftr": 0.3}}}, "providers": {"up": OPENAI}},
                  "models.m.routing: Object contains unknown field `hedge_aftr` (did you mean "
                  "`hedge_after`?)", id="an alias's routing"),
+    pytest.param({"models": {"m": {"cache": {"semantic": {"embedding_alias": "m",
+                                                          "treshold": 0.9}}}},
+                  "providers": {"up": OPENAI}},
+                 "models.m.cache.semantic: Object contains unknown field `treshold` (did you "
+                 "mean `threshold`?)", id="an alias's semantic cache"),
+    pytest.param({"models": {"m": {"cache": {"semantic": {"embedding_alias": "embedder"}}}},
+                  "providers": {"up": OPENAI}},
+                 "models.m.cache.semantic.embedding_alias: no provider serves 'embedder'",
+                 id="a semantic cache's embedding alias no provider serves"),
     pytest.param({"defaults": {"retries": {"atempts": 2}}, "providers": {"up": OPENAI}},
                  "defaults.retries: Object contains unknown field `atempts` (did you mean "
                  "`attempts`?)", id="defaults"),

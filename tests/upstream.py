@@ -12,6 +12,7 @@ import base64
 import json
 import math
 import random
+import re
 import socket
 import ssl
 import struct
@@ -217,6 +218,8 @@ class FakeUpstream:
     # A final assistant message is continued as it is (Ollama's, llama.cpp's server's
     # prefill); else only when `continue_final_message` says so (vLLM's).
     prefills: ClassVar[bool] = False
+    # Its embeddings place paraphrases close (`meaning`) rather than texts sharing words.
+    paraphrases: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -406,7 +409,8 @@ class FakeUpstream:
         return await self._answer(request, _ResponsesShape())
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._answer(request, _EmbeddingShape())
+        return await self._answer(request, _EmbeddingShape(meaning if self.paraphrases
+                                                           else vector))
 
     async def _native(self, request: web.Request) -> web.StreamResponse:
         """Moderations, rerank, images and audio (`tests.fake_native`), with the same modes."""
@@ -838,6 +842,26 @@ def vector(text: str | list[int], dimensions: int = DIMENSIONS) -> list[float]:
     return [b / norm for b in buckets]
 
 
+MEANING_DIMENSIONS = 256
+# Words that say little of what a question asks: dropped before `meaning` hashes the rest.
+STOPWORDS = frozenset({"a", "an", "the", "is", "are", "was", "were", "be", "what", "whats",
+                       "which", "who", "how", "of", "in", "on", "at", "to", "for", "and", "or",
+                       "s", "do", "does", "me", "tell", "please", "i", "you"})
+
+
+def meaning(text: str | list[int], dimensions: int = MEANING_DIMENSIONS) -> list[float]:
+    """A fake embedding under which paraphrases are close: words lowercased, punctuation and
+    stopwords dropped ("What is the capital of France?" and "what's France's capital city"
+    share `capital` and `france`), hashed into buckets, normalised."""
+    words = [w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in STOPWORDS] \
+        if isinstance(text, str) else [str(t) for t in text]
+    buckets = [0.0] * dimensions
+    for word in words:
+        buckets[zlib.crc32(word.encode()) % dimensions] += 1.0
+    norm = math.sqrt(sum(b * b for b in buckets)) or 1.0
+    return [b / norm for b in buckets]
+
+
 def embedding_problem(body: dict[str, Any], field: str = "dimensions") -> str | None:
     """What a real embeddings API would refuse in this body, if anything."""
     size = body.get(field)
@@ -855,12 +879,16 @@ def embedding_inputs(body: dict[str, Any]) -> list[Any]:
 
 
 class _EmbeddingShape(_Shape):
+    def __init__(self, embed: Callable[[str | list[int], int], list[float]] = vector) -> None:
+        self.embed = embed
+
     def whole(self, body: dict[str, Any], pieces: list[str], mode: Mode) -> dict[str, Any]:
         inputs = embedding_inputs(body)
-        dimensions = body.get("dimensions") or DIMENSIONS
+        dimensions = body.get("dimensions") or \
+            (MEANING_DIMENSIONS if self.embed is meaning else DIMENSIONS)
         data = []
         for index, text in enumerate(inputs):
-            values = vector(text, dimensions)
+            values = self.embed(text, dimensions)
             encoded: Any = values
             if body.get("encoding_format") == "base64":
                 encoded = base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()

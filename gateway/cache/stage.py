@@ -7,9 +7,10 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.cache import store as cache
+from gateway.cache.semantic import owner
 from gateway.cache.store import Cached, ResponseCache
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.delivery import Streamed, Whole, kept_stream
@@ -31,38 +32,52 @@ def stage_of(snapshot: Snapshot, store: ResponseCache, metrics: Metrics) -> Stag
     """The stage that answers from the cache, and keeps what it may."""
 
     async def stage(call: Call, following: Next) -> Delivery:
-        ttl = snapshot.policy(call.alias).cache.ttl
-        kept = caching(call.headers, call.record, ttl, call.outgoing.json(), store, metrics,
-                       forwarded(call)) \
-            if ttl and call.outgoing is not None else None
+        policy = snapshot.policy(call.alias).cache
+        kept = caching(call.headers, call.record, policy.ttl, call.outgoing.json(), store,
+                       metrics, forwarded(call), policy.scope) \
+            if policy.ttl and call.outgoing is not None else None
         if kept is None:
             return await following(call)
         if hit := await lookup(kept, call.record, call.wants_usage):
             return hit
         delivery = await following(call)
-        if not kept.write:
+        if not kept.write or call.record.cache_hit:  # a semantic hit is not this body's own
             return delivery
-        if isinstance(delivery, Streamed) and delivery.media_type == "text/event-stream":
-            return keeping(delivery, kept, call.wants_usage)
-        if isinstance(delivery, Whole) and delivery.status == 200 \
-                and delivery.outcome is Outcome.COMPLETED:
-            await keep_whole(kept, call.record, delivery.body)
-        return delivery
+        return await kept_after(delivery, kept, call.record, call.wants_usage)
 
     return stage
+
+
+class Shelf(Protocol):
+    """Where a cache keeps answers by key (`ResponseCache`; the semantic cache's entries)."""
+
+    @property
+    def max_entry_bytes(self) -> int: ...
+
+    async def get(self, key: str) -> Cached | None: ...
+
+    async def drop(self, key: str) -> None: ...
+
+    async def put(self, key: str, cached: Cached) -> int: ...
+
+
+HIT = (("x-llms-cache", "hit"),)
 
 
 @dataclass(frozen=True, slots=True)
 class Caching:
     """A cacheable request: its key, whether the client lets it be read and written, when
-    what it stores expires, and where."""
+    what it stores expires, and where; the headers a hit carries, and the prefix of its
+    lookups' metric labels (the semantic cache's `semantic_`)."""
 
     key: str
     read: bool
     write: bool
     expires: float
-    store: ResponseCache
+    store: Shelf
     metrics: Metrics
+    marks: tuple[tuple[str, str], ...] = HIT
+    labels: str = ""
 
 
 def forwarded(call: Call) -> list[str]:
@@ -77,13 +92,14 @@ def forwarded(call: Call) -> list[str]:
 
 def caching(headers: Mapping[str, str], record: Record, ttl: float | None,
             body: Mapping[str, Any], store: ResponseCache, metrics: Metrics,
-            betas: Sequence[str] = ()) -> Caching | None:
-    """How the cache takes this request (`betas`: those that may reach an upstream); None
-    when its alias is not cached."""
+            betas: Sequence[str] = (), scope: str = "key") -> Caching | None:
+    """How the cache takes this request (`betas`: those that may reach an upstream; `scope`:
+    whose answers it may be served); None when its alias is not cached."""
     if not ttl or record.endpoint not in cache.ENDPOINTS or record.model is None:
         return None
     read, write = cache.bypassed(headers)
-    key = cache.key_of(record.endpoint, record.model, body, record.key_id, betas)
+    whose = record.key_id if scope == "key" else owner(scope, record.key_id, record.team)
+    key = cache.key_of(record.endpoint, record.model, body, whose, betas)
     if not read:
         metrics.cache_lookup(record.model, "bypass")
     return Caching(key, read, write, time.time() + ttl, store, metrics)
@@ -101,13 +117,14 @@ async def lookup(caching: Caching, record: Record, wants_usage: bool) -> Whole |
         found = kept = None
     if found is None or kept is None:
         if caching.read:
-            caching.metrics.cache_lookup(model, "miss")
+            caching.metrics.cache_lookup(model, f"{caching.labels}miss")
         return None
-    caching.metrics.cache_lookup(model, "hit")
+    caching.metrics.cache_lookup(model, f"{caching.labels}hit")
     record.provider, record.cache_hit = found.provider, True
-    record.mark("x-llms-cache", "hit")
+    for header, value in caching.marks:
+        record.mark(header, value)
     if not record.stream:
-        record.usage = from_payload(kept)
+        record.used(from_payload(kept), None)  # what was paid beside it (an embedding) only
         return Whole(kept, record.headers(), record)
     return kept_stream(kept, record, _stream_usage(kept))
 
@@ -121,6 +138,18 @@ def _stream_usage(kept: bytes) -> Usage | None:
         if b'"usage"' in event.data and not event.done:
             return from_payload(event.data)
     return None
+
+
+async def kept_after(delivery: Delivery, caching: Caching, record: Record, wants_usage: bool
+                     ) -> Delivery:
+    """The answer as it goes to the client: a stream kept once it completed, a whole answer
+    that succeeded kept now."""
+    if isinstance(delivery, Streamed) and delivery.media_type == "text/event-stream":
+        return keeping(delivery, caching, wants_usage)
+    if isinstance(delivery, Whole) and delivery.status == 200 \
+            and delivery.outcome is Outcome.COMPLETED:
+        await keep_whole(caching, record, delivery.body)
+    return delivery
 
 
 async def keep_whole(caching: Caching, record: Record, body: bytes) -> None:

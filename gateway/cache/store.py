@@ -174,8 +174,9 @@ class ResponseCache:
     time to live."""
 
     def __init__(self, max_bytes: int, max_entry_bytes: int,
-                 redis: Redis | None = None, prefix: str = "") -> None:
-        self.kept = Kept(max_bytes, max_entry_bytes, redis, f"{prefix}cache:")
+                 redis: Redis | None = None, prefix: str = "",
+                 max_entries: int | None = None) -> None:
+        self.kept = Kept(max_bytes, max_entry_bytes, redis, f"{prefix}cache:", max_entries)
 
     @property
     def max_entry_bytes(self) -> int:

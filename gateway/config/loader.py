@@ -180,6 +180,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         entry.resume, entry.max_resumes)
         for alias, entry in file.models.items() if entry.alias_of is None}
     names, chains = _names(file.models, providers, where)
+    _embedding_aliases(default_policy, policies, providers, names, where)
     return Snapshot(source=path, server=server, providers=providers, routes=routes(providers),
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
                     idempotency=file.idempotency,
@@ -188,6 +189,21 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     database=_database(file.database, path, environ), batches=file.batches,
                     unpriced=_unpriced(file.defaults.unpriced, where),
                     realtime=file.realtime)
+
+
+def _embedding_aliases(default: AliasPolicy, policies: Mapping[str, AliasPolicy],
+                       providers: tuple[ProviderSpec, ...], names: Names, file: str) -> None:
+    """Every `cache.semantic.embedding_alias` names a model some provider lists (unless one
+    discovers its models): a typo there would make every lookup a miss, silently."""
+    if any(spec.discovery is not None for spec in providers):
+        return
+    known = {alias for spec in providers for alias in spec.models} | set(names.exact)
+    for where, policy in (("defaults", default), *((f"models.{a}", p)
+                                                    for a, p in policies.items())):
+        semantic = policy.cache.semantic
+        if semantic is not None and semantic.embedding_alias not in known:
+            raise ConfigError(f"{file}: {where}.cache.semantic.embedding_alias: no provider "
+                              f"serves '{semantic.embedding_alias}'")
 
 
 def _unpriced(policy: Literal["refuse"] | Price, where: str) -> Price | None:

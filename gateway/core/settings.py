@@ -181,6 +181,26 @@ class RoutingPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     hedge_min: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 3
 
 
+class SemanticCache(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A chat answer served again to a question worded differently (`cache.semantic`,
+    `gateway.cache.semantic`): the last user turn embedded through `embedding_alias`, the rest
+    of the request matched exactly."""
+
+    embedding_alias: str
+    # The least cosine similarity served: high, since a near question may want another answer.
+    threshold: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.95
+    ttl: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # seconds an answer is kept
+    # Requests asking for more randomness than this are not kept nor served; a request that
+    # names no temperature is. OpenAI's default is 1: above it, a client asks for variety.
+    max_temperature: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    max_n: Annotated[int, msgspec.Meta(ge=1, le=128)] = 1  # choices a cached request may ask
+    tool_calls: bool = False  # keep answers that call tools (they act on the world)
+    # A longer last user turn is not cached: a long text with a small change embeds close.
+    max_chars: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 2000
+    # Seconds the embedding may take; past them (or on any failure) the lookup is a miss.
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=30)] = 1.0
+
+
 class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Whether complete answers are kept and replayed (`cache`, in defaults or per alias)."""
 
@@ -188,6 +208,12 @@ class CachePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The cache's size in each process (read from defaults only).
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 * 1024 * 1024
     max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1024 * 1024
+    # Whose answers a request may be served: its key's, its team's (a key without a team:
+    # its own), or anyone's (`global`).
+    scope: Literal["key", "team", "global"] = "key"
+    semantic: SemanticCache | None = None
+    # The semantic cache's entries in each process (read from defaults only).
+    max_entries: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 10_000
 
 
 class AliasPolicy(msgspec.Struct, frozen=True):

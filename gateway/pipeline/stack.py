@@ -10,12 +10,14 @@ In order, outermost first (each owned by its folder):
     turn        gateway/queue/stage.py           the wait for a slot
     idempotency gateway/idempotency/stage.py     an `Idempotency-Key` answered once
     cache       gateway/cache/stage.py           a hit answered, an answer kept
+    semantic    gateway/cache/semantic_stage.py  a question near one kept answered with its answer
     finishing   gateway/accounts/stage.py        a held whole request read to its end, charged
     serve       gateway/pipeline/relay.py        route, then deliver
 
 A stage is built only when something in force can use it: `budget` with accounts, `previous`
 on `/v1/responses`, `idempotency` on the endpoints that generate, `cache` on those it serves
-when some alias caches, `finishing` with accounts. Tracing's span is what the edge serves the
+when some alias caches, `semantic` on chat when some alias has `cache.semantic`, `finishing`
+with accounts. Tracing's span is what the edge serves the
 whole call within (`Runtime.serving`), so it also covers writing the answer.
 """
 
@@ -25,13 +27,16 @@ from collections.abc import Mapping
 
 from gateway.accounts import stage as accounts
 from gateway.adapters.responses.previous import previous
+from gateway.cache import semantic_stage as semantic
 from gateway.cache import stage as cache
+from gateway.cache.embedding import Embedder
 from gateway.core.call import Next, Stage, compose
 from gateway.idempotency import flight
 from gateway.idempotency.stage import idempotency
 from gateway.pipeline.admission import HEADS, able, admission
 from gateway.pipeline.relay import innermost
 from gateway.queue import stage as queue
+from gateway.routing.router import Routing
 from gateway.state.runtime import Live, Runtime
 
 
@@ -59,6 +64,10 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
         built.append(idempotency(runtime.idempotency, snapshot.idempotency))
     if cache.caches(snapshot, endpoint):
         built.append(cache.stage_of(snapshot, runtime.cache, runtime.metrics))
+    if semantic.caches(snapshot, endpoint):
+        embedder = Embedder(snapshot, live.providers, live.adapted["embeddings"], live.prices,
+                            Routing(runtime.health, runtime.latencies))
+        built.append(semantic.stage_of(snapshot, runtime.semantic, embedder, runtime.metrics))
     if accounting is not None:
         built.append(accounts.finishing())
     return built

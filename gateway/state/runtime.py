@@ -21,6 +21,7 @@ import msgspec
 
 from gateway.adapters.responses.store import ResponseStore
 from gateway.adapters.stack import Adapted, adapted
+from gateway.cache.semantic_store import SemanticStore
 from gateway.cache.store import ResponseCache
 from gateway.config.providers import unknown
 from gateway.config.snapshots import prices as priced
@@ -30,7 +31,7 @@ from gateway.core.call import Next
 from gateway.core.facts import Unpriced
 from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener
-from gateway.core.settings import ADMIN_DISABLED, ConfigError, Route, Snapshot
+from gateway.core.settings import ADMIN_DISABLED, CachePolicy, ConfigError, Route, Snapshot
 from gateway.idempotency.flight import Idempotency
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe.logs import RequestLog
@@ -162,7 +163,8 @@ class Runtime:
                  responses: ResponseStore, redis: Redis | None = None,
                  tracing: Tracing | None = None,
                  idempotency: IdempotencyStore | None = None,
-                 accounts: Accounts | None = None, stacks: Composer | None = None) -> None:
+                 accounts: Accounts | None = None, stacks: Composer | None = None,
+                 semantic: SemanticStore | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -188,6 +190,9 @@ class Runtime:
         self.disabled_logged: dict[str, str] = {}
         self.responses = responses
         self.cache = cache
+        sized = CachePolicy()  # the semantic cache's own, else sized as the defaults say
+        self.semantic = semantic or SemanticStore(sized.max_bytes, sized.max_entry_bytes,
+                                                  sized.max_entries)
         # `Idempotency-Key` requests: those running here, and the store of those completed.
         self.idempotency = Idempotency(idempotency or IdempotencyStore(), self.hold)
         self.redis = redis  # the process's one Redis client; None with the memory backend

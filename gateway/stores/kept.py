@@ -2,8 +2,9 @@
 
 The response cache (`gateway.cache.store`), the Responses store
 (`gateway.adapters.responses.store`) and the idempotent answers keep their values in one: each its
-own, with its own bound and Redis prefix. In this process a `Kept` holds at most `max_bytes`, the
-least recently used out first, and no value larger than `max_entry_bytes`. Given the process's one
+own, with its own bound and Redis prefix. In this process a `Kept` holds at most `max_bytes` (and
+`max_entries` values, when given), the least recently used out first, and no value larger than
+`max_entry_bytes`. Given the process's one
 Redis client
 (`gateway.state.redis_sync.redis_client`), it also writes each value to Redis under its `prefix`,
 for a time to live, so every worker and replica reads what any of them kept. Redis trouble is never
@@ -30,8 +31,10 @@ class Kept:
     """Encoded values by key: here, bounded by bytes, and in Redis when given a client."""
 
     def __init__(self, max_bytes: int, max_entry_bytes: int,
-                 redis: Redis | None = None, prefix: str = "") -> None:
+                 redis: Redis | None = None, prefix: str = "",
+                 max_entries: int | None = None) -> None:
         self.max_bytes = max_bytes
+        self.max_entries = max_entries  # values held in this process; None: bytes alone bound
         self.max_entry_bytes = min(max_entry_bytes, max_bytes)
         self.bytes = 0  # held in this process
         self.redis = redis
@@ -42,6 +45,11 @@ class Kept:
     def fits(self, encoded: bytes) -> bool:
         """Whether a value is small enough to be kept."""
         return len(encoded) <= self.max_entry_bytes
+
+    @property
+    def count(self) -> int:
+        """The values held in this process."""
+        return len(self._held)
 
     def held(self, key: str) -> bytes | None:
         """This process's copy, now the most recently used; None when it holds none."""
@@ -58,7 +66,8 @@ class Kept:
         self.forget(key)
         self._held[key] = encoded
         self.bytes += len(encoded)
-        while self.bytes > self.max_bytes:
+        while self.bytes > self.max_bytes or (self.max_entries is not None
+                                              and len(self._held) > self.max_entries):
             _, evicted = self._held.popitem(last=False)
             self.bytes -= len(evicted)
         return True
