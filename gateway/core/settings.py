@@ -60,6 +60,43 @@ class BatchesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0
 
 
+# -- guardrails (`gateway.guardrails`) ---------------------------------------------------------
+_CATEGORY = re.compile(r"[A-Z][A-Z0-9_]{0,39}")
+
+
+class GuardrailPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One entry of llms.json's `guardrails`: what it detects, what it does with it, and on
+    which side of the call. A model-as-judge field joins these when it is built."""
+
+    detect: tuple[Literal["email", "phone", "card", "iban", "ip", "secrets", "national_id"],
+                  ...] = ()
+    # The operator's own: CATEGORY (its placeholder's name) -> regex; and words, whole and
+    # case-insensitive (category WORD).
+    patterns: dict[str, str] = {}
+    words: tuple[str, ...] = ()
+    action: Literal["block", "mask", "pseudonymize", "log"] = "block"
+    phases: tuple[Literal["input", "output"], ...] = ("input", "output")
+    # Phone numbers written without a +country code are read as this region's (ISO 3166).
+    region: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{2}$")] | None = None
+
+    def __post_init__(self) -> None:
+        for name, pattern in self.patterns.items():
+            if not _CATEGORY.fullmatch(name):
+                raise ValueError(f"patterns: {name!r} is no category name: upper-case letters, "
+                                 "digits and _, at most 40, as its placeholders spell it")
+            try:
+                if re.compile(pattern).match(""):
+                    raise ValueError(f"patterns.{name}: matches the empty text")
+            except re.error as exc:
+                raise ValueError(f"patterns.{name}: not a regex: {exc}") from None
+        if any(not word.strip() for word in self.words):
+            raise ValueError("words: an empty word")
+        if not (self.detect or self.patterns or self.words):
+            raise ValueError("detects nothing: give `detect`, `patterns` or `words`")
+        if not self.phases:
+            raise ValueError("phases: give \"input\", \"output\" or both")
+
+
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
 # The request bodies one process holds at once (read, or being read): 128 MiB, six bodies at the
 # largest size; with the copies a request makes of its body, a few hundred MiB at most.
@@ -183,6 +220,7 @@ class AliasPolicy(msgspec.Struct, frozen=True):
     # `max_resumes` times (`gateway.adapters.resume`); opt-in: another model may change style.
     resume: bool = False
     max_resumes: int = 1
+    guardrails: tuple[str, ...] = ()  # the policies of `Snapshot.guardrails` its requests pass
 
 
 class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -313,6 +351,9 @@ class Snapshot:
     # What a budgeted key pays for a model no price is known for (`defaults.unpriced`): None
     # refuses it (403 `model_unpriced`), a price is held and charged instead.
     unpriced: Price | None = None
+    # `guardrails`: policies by name, attached to aliases (`AliasPolicy.guardrails`), keys
+    # and teams (`gateway.accounts`).
+    guardrails: Mapping[str, GuardrailPolicy] = field(default_factory=dict)
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""
