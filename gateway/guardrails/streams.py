@@ -107,7 +107,7 @@ class StreamScreen:
         if self._blocks:
             self._screening.screened(pending, self._blocks, "output")  # raises on a match
         if not final:
-            if self._others:
+            if self._others or self._blocks:  # what follows may make the end a value
                 cut = max(0, cut - MAX_PLACEHOLDER)
                 for guardrail in self._others:
                     for found in guardrail.detector.find(pending):
