@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import accounts
+import guardrails
 import scenarios
 import stages
 import traced
@@ -95,7 +96,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts")
+         "hedging", "accounts", "guardrails")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -303,6 +304,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "latency": lambda: scenarios.latency_at_rate(work, 500, 3 if quick else 10,
                                                      1 if quick else 4),
         "stages": lambda: stages.gateway_stages(work, 500, 3 if quick else 10),
+        "guardrails": guardrails.guardrails_cost,  # in-process: no gateway to start
         # 20 s: ~1,200 streams a repeat, so a TTFT p99 is not the 5th-worst of ~490 streams.
         "streaming": lambda: scenarios.streaming(work, 100, 200, 0.01, 3 if quick else 20,
                                                  repeats),
