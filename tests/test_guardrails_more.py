@@ -15,7 +15,7 @@ import pytest
 from gateway.config.loader import parse
 from gateway.core.settings import ConfigError
 from tests.gateway_process import GatewayProcess, config, provider
-from tests.upstream import FakeUpstream, echo_prompt, ok
+from tests.upstream import FakeUpstream, Mode, echo_prompt
 
 SECRET = "sk-proj-Zq8d7Xc2Vb9Nm4Lk1Jh6Gf3Ds5Aa0Pp"
 GUARDRAILS = {"pii": {"detect": ["email"], "action": "pseudonymize"},
@@ -38,17 +38,29 @@ def test_an_output_block_mid_stream_ends_it_with_an_error_event_the_secret_never
     upstream = upstream_factory("leaky")
     gateway = start_gateway(_doc(upstream, m={"guardrails": ["no-secrets-out"]}))
     before = "A long preamble, longer than what a stream holds back to judge it. Here it is: "
-    upstream.set_mode(ok(chunks=[before, SECRET[:10], SECRET[10:], " enjoy"]))
+    # The preamble is sent, and read, before the secret leaves the upstream.
+    upstream.set_mode(Mode("paused", chunks=(before, SECRET[:10], SECRET[10:], " enjoy"),
+                           after_chunks=2))
 
     with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=10, json={
             "model": "m", "stream": True,
             "messages": [{"role": "user", "content": "the key?"}]}) as answer:
-        body = answer.read().decode()
+        lines = answer.iter_lines()
+        body = ""
+        for line in lines:
+            body += line + "\n"
+            if "A long preamble" in body:
+                break
+        upstream.release()
+        body += "\n".join(lines)
 
     events = [line.removeprefix("data: ") for line in body.splitlines() if line]
     assert answer.status_code == 200 and "[DONE]" not in events
     assert json.loads(events[-1])["error"]["code"] == "guardrail_violation"
     assert "A long preamble" in body and SECRET[:6] not in body
+    logged = gateway.wait_for_log("request")[-1]
+    assert (logged["status"], logged["error"], logged["outcome"]) == \
+        (400, "guardrail_violation", "error")
     whole = httpx.post(f"{gateway.base_url}/chat/completions", timeout=10, json={
         "model": "m", "messages": [{"role": "user", "content": "the key?"}]})
     assert whole.status_code == 400 and SECRET[:6] not in whole.text

@@ -182,7 +182,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                                                     f"models.{alias}.guardrails"))
         for alias, entry in file.models.items() if entry.alias_of is None}
     names, chains = _names(file.models, providers, where)
-    return Snapshot(source=path, server=server, providers=providers, routes=routes(providers),
+    snapshot = Snapshot(source=path, server=server, providers=providers, routes=routes(providers),
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
                     idempotency=file.idempotency,
                     default_policy=default_policy, policies=policies, names=names,
@@ -190,6 +190,17 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     database=_database(file.database, path, environ), batches=file.batches,
                     unpriced=_unpriced(file.defaults.unpriced, where),
                     guardrails=file.guardrails)
+    _judges(snapshot, where)
+    return snapshot
+
+
+def _judges(snapshot: Snapshot, file: str) -> None:
+    """Each guardrail's judge is an alias the gateway serves."""
+    for name, policy in snapshot.guardrails.items():
+        alias = policy.judge.alias if policy.judge is not None else None
+        if alias is not None and snapshot.resolve(alias) not in snapshot.routes:
+            raise ConfigError(f"{file}: guardrails.{name}.judge.alias: no model named "
+                              f"{alias!r}{did_you_mean(alias, snapshot.routes)}")
 
 
 def _guardrails(names: tuple[str, ...], known: Mapping[str, GuardrailPolicy], file: str,

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.core.settings import GuardrailPolicy, Snapshot
+from gateway.core.settings import GuardrailPolicy, Judge, Snapshot
 from gateway.guardrails.detectors import Detector
 
 Action = Literal["block", "mask", "pseudonymize", "log"]
@@ -20,14 +20,15 @@ Phase = Literal["input", "output"]
 
 @dataclass(frozen=True, slots=True)
 class Guardrail:
-    """One policy as a request meets it. A check beside the detectors (a model as a judge)
-    would be one more field here, read by the stage."""
+    """One policy as a request meets it: its detectors, and the model that judges (read by
+    the stage, `gateway.guardrails.judges`)."""
 
     name: str
     action: Action
     phases: frozenset[Phase]
     detector: Detector
     policy: GuardrailPolicy = field(repr=False)
+    judge: Judge | None = None
 
     @property
     def on_input(self) -> bool:
@@ -40,9 +41,9 @@ class Guardrail:
 
 def compiled(name: str, policy: GuardrailPolicy) -> Guardrail:
     """`policy` made ready for requests: its detectors as one regex."""
-    return Guardrail(name, policy.action, frozenset(policy.phases),
+    return Guardrail(name, policy.action, frozenset(policy.sides),
                      Detector(policy.detect, policy.patterns, policy.words, policy.region),
-                     policy)
+                     policy, policy.judge)
 
 
 class Guardrails:

@@ -45,7 +45,8 @@ class GuardrailViolation(ClientError):
     def of(cls, guardrail: str, category: str, phase: str) -> GuardrailViolation:
         """The refusal of guardrail `guardrail` finding `category` on `phase`'s side."""
         where = "request" if phase == "input" else "answer"
-        return cls(f"Blocked by guardrail '{guardrail}': the {where} holds {category}",
+        held = "was not passed by its judge" if category == "JUDGE" else f"holds {category}"
+        return cls(f"Blocked by guardrail '{guardrail}': the {where} {held}",
                    guardrail=guardrail, category=category)
 
     def __init__(self, message: str, *, guardrail: str = "", category: str = "") -> None:

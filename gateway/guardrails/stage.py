@@ -13,7 +13,9 @@ Built only when llms.json has a guardrail: keys and teams can only name the file
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
@@ -22,6 +24,7 @@ import msgspec
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.delivery import Streamed, Whole, error_delivery
 from gateway.core.record import Record
+from gateway.guardrails.judges import ASKING, Ask, judged, text_of
 from gateway.guardrails.policies import Guardrail, Guardrails
 from gateway.guardrails.screening import GuardrailViolation, Screening
 from gateway.guardrails.streams import StreamScreen
@@ -47,9 +50,10 @@ def guarded(endpoint: str) -> bool:
     return endpoint in GUARDED
 
 
-def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: Redactor
-               ) -> Stage:
-    """The stage that screens a call and its answer by the guardrails in force for it."""
+def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: Redactor,
+               ask: Ask) -> Stage:
+    """The stage that screens a call and its answer by the guardrails in force for it, and
+    asks their judges (through `ask`) whether it may pass."""
 
     async def stage(call: Call, following: Next) -> Delivery:
         in_force = policies.in_force(call.alias, _named(call.key))
@@ -65,14 +69,25 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
         if screening.taken:
             call.record.mark(HEADER, screening.header())
             call.record.detail["guardrails"] = screening.header()
+        judges = () if call.state.get(ASKING) else tuple(
+            g for g in in_force if g.judge is not None and g.on_input)
+        if judges:
+            following = functools.partial(_judged_first, judges=judges, screening=screening,
+                                          ask=ask, following=following)
         if call.endpoint not in ANSWERS_TEXT:
-            _publish(screening, call.record, metrics, tally)
-            return await following(call)
+            try:
+                return await following(call)
+            finally:
+                _publish(screening, call.record, metrics, tally)
         # On the output side, pseudonymizing is giving the request's values back.
         output = [g for g in in_force if g.on_output and g.action != "pseudonymize"]
         restores = bool(screening.originals) and not call.caller and any(
             g.on_output and g.action == "pseudonymize" for g in in_force)
-        delivery = await following(call)
+        try:
+            delivery = await following(call)
+        except GuardrailViolation:  # a judge's
+            _publish(screening, call.record, metrics, tally)
+            raise
         if not output and not restores:
             _publish(screening, call.record, metrics, tally)
             return delivery
@@ -87,6 +102,52 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
         return delivery
 
     return stage
+
+
+async def _judged_first(call: Call, judges: Sequence[Guardrail], screening: Screening,
+                        ask: Ask, following: Next) -> Delivery:
+    """`following`'s answer once the judges passed the request (as screened: no judge sees
+    what another guardrail took out). Those asked first run before it goes on; those asked
+    beside it (`parallel`) run while it does, and its answer is held until they pass and
+    dropped (its stream closed) when one blocks."""
+    assert call.outgoing is not None
+    text = text_of(call.outgoing.json())
+    first = [g for g in judges if g.judge is not None and not g.judge.parallel]
+    beside = [g for g in judges if g.judge is not None and g.judge.parallel]
+    taken = len(screening.taken)
+    running = asyncio.ensure_future(judged(call, text, beside, screening, ask)) \
+        if beside else None
+    delivery: Delivery = None
+    try:
+        if first:
+            await judged(call, text, first, screening, ask)
+        delivery = await following(call)
+        if running is not None:
+            await running
+    except BaseException as exc:
+        if running is not None and not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        if isinstance(exc, GuardrailViolation):
+            call.record.mark(HEADER, screening.header())
+        await _dropped(delivery, exc)
+        raise
+    if len(screening.taken) != taken and delivery is not None:  # a judge's error let through
+        call.record.mark(HEADER, screening.header())
+        delivery = dataclasses.replace(delivery, headers={**delivery.headers,
+                                                          HEADER: screening.header()})
+    return delivery
+
+
+async def _dropped(delivery: Delivery, exc: BaseException) -> None:
+    """An answer thrown away (a judge's block, the call cancelled while a judge ran): its
+    stream closed, its request ended as the block."""
+    if delivery is None:
+        return
+    if isinstance(exc, GuardrailViolation):
+        delivery.record.overruled(exc.status, exc.code)
+    if isinstance(delivery, Streamed):
+        await close_quietly(delivery.chunks)
 
 
 def _named(key: object) -> Sequence[str]:
@@ -159,7 +220,7 @@ async def _screened(chunks: AsyncGenerator[bytes, None], screen: StreamScreen,
         if rest := screen.end():
             yield rest
     except GuardrailViolation as exc:
-        record.status, record.error_code = exc.status, exc.code
+        record.overruled(exc.status, exc.code)  # ends as the block, not as the close
         record.detail["guardrails"] = screening.header()
         await close_quietly(chunks)
         yield error_event(exc, record.dialect)

@@ -27,9 +27,10 @@ class Tally:
         for alias, policy in snapshot.policies.items():
             for name in policy.guardrails:
                 attached.setdefault(name, []).append(alias)
-        return [{"name": name, "action": policy.action, "phases": list(policy.phases),
+        return [{"name": name, "action": policy.action, "phases": list(policy.sides),
                  "detect": [*policy.detect, *policy.patterns, *(["words"] if policy.words
-                                                                 else [])],
+                                                                 else []),
+                            *([f"judge:{policy.judge.alias}"] if policy.judge else [])],
                  "aliases": sorted(attached.get(name, ())),
                  "actions": _of(self._counts, name)}
                 for name, policy in snapshot.guardrails.items()]

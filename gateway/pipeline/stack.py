@@ -34,6 +34,7 @@ from gateway.guardrails.stage import guarded, guardrails
 from gateway.idempotency import flight
 from gateway.idempotency.stage import idempotency
 from gateway.pipeline.admission import HEADS, able, admission
+from gateway.pipeline.asking import asker
 from gateway.pipeline.relay import innermost
 from gateway.queue import stage as queue
 from gateway.state.runtime import Live, Runtime
@@ -55,7 +56,7 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
     ]
     if guarding.configured(snapshot) and guarded(endpoint):  # before anything keeps the text
         built.append(guardrails(guarding.Guardrails(snapshot), runtime.metrics,
-                                runtime.guardrails, live.redactor))
+                                runtime.guardrails, live.redactor, asker(runtime)))
     if endpoint == "responses":  # before the budget: the hold prices the whole conversation
         built.append(previous(runtime.responses))
     if accounting is not None:
