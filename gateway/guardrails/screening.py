@@ -151,17 +151,19 @@ def _replaced(text: str, found: Sequence[Found], by: Callable[[str, str], str]) 
     return "".join(parts)
 
 
-def walk(value: Any, change: Callable[[str, str | None], str], key: str | None = None) -> Any:
-    """`value` (decoded JSON) with `change(text, its key)` applied to every string but names
-    and ids (`_NAMES`) and data URLs; the same objects where nothing changed."""
+def walk(value: Any, change: Callable[[str, str | None], str], key: str | None = None,
+         names: frozenset[str] = _NAMES) -> Any:
+    """`value` (decoded JSON) with `change(text, its key)` applied to every string but those
+    under `names` (an API's names and ids) and data URLs; the same objects where nothing
+    changed."""
     if isinstance(value, str):
-        if key in _NAMES or value.startswith("data:"):
+        if key in names or value.startswith("data:"):
             return value
         return change(value, key)
     if isinstance(value, dict):
         changed = None
         for name, item in value.items():
-            new = walk(item, change, name)
+            new = walk(item, change, name, names)
             if new is not item:
                 if changed is None:
                     changed = dict(value)
@@ -170,7 +172,7 @@ def walk(value: Any, change: Callable[[str, str | None], str], key: str | None =
     if isinstance(value, list):
         items = None
         for at, item in enumerate(value):
-            new = walk(item, change, key)
+            new = walk(item, change, key, names)
             if new is not item:
                 if items is None:
                     items = list(value)
