@@ -7,7 +7,9 @@ what it was sent and can echo a prompt back split across two deltas at any posit
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 
+from tests import browser
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, echo_prompt, ok, tool_call
 
@@ -224,3 +227,31 @@ def test_status_json_lists_the_guardrails_and_what_they_did(
     assert section["pii"]["action"] == "pseudonymize"
     assert section["pii"]["aliases"] == ["pii-model"]
     assert section["pii"]["actions"]["pseudonymize:EMAIL"] >= 1
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_the_status_page_shows_each_guardrail_and_what_it_did(
+        gateway: GatewayProcess, client: openai.OpenAI, upstream: FakeUpstream,
+        tmp_path: Path) -> None:
+    upstream.set_mode(echo_prompt())
+    client.chat.completions.create(model="pii-model", messages=[
+        {"role": "user", "content": f"Mail {EMAIL}"}])
+
+    with browser.launched(tmp_path) as port:
+        shown = asyncio.run(_guardrails_panel(gateway.url, port))
+
+    assert shown["names"] == list(GUARDRAILS)
+    pii = shown["texts"][0]
+    assert "pseudonymize on input and output" in pii and "email, phone" in pii
+    assert "on pii-model" in pii and "pseudonymize:EMAIL" in pii
+    assert EMAIL not in " ".join(shown["texts"])
+
+
+async def _guardrails_panel(url: str, port: int) -> dict[str, Any]:
+    async with browser.open_page(port) as page:
+        await page.goto(f"{url}/")
+        await page.wait_for("document.body.dataset.loaded === 'true'")
+        return {"names": await page.evaluate(
+                    "[...document.querySelectorAll('#guardrails li')].map(li => li.dataset.name)"),
+                "texts": await page.evaluate(
+                    "[...document.querySelectorAll('#guardrails li')].map(li => li.textContent)")}
