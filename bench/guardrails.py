@@ -1,12 +1,23 @@
-"""Guardrails' cost, in-process: the regex tier on an 8 KB prompt (p50/p99 µs), a request body
-screened with a pseudonymize policy, and a stream's screening per event (`make bench` part
-`guardrails`; `python -m bench.guardrails` alone)."""
+"""Guardrails' cost. In-process: the regex tier on an 8 KB prompt (p50/p99 µs), a request body
+screened with a pseudonymize policy, and a stream's screening per event. Served (`served_cost`,
+one gateway through granian on core 0, the fake upstream and the load on core 1): req/s of an
+alias with a pseudonymize policy against one without, in turn, with the same prompt holding an
+address and a phone number; and time to first token of streams with restoration on against
+off (`make bench` part `guardrails`; `python -m bench.guardrails` for the in-process part).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
+import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -77,5 +88,97 @@ def guardrails_cost() -> dict[str, Any]:
     return {**regex_tier(), **stream_events()}
 
 
+CLIENTS = 50
+PROMPT = ("Please draft a short reply to the customer below and keep it polite. " * 3 +
+          "They wrote from alice@example.com and asked to be called on +1 415 555 2671.")
+STREAMS = 20  # concurrent streams of the TTFT runs
+
+
+def body(model: str, stream: bool = False) -> dict[str, Any]:
+    """The request both sides send: the same prompt, to an alias with or without guardrails."""
+    return {"model": model, "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 16, **({"stream": True} if stream else {})}
+
+
+def served_cost(work: Path, duration: float, rounds: int,
+                measure: Callable[[str, dict[str, Any], float], float]) -> dict[str, Any]:
+    """`rounds` of the two aliases in turn, req/s (`measure(url, body, seconds)`), then
+    streams' time to first token with restoration on and off, in turn."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import BENCH, PY, ROOT, free_port, provider, spawn, stop, wait_for_port
+
+    upstream_port, port = free_port(), free_port()
+    config = work / "llms-guardrails.json"
+    config.write_text(json.dumps({
+        "server": {"host": "127.0.0.1"},
+        "providers": {"fake": provider(upstream_port, models={
+            "bench-model": "bench-upstream-model", "bench-guarded": "bench-upstream-model"})},
+        "guardrails": {"pii": {"detect": ["email", "phone"], "action": "pseudonymize"}},
+        "models": {"bench-guarded": {"guardrails": ["pii"]}}}))
+    processes = [spawn([PY, str(BENCH / "fake_upstream.py"), "--port", str(upstream_port),
+                        "--chunks", "20", "--chunk-delay", "0.01"], 1,
+                       work / "upstream-guardrails.log")]
+    sides = {"none": "bench-model", "pseudonymize": "bench-guarded"}
+    try:
+        wait_for_port(upstream_port, processes[0])
+        processes.append(spawn([PY, "-m", "gateway", "serve", "--config", str(config),
+                                "--port", str(port)], 0, work / "gateway-guardrails.log",
+                               cwd=ROOT))
+        wait_for_port(port, processes[-1])
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        rows, ttft = [], []
+        for turn in range(rounds):
+            order = list(sides) if turn % 2 == 0 else list(reversed(sides))
+            row = {side: measure(url, body(sides[side]), duration) for side in order}
+            rows.append({**row, "ratio": row["pseudonymize"] / row["none"]})
+            print(f"  guardrails: none {row['none']:,.0f}  pseudonymize "
+                  f"{row['pseudonymize']:,.0f} req/s", flush=True)
+            ttft.append({side: _ttft_on_core1(url, sides[side], duration, ROOT)
+                         for side in order})
+    finally:
+        for process in processes:
+            stop(process)
+    return {"clients": CLIENTS, "rounds": rows,
+            "ratio_median": statistics.median(r["ratio"] for r in rows),
+            "ttft_streams": STREAMS, "ttft_ms": ttft}
+
+
+def _ttft_on_core1(url: str, model: str, seconds: float, root: Path) -> dict[str, float]:
+    output = subprocess.run(["taskset", "-c", "1", sys.executable, __file__, "ttft", url, model,
+                             str(seconds)], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": str(root)}).stdout
+    return dict(json.loads(output))
+
+
+async def _ttfts(url: str, model: str, seconds: float) -> dict[str, float]:
+    """`STREAMS` clients streaming for `seconds`: time to the first event with content."""
+    import aiohttp
+
+    times: list[float] = []
+    sent = json.dumps(body(model, stream=True))
+    end = time.monotonic() + seconds
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < end:
+            began = time.monotonic()
+            first = None
+            async with session.post(url, data=sent,
+                                    headers={"Content-Type": "application/json"}) as answer:
+                async for line in answer.content:
+                    if first is None and b'"content":"' in line:
+                        first = time.monotonic() - began
+            if first is not None:
+                times.append(first)
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(client(session) for _ in range(STREAMS)))
+    times.sort()
+    return {"streams": len(times), "p50": round(times[len(times) // 2] * 1000, 2),
+            "p99": round(times[int(len(times) * 0.99)] * 1000, 2)}
+
+
 if __name__ == "__main__":
-    print(json.dumps(guardrails_cost(), indent=2))
+    if sys.argv[1:2] == ["ttft"]:
+        print(json.dumps(asyncio.run(_ttfts(sys.argv[2], sys.argv[3], float(sys.argv[4])))))
+    else:
+        print(json.dumps(guardrails_cost(), indent=2))
