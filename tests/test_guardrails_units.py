@@ -3,15 +3,19 @@ value screened and given back outside a request, as the MCP gateway will call it
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.core.settings import GuardrailPolicy
+from gateway.config.loader import parse
+from gateway.core.settings import ConfigError, GuardrailPolicy
 from gateway.guardrails.detectors import Detector
 from gateway.guardrails.policies import Guardrail, compiled
 from gateway.guardrails.screening import GuardrailViolation
 from gateway.guardrails.values import screen_value
+from tests.gateway_process import config, provider
 
 EVERY = Detector(["email", "phone", "card", "iban", "ip", "secrets", "national_id"],
                  region="US")
@@ -93,3 +97,24 @@ def test_a_tool_s_value_blocked_or_masked() -> None:
     assert screen_value(unchanged, mask, "input")[0] is unchanged
     assert screen_value({"text": "mail alice@example.com"}, mask, "output")[0] == \
         {"text": "mail [EMAIL]"}
+
+
+def test_a_judge_reads_requests_blocks_and_names_an_alias_the_gateway_serves(
+        tmp_path: Path) -> None:
+    doc = config({"main": provider("http://127.0.0.1:9/v1", {"m": "m", "guard": "guard"})})
+    doc["guardrails"] = {"judged": {"judge": {"alias": "guard"}}}
+    judged = parse(json.dumps(doc), tmp_path / "llms.json", {}).guardrails["judged"]
+    assert judged.sides == ("input",) and judged.action == "block"
+    assert judged.judge is not None and (judged.judge.timeout, judged.judge.on_error) == \
+        (10.0, "block")
+
+    for wrong, said in (({"alias": "gaurd"}, r"judge\.alias: no model named 'gaurd'.*guard"),
+                        ({"alias": "guard", "timeout": 0}, r"timeout"),
+                        ({"alias": "guard", "endpoint": "embeddings"}, r"endpoint")):
+        doc["guardrails"] = {"judged": {"judge": wrong}}
+        with pytest.raises(ConfigError, match=said):
+            parse(json.dumps(doc), tmp_path / "llms.json", {})
+    for policy in ({"action": "mask"}, {"phases": ["input", "output"]}):
+        doc["guardrails"] = {"judged": {"judge": {"alias": "guard"}, **policy}}
+        with pytest.raises(ConfigError, match="a judge blocks"):
+            parse(json.dumps(doc), tmp_path / "llms.json", {})
