@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import accounts
+import guardrails
 import scenarios
 import semantic
 import stages
@@ -101,7 +102,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts", "realtime", "semantic")
+         "hedging", "accounts", "realtime", "semantic", "guardrails")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -248,6 +249,13 @@ def _post_script(work: Path) -> Path:
     return script
 
 
+def _body_script(work: Path, body: dict[str, Any]) -> Path:
+    """`_post_script`'s request with another body."""
+    script = work / f"post-{body['model']}.lua"
+    script.write_text(LUA % json.dumps(body))
+    return script
+
+
 def _keyed_script(work: Path, key: str) -> Path:
     """`_post_script`'s request, sent with `key`."""
     script = work / f"post-{key[-8:]}.lua"
@@ -316,6 +324,10 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "latency": lambda: scenarios.latency_at_rate(work, 500, 3 if quick else 10,
                                                      1 if quick else 4),
         "stages": lambda: stages.gateway_stages(work, 500, 3 if quick else 10),
+        "guardrails": lambda: {**guardrails.guardrails_cost(), "served": guardrails.served_cost(
+            work, duration, 1 if quick else 3,
+            lambda url, body, seconds: measure("guardrails", url, [guardrails.CLIENTS], seconds,
+                                               wrk, _body_script(work, body))[0].rps)},
         # 20 s: ~1,200 streams a repeat, so a TTFT p99 is not the 5th-worst of ~490 streams.
         "streaming": lambda: scenarios.streaming(work, 100, 200, 0.01, 3 if quick else 20,
                                                  repeats),

@@ -68,6 +68,14 @@ def parse_models(text: str) -> list[str]:
     return models
 
 
+def parse_guardrails(text: str) -> list[str]:
+    """`a,b` as a list of guardrail names (blanks dropped); ValueError if none is left."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError("expected guardrail names separated by commas, like pii,no-secrets")
+    return names
+
+
 def parse_count(text: str) -> int:
     """A positive whole number."""
     if not text.strip().isdigit() or int(text) < 1:
@@ -110,6 +118,8 @@ LIMITS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--rpm", "rpm", parse_count, "requests per minute"),
     ("--tpm", "tpm", parse_count, "tokens per minute"),
     ("--max-parallel", "max_parallel", parse_count, "requests in flight at once"),
+    ("--guardrails", "guardrails", parse_guardrails,
+     "guardrails of llms.json its requests pass, comma-separated, beside their alias's"),
 )
 
 
@@ -145,7 +155,8 @@ def _add_fields(parser: argparse.ArgumentParser, update: bool, key: bool) -> Non
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
     """The body fields the options set (SUPPRESS: an option not given is absent)."""
-    names = ("team", "models", "budget", "rpm", "tpm", "max_parallel", "expires_at")
+    names = ("team", "models", "guardrails", "budget", "rpm", "tpm", "max_parallel",
+             "expires_at")
     body = {name: getattr(args, name) for name in names if hasattr(args, name)}
     if hasattr(args, "metadata"):
         body["metadata"] = dict(args.metadata)

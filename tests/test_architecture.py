@@ -97,7 +97,7 @@ LAYERS = {
     "routing": 2,
     "observe": 3,
     "adapters": 4,
-    "accounts": 5, "queue": 5, "idempotency": 5, "cache": 5,
+    "accounts": 5, "queue": 5, "idempotency": 5, "cache": 5, "guardrails": 5,
     "state": 6,
     "pipeline": 7,
     "batches": 8, "realtime": 8,

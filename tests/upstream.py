@@ -78,6 +78,23 @@ def tool_call(name: str, arguments: str, content: str = "", reasoning: str | Non
                 reasoning=reasoning, finish_reason="tool_calls", tool=(name, arguments))
 
 
+def echo_prompt(split_at: int = 0) -> Mode:
+    """Answer with the text of the request's last message (its prompt, its input), streamed as
+    two deltas split at `split_at`: what a provider saw of a prompt, read back by the client."""
+    return Mode("echo_prompt", after_chunks=split_at)
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text of a request's last message, prompt or input, as `echo_prompt` answers it."""
+    last: Any = body.get("prompt") or body.get("input")
+    if isinstance(body.get("messages"), list) and body["messages"]:
+        last = body["messages"][-1].get("content")
+    if isinstance(last, list):
+        last = last[-1]
+        last = last.get("text") or last.get("content") if isinstance(last, dict) else last
+    return last if isinstance(last, str) else ""
+
+
 def status(code: int, message: str | None = None, retry_after: float | str | None = None,
            body: bytes | str | None = None) -> Mode:
     """Answer with this HTTP status and an OpenAI error envelope (or `body` verbatim)."""
@@ -496,6 +513,14 @@ class FakeUpstream:
         assert self._released is not None
         await self._released.wait()
 
+    def _pieces(self, mode: Mode, body: dict[str, Any]) -> list[str]:
+        """The text of the answer `mode` gives, as the deltas a stream writes it in."""
+        if mode.kind == "echo_prompt":
+            said = prompt_text(body)
+            return [said[:mode.after_chunks], said[mode.after_chunks:]]
+        content = f"Hello from {self.name}" if mode.content is None else mode.content
+        return list(mode.chunks) if mode.chunks else _words(content)
+
     async def _play(self, request: web.Request, mode: Mode, body: dict[str, Any],
                     shape: _Shape) -> web.StreamResponse:
         streaming = bool(body.get("stream"))
@@ -516,8 +541,7 @@ class FakeUpstream:
             return web.Response(body=NOT_JSON, content_type="application/json")
         if mode.kind == "sse_garbage":
             return await _garbage_stream(request)
-        content = f"Hello from {self.name}" if mode.content is None else mode.content
-        pieces = list(mode.chunks) if mode.chunks else _words(content)
+        pieces = self._pieces(mode, body)
         if isinstance(shape, _ChatShape):
             pieces = continued(body, pieces, self.prefills)
         if streaming:

@@ -115,6 +115,9 @@ class Account:
     private: bool = False  # a virtual key's content may be traced (`telemetry`)
     # Each parallel limit set, the key's then its team's: a key under none is never counted.
     slots: tuple[Slots, ...] = ()
+    # The guardrails of llms.json its requests pass besides their alias's: the key's and its
+    # team's (`gateway.guardrails`).
+    guardrails: tuple[str, ...] = ()
 
     def allows(self, alias: str) -> bool:
         """Whether the key may use `alias`."""
@@ -149,7 +152,9 @@ def account_of(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> Accoun
         team_limits=KeyLimits(f"team:{team['name']}", team.get("rpm"), team.get("tpm"))
         if team is not None and (team.get("rpm") or team.get("tpm")) else None,
         scopes=tuple(scopes), expires_at=key.get("expires_at"),
-        slots=_slots(key, team))
+        slots=_slots(key, team),
+        guardrails=tuple(dict.fromkeys([*(key.get("guardrails") or ()),
+                                        *((team or {}).get("guardrails") or ())])))
 
 
 def _slots(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> tuple[Slots, ...]:

@@ -22,6 +22,7 @@ teams = Table(
     Column("metadata", JSON, nullable=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("guardrails", JSON, nullable=True),  # llms.json's guardrails its keys pass
 )
 
 keys = Table(
@@ -44,6 +45,7 @@ keys = Table(
     Column("updated_at", Float, nullable=False),
     Column("revoked_at", Float, nullable=True),
     Column("created_by", String(128), nullable=True),
+    Column("guardrails", JSON, nullable=True),  # llms.json's guardrails it passes
 )
 
 spend = Table(

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
-from gateway.config.fields import invalid, merge_over
+from gateway.config.fields import did_you_mean, invalid, merge_over
 from gateway.config.providers import expand, provider
 from gateway.config.snapshots import routes
 from gateway.core import aliases
@@ -32,6 +32,7 @@ from gateway.core.settings import (
     ConfigError,
     DatabaseConfig,
     GatewayKey,
+    GuardrailPolicy,
     IdempotencyConfig,
     KeyEntry,
     RealtimeConfig,
@@ -75,6 +76,7 @@ class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fallbacks: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     resume: bool = False
     max_resumes: Annotated[int, msgspec.Meta(ge=1, le=10)] = 1
+    guardrails: tuple[str, ...] = ()  # names of the file's `guardrails`
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -107,6 +109,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     database: DatabaseConfig = DatabaseConfig()
     batches: BatchesConfig = BatchesConfig()
     realtime: RealtimeConfig = RealtimeConfig()
+    guardrails: dict[str, GuardrailPolicy] = {}
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -177,18 +180,40 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     policies = {alias: AliasPolicy(
         _routing(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
         merge_over(default_policy.cache, entry.cache, where, f"models.{alias}.cache"),
-        entry.resume, entry.max_resumes)
+        entry.resume, entry.max_resumes, _guardrails(entry.guardrails, file.guardrails, where,
+                                                    f"models.{alias}.guardrails"))
         for alias, entry in file.models.items() if entry.alias_of is None}
     names, chains = _names(file.models, providers, where)
     _embedding_aliases(default_policy, policies, providers, names, where)
-    return Snapshot(source=path, server=server, providers=providers, routes=routes(providers),
+    snapshot = Snapshot(source=path, server=server, providers=providers, routes=routes(providers),
                     state=state, keys=keys, admin_keys=admin_keys, responses=file.responses,
                     idempotency=file.idempotency,
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry,
                     database=_database(file.database, path, environ), batches=file.batches,
                     unpriced=_unpriced(file.defaults.unpriced, where),
-                    realtime=file.realtime)
+                    realtime=file.realtime, guardrails=file.guardrails)
+    _judges(snapshot, where)
+    return snapshot
+
+
+def _judges(snapshot: Snapshot, file: str) -> None:
+    """Each guardrail's judge is an alias the gateway serves."""
+    for name, policy in snapshot.guardrails.items():
+        alias = policy.judge.alias if policy.judge is not None else None
+        if alias is not None and snapshot.resolve(alias) not in snapshot.routes:
+            raise ConfigError(f"{file}: guardrails.{name}.judge.alias: no model named "
+                              f"{alias!r}{did_you_mean(alias, snapshot.routes)}")
+
+
+def _guardrails(names: tuple[str, ...], known: Mapping[str, GuardrailPolicy], file: str,
+                field: str) -> tuple[str, ...]:
+    """An alias's guardrails, each a policy of the file's `guardrails`."""
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"{file}: {field}: no guardrail named {name!r} in `guardrails`"
+                              f"{did_you_mean(name, known)}")
+    return tuple(dict.fromkeys(names))
 
 
 def _embedding_aliases(default: AliasPolicy, policies: Mapping[str, AliasPolicy],
@@ -260,7 +285,8 @@ def _names(models: Mapping[str, _AliasEntry], providers: tuple[ProviderSpec, ...
     written: dict[str, dict[str, tuple[str, ...]]] = {}
     for name, entry in models.items():
         if entry.alias_of is not None:
-            if entry.routing or entry.cache or entry.fallbacks or entry.resume:
+            if entry.routing or entry.cache or entry.fallbacks or entry.resume \
+                    or entry.guardrails:
                 raise ConfigError(f"{file}: models.{name}: an alias_of takes routing, cache "
                                   f"and fallbacks from '{entry.alias_of}'; set them there")
             alias_of[name] = entry.alias_of

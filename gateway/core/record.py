@@ -86,6 +86,9 @@ class Record:
     # `x-llms-overhead-ms`, set when the head is made.
     overhead: float | None = None
     outcome: Outcome | None = None  # set once, by `end`
+    # How it ends, whatever its answer's own end says: set by a stage that threw the answer
+    # away for an error of its own (`overruled`).
+    verdict: Outcome | None = None
     duration: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)  # extra fields for the log line
 
@@ -154,6 +157,12 @@ class Record:
         streams beyond the usage the client sees."""
         return self.aside + (self.resumes.billed if self.resumes is not None else 0.0)
 
+    def overruled(self, status: int, code: str) -> None:
+        """A stage threw the answer away for an error of its own (a guardrail's block): the
+        request ends as that error, however the answer it threw away ends (closed: as if its
+        client had left)."""
+        self.status, self.error_code, self.verdict = status, code, Outcome.ERROR
+
     def first_token(self) -> None:
         """The answer's first byte is ready to go."""
         self.ttft = time.perf_counter() - self.started
@@ -165,7 +174,7 @@ class Record:
             return
         if usage is not None:
             self.used(usage, price)
-        self.outcome = outcome
+        self.outcome = self.verdict or outcome
         self.duration = time.perf_counter() - self.started
         self.detail.update(detail)
         for listener in self.listeners:

@@ -33,6 +33,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x
 Alias = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
 Models = Annotated[list[Alias], msgspec.Meta(max_length=1000)]
+Guardrails = Annotated[list[Alias], msgspec.Meta(max_length=100)]
 Metadata = Annotated[dict[str, Any], msgspec.Meta(max_length=100)]
 MAX_AUDIT = 1000
 
@@ -50,6 +51,7 @@ class KeyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Name
     team: Name | None = None
     models: Models | None = None
+    guardrails: Guardrails | None = None
     rpm: Count | None = None
     tpm: Count | None = None
     max_parallel: Count | None = None
@@ -64,6 +66,7 @@ class KeyPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Name | msgspec.UnsetType = msgspec.UNSET
     team: Name | msgspec.UnsetType | None = msgspec.UNSET
     models: Models | msgspec.UnsetType | None = msgspec.UNSET
+    guardrails: Guardrails | msgspec.UnsetType | None = msgspec.UNSET
     rpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     tpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     max_parallel: Count | msgspec.UnsetType | None = msgspec.UNSET
@@ -77,6 +80,7 @@ class TeamBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     name: Name
     models: Models | None = None
+    guardrails: Guardrails | None = None
     rpm: Count | None = None
     tpm: Count | None = None
     max_parallel: Count | None = None
@@ -88,6 +92,7 @@ class TeamPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """`PATCH /admin/teams/{name}`."""
 
     models: Models | msgspec.UnsetType | None = msgspec.UNSET
+    guardrails: Guardrails | msgspec.UnsetType | None = msgspec.UNSET
     rpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     tpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     max_parallel: Count | msgspec.UnsetType | None = msgspec.UNSET
@@ -126,8 +131,8 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": row["id"], "object": "key", "name": row["name"],
         "key_hint": f"{row['prefix']}...{row['last4']}", "team": row["team"],
-        "models": row["models"], "rpm": row["rpm"], "tpm": row["tpm"],
-        "max_parallel": row["max_parallel"], "budget": _budget(row),
+        "models": row["models"], "guardrails": row.get("guardrails"), "rpm": row["rpm"],
+        "tpm": row["tpm"], "max_parallel": row["max_parallel"], "budget": _budget(row),
         "expires_at": _iso(row["expires_at"]), "metadata": row["metadata"] or {},
         "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
         "revoked_at": _iso(row["revoked_at"]), "created_by": row["created_by"]}
@@ -136,7 +141,8 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
 def team_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """A team as the admin API shows it."""
     return {"name": row["name"], "object": "team", "models": row["models"],
-            "rpm": row["rpm"], "tpm": row["tpm"], "max_parallel": row["max_parallel"],
+            "guardrails": row.get("guardrails"), "rpm": row["rpm"], "tpm": row["tpm"],
+            "max_parallel": row["max_parallel"],
             "budget": _budget(row), "metadata": row["metadata"] or {},
             "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"])}
 
@@ -147,13 +153,26 @@ def _budget(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"usd": row["budget_usd"], "period": row["budget_period"]}
 
 
-def _decode(raw: bytes, into: type[Any]) -> Any:
+def _decode(raw: bytes, into: type[Any], snapshot: Snapshot | None = None) -> Any:
     try:
-        return msgspec.json.decode(raw or b"{}", type=into)
+        body = msgspec.json.decode(raw or b"{}", type=into)
     except msgspec.ValidationError as exc:
         raise InvalidRequest.from_msgspec(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"Request body is not valid JSON: {exc}") from None
+    if snapshot is not None:
+        known_guardrails(snapshot, getattr(body, "guardrails", None))
+    return body
+
+
+def known_guardrails(snapshot: Snapshot, names: Any) -> None:
+    """A 400 naming `guardrails` for a name llms.json's `guardrails` does not have: a key
+    passing a guardrail that does not exist would pass nothing, silently."""
+    if isinstance(names, list) and (unknown := [n for n in names
+                                                if n not in snapshot.guardrails]):
+        known = ", ".join(sorted(snapshot.guardrails)) or "none"
+        raise InvalidRequest(f"No guardrail named {', '.join(map(repr, unknown))[:300]} in "
+                             f"llms.json (configured: {known[:300]})", param="guardrails")
 
 
 async def _admin(request: Request[Any, Any, Any]) -> tuple[Runtime, Accounts, str]:
@@ -179,7 +198,7 @@ async def _changed(accounts: Accounts) -> None:
 async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new virtual key: the answer carries its secret, the only time it is shown."""
     runtime, accounts, actor = await _admin(request)
-    body: KeyBody = _decode(await request.body(), KeyBody)
+    body: KeyBody = _decode(await request.body(), KeyBody, runtime.live.snapshot)
     secret, now = new_secret(), time.time()
     row = {**_columns(body), "id": f"key_{os.urandom(8).hex()}", "hash": digest(secret),
            "prefix": secret[:12], "last4": secret[-4:], "created_at": now, "updated_at": now,
@@ -213,8 +232,8 @@ def warnings(snapshot: Snapshot, models: Any, expires_at: Any, now: float) -> li
 
 
 def _defaults(row: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("team", "models", "rpm", "tpm", "max_parallel", "budget_usd", "budget_period",
-            "expires_at", "metadata")
+    keys = ("team", "models", "guardrails", "rpm", "tpm", "max_parallel", "budget_usd",
+            "budget_period", "expires_at", "metadata")
     return {k: row.get(k) for k in keys}
 
 
@@ -240,7 +259,7 @@ async def get_key(request: Request[Any, Any, Any], key_id: str) -> Response[byte
 async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """Change a key's team, aliases, limits, budget, expiry or metadata."""
     runtime, accounts, actor = await _admin(request)
-    body: KeyPatch = _decode(await request.body(), KeyPatch)
+    body: KeyPatch = _decode(await request.body(), KeyPatch, runtime.live.snapshot)
     row = await accounts.db.update_key(key_id, _columns(body), actor)
     if row is None:
         raise NotFound(f"No live key with id '{key_id[:64]}'")
@@ -280,7 +299,7 @@ async def reopen(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new team."""
     runtime, accounts, actor = await _admin(request)
-    body: TeamBody = _decode(await request.body(), TeamBody)
+    body: TeamBody = _decode(await request.body(), TeamBody, runtime.live.snapshot)
     now = time.time()
     row = {**_columns(body), "created_at": now, "updated_at": now}
     await accounts.db.add_team(row, actor)
@@ -289,7 +308,7 @@ async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 def _team_defaults() -> dict[str, Any]:
-    return dict.fromkeys(("models", "rpm", "tpm", "max_parallel", "budget_usd",
+    return dict.fromkeys(("models", "guardrails", "rpm", "tpm", "max_parallel", "budget_usd",
                           "budget_period", "metadata"))
 
 
@@ -304,7 +323,7 @@ async def list_teams(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def update_team(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
     """Change a team's aliases, limits, budget or metadata."""
     runtime, accounts, actor = await _admin(request)
-    body: TeamPatch = _decode(await request.body(), TeamPatch)
+    body: TeamPatch = _decode(await request.body(), TeamPatch, runtime.live.snapshot)
     row = await accounts.db.update_team(name, _columns(body), actor)
     if row is None:
         raise NotFound(f"No team named '{name[:64]}'")

@@ -96,6 +96,8 @@ def status(runtime: Runtime, every_key: bool = True, own: str | None = None
         "unknown_prices": unknown_prices_view(runtime),
         # Per alias that hedges: its delay per leading provider, its budget used.
         "hedging": runtime.hedging.view(),
+        # Each guardrail of llms.json: what it detects and does, and what it did here.
+        "guardrails": runtime.guardrails.view(runtime.live.snapshot),
         "series": series,
         "summary": {
             "rps": round(sum(float(r["rps"] or 0) for r in window[-6:]) / 6, 2),

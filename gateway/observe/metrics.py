@@ -86,8 +86,11 @@ QUEUE_WAIT = Family("llms_queue_wait_seconds", "Time a request waited for a slot
 QUEUE_DROPPED = Family("llms_queue_dropped", "Requests that left the queue without a slot, by "
                        "key and reason: full, deadline (refused early), timeout, client_left",
                        ("key", "reason"))
+GUARDRAIL_ACTIONS = Family("llms_guardrail_actions", "Values guardrails met, by guardrail, "
+                           "category (EMAIL, SECRET, ...) and action taken",
+                           ("guardrail", "category", "action"))
 FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
-            CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED)
+            CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED, GUARDRAIL_ACTIONS)
 # The families labelled by key: a key's id is shown only to who may read every key's.
 KEYED = frozenset(family.name for family in FAMILIES if "key" in family.labels)
 INFLIGHT = ("llms_inflight_requests", "Requests in the gateway: served, or queued for a slot")
@@ -254,6 +257,10 @@ class Metrics:
     def resumed(self, model: str, result: str, count: int) -> None:
         """Resumes of a request's broken streams, by result: ok or failed."""
         self.values.inc(RESUMES, (model, result), count)
+
+    def guardrail(self, guardrail: str, category: str, action: str, count: int) -> None:
+        """`count` values a guardrail met, and what it did (`gateway.guardrails`)."""
+        self.values.inc(GUARDRAIL_ACTIONS, (guardrail, category, action), count)
 
     def exposition(self, keys: bool = True) -> bytes:
         """The text `/metrics` serves: this process, or every worker's when there are several;

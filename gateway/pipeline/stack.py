@@ -5,6 +5,7 @@ In order, outermost first (each owned by its folder):
     keys        gateway/accounts/stage.py        who it runs as; expiry, parallel, rate limits
     room        gateway/queue/stage.py           its ticket; refused at once when full
     admission   gateway/pipeline/admission.py    head typed, alias, candidates, the request
+    guardrails  gateway/guardrails/stage.py      text screened; the answer's values given back
     previous    gateway/adapters/responses/      a Responses `previous_response_id` known
     budget      gateway/accounts/stage.py        the worst case held, as it goes upstream
     turn        gateway/queue/stage.py           the wait for a slot
@@ -14,7 +15,8 @@ In order, outermost first (each owned by its folder):
     finishing   gateway/accounts/stage.py        a held whole request read to its end, charged
     serve       gateway/pipeline/relay.py        route, then deliver
 
-A stage is built only when something in force can use it: `budget` with accounts, `previous`
+A stage is built only when something in force can use it: `guardrails` when llms.json has
+one, on the endpoints that carry text; `budget` with accounts, `previous`
 on `/v1/responses`, `idempotency` on the endpoints that generate, `cache` on those it serves
 when some alias caches, `semantic` on chat when some alias has `cache.semantic`, `finishing`
 with accounts. Tracing's span is what the edge serves the
@@ -31,9 +33,12 @@ from gateway.cache import semantic_stage as semantic
 from gateway.cache import stage as cache
 from gateway.cache.embedding import Embedder
 from gateway.core.call import Next, Stage, compose
+from gateway.guardrails import policies as guarding
+from gateway.guardrails.stage import guarded, guardrails
 from gateway.idempotency import flight
 from gateway.idempotency.stage import idempotency
 from gateway.pipeline.admission import HEADS, able, admission
+from gateway.pipeline.asking import asker
 from gateway.pipeline.relay import innermost
 from gateway.queue import stage as queue
 from gateway.routing.router import Routing
@@ -54,6 +59,9 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
         queue.room(runtime.queue, snapshot.server.queue_timeout, runtime.enter, runtime.leave),
         admission(runtime, live, endpoint),
     ]
+    if guarding.configured(snapshot) and guarded(endpoint):  # before anything keeps the text
+        built.append(guardrails(guarding.Guardrails(snapshot), runtime.metrics,
+                                runtime.guardrails, live.redactor, asker(runtime)))
     if endpoint == "responses":  # before the budget: the hold prices the whole conversation
         built.append(previous(runtime.responses))
     if accounting is not None:

@@ -32,6 +32,7 @@ from gateway.core.facts import Unpriced
 from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener
 from gateway.core.settings import ADMIN_DISABLED, CachePolicy, ConfigError, Route, Snapshot
+from gateway.guardrails.tally import Tally
 from gateway.idempotency.flight import Idempotency
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe.logs import RequestLog
@@ -181,6 +182,7 @@ class Runtime:
         self.queue = Queue(on_wait=self.metrics.queue_wait, on_drop=self.metrics.queue_dropped,
                            on_depth=self.metrics.add_queued)
         self.traffic = RecentTraffic()
+        self.guardrails = Tally()  # what guardrails did here, for the status page
         self.provider_traffic = ProviderTraffic()
         self.inflight = 0  # relay requests in the gateway: served, or waiting in the queue
         self.disabled_by_admin: set[str] = set()

@@ -1,0 +1,1 @@
+"""Guardrails: personal data and secrets kept from providers, values given back to clients."""

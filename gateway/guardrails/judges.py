@@ -1,0 +1,112 @@
+"""A model as a guardrail's judge: an alias of the gateway asked whether a request is safe.
+
+A judge (`Judge` of a policy) is asked with the request's text, as screened (placeholders,
+masks: a judge never sees what another guardrail took out), as the user turn of a chat
+request; a reply starting with `unsafe` (Llama Guard's format: `unsafe\\nS1`) is a violation.
+Through `moderations`, a `flagged` result is. A judge slow past its `timeout`, down, or
+answering what is no verdict fails, and its `on_error` says whether the request is blocked or
+let through. The question goes through the gateway's own stack (`Ask`, made by the pipeline,
+which sits above this folder): routing, failover, the record and the key's spend as for any
+call; a judge's own call is marked (`ASKING`) so no judge judges it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from gateway.core.call import Call
+from gateway.core.settings import Judge
+from gateway.guardrails.policies import Guardrail
+from gateway.guardrails.screening import GuardrailViolation, Screening, walk
+from providers.contract.log import get_logger
+
+# Asks an alias through the gateway's stack on behalf of `call`: (endpoint, body, call) ->
+# (status, answer body).
+Ask = Callable[[str, bytes, Call], Awaitable[tuple[int, bytes]]]
+ASKING = "guardrails.judge"  # in `Call.state` of a judge's own call
+JUDGE = "JUDGE"  # the category a judge's block is named by
+JUDGE_ERROR = "JUDGE_ERROR"  # a judge that failed, under `on_error: "allow"`
+# A verdict is a word and a category list: the judge's answer is bounded to that.
+VERDICT_TOKENS = 16
+# The fields of a request body that carry what its user asks, in every dialect.
+_ASKED = ("system", "instructions", "messages", "prompt", "input", "query", "documents")
+
+
+class JudgeFailed(Exception):
+    """A judge's answer is no verdict."""
+
+
+def text_of(body: Any) -> str:
+    """Every text a request body asks with, one per line."""
+    parts: list[str] = []
+
+    def keep(text: str, _: str | None) -> str:
+        parts.append(text)
+        return text
+
+    if isinstance(body, dict):
+        for name in _ASKED:
+            if name in body:
+                walk(body[name], keep, name)
+    return "\n".join(parts)
+
+
+def question(judge: Judge, text: str) -> tuple[str, bytes]:
+    """The endpoint and body that ask `judge` about `text`."""
+    if judge.endpoint == "moderations":
+        return "moderations", msgspec.json.encode({"model": judge.alias, "input": text})
+    return "chat/completions", msgspec.json.encode({
+        "model": judge.alias, "messages": [{"role": "user", "content": text}],
+        "max_tokens": VERDICT_TOKENS})
+
+
+def unsafe(judge: Judge, status: int, body: bytes) -> bool:
+    """Whether `judge`'s answer finds a violation; `JudgeFailed` when it is no verdict."""
+    if status != 200:
+        raise JudgeFailed(f"status {status}")
+    try:
+        answer = msgspec.json.decode(body)
+        if judge.endpoint == "moderations":
+            return any(bool(result["flagged"]) for result in answer["results"])
+        said = answer["choices"][0]["message"]["content"]
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
+        raise JudgeFailed(f"no verdict: {type(exc).__name__}") from None
+    if not isinstance(said, str):
+        raise JudgeFailed("no verdict: no text")
+    return said.strip().lower().startswith("unsafe")
+
+
+async def judged(call: Call, text: str, judges: Sequence[Guardrail], screening: Screening,
+                 ask: Ask) -> None:
+    """Every judge of `judges` asked about `text` at once; the first that blocks raised as a
+    `GuardrailViolation`, the others' verdicts awaited or dropped with it."""
+    blocks = await asyncio.gather(*(_verdict(call, text, g, screening, ask) for g in judges))
+    for block in blocks:
+        if block is not None:
+            raise block
+
+
+async def _verdict(call: Call, text: str, guardrail: Guardrail, screening: Screening,
+                   ask: Ask) -> GuardrailViolation | None:
+    judge = guardrail.judge
+    assert judge is not None
+    endpoint, body = question(judge, text)
+    try:
+        async with asyncio.timeout(judge.timeout):
+            status, answer = await ask(endpoint, body, call)
+        if not unsafe(judge, status, answer):
+            return None
+    except (TimeoutError, JudgeFailed) as exc:
+        reason = "timeout" if isinstance(exc, TimeoutError) else str(exc)
+        get_logger().warning("guardrail_judge_failed", guardrail=guardrail.name,
+                             alias=judge.alias, reason=reason,
+                             request_id=call.record.request_id)
+        if judge.on_error == "allow":
+            screening.took(guardrail, JUDGE_ERROR, 1, "allow")
+            return None
+    screening.took(guardrail, JUDGE, 1)
+    return GuardrailViolation.of(guardrail.name, JUDGE, "input")

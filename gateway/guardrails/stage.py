@@ -1,0 +1,240 @@
+"""The guardrails' stage: a request's text screened before anything keeps or sends it, its
+answer screened and its placeholders given back on the way out.
+
+It sits right after admission (it needs the alias, and the key's and team's guardrails) and
+before the budget, the queue's turn, idempotency and the cache: what those keep, and what the
+providers and traces see, is the request as screened (placeholders, masks), and the answer as
+the provider wrote it (placeholders). The values come back only in what this stage hands the
+edge. A batch line (run by the gateway itself, `Call.caller`) is answered with placeholders:
+its output file is kept by the gateway.
+
+Built only when llms.json has a guardrail: keys and teams can only name the file's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+import msgspec
+
+from gateway.core.call import Call, Delivery, Next, Stage
+from gateway.core.delivery import Streamed, Whole, error_delivery
+from gateway.core.record import Record
+from gateway.guardrails.judges import ASKING, Ask, judged, text_of
+from gateway.guardrails.policies import Guardrail, Guardrails
+from gateway.guardrails.screening import GuardrailViolation, Screening
+from gateway.guardrails.streams import StreamScreen
+from gateway.guardrails.tally import Tally
+from gateway.observe.metrics import Metrics
+from providers.contract.errors import error_event
+from providers.contract.redact import Redactor
+from providers.contract.stream import close_quietly
+
+HEADER = "x-llms-guardrails"
+# The endpoints whose bodies carry text a guardrail reads, and whose answers are text; speech
+# and images are left out (a placeholder spoken or drawn cannot be given back).
+GUARDED = frozenset(("chat/completions", "completions", "responses", "embeddings", "messages",
+                     "messages/count_tokens", "moderations", "rerank"))
+
+
+# ... and those whose answers are text to screen and give values back in.
+ANSWERS_TEXT = GUARDED - {"embeddings", "messages/count_tokens"}
+
+
+def guarded(endpoint: str) -> bool:
+    """Whether a call to `endpoint` can meet a guardrail."""
+    return endpoint in GUARDED
+
+
+def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: Redactor,
+               ask: Ask) -> Stage:
+    """The stage that screens a call and its answer by the guardrails in force for it, and
+    asks their judges (through `ask`) whether it may pass."""
+
+    async def stage(call: Call, following: Next) -> Delivery:
+        in_force = policies.in_force(call.alias, _named(call.key))
+        if not in_force or call.outgoing is None or call.outgoing.content_type is not None:
+            return await following(call)
+        screening = Screening()
+        try:
+            _screen_request(call, screening, [g for g in in_force if g.on_input])
+        except GuardrailViolation:  # told, and named on its answer
+            call.record.mark(HEADER, screening.header())
+            _publish(screening, call.record, metrics, tally)
+            raise
+        if screening.taken:
+            call.record.mark(HEADER, screening.header())
+            call.record.detail["guardrails"] = screening.header()
+        judges = () if call.state.get(ASKING) else tuple(
+            g for g in in_force if g.judge is not None and g.on_input)
+        if judges:
+            following = functools.partial(_judged_first, judges=judges, screening=screening,
+                                          ask=ask, following=following)
+        if call.endpoint not in ANSWERS_TEXT:
+            try:
+                return await following(call)
+            finally:
+                _publish(screening, call.record, metrics, tally)
+        # On the output side, pseudonymizing is giving the request's values back.
+        output = [g for g in in_force if g.on_output and g.action != "pseudonymize"]
+        restores = bool(screening.originals) and not call.caller and any(
+            g.on_output and g.action == "pseudonymize" for g in in_force)
+        try:
+            delivery = await following(call)
+        except GuardrailViolation:  # a judge's
+            _publish(screening, call.record, metrics, tally)
+            raise
+        if not output and not restores:
+            _publish(screening, call.record, metrics, tally)
+            return delivery
+        if isinstance(delivery, Streamed) and delivery.media_type == "text/event-stream":
+            screen = StreamScreen(screening if restores else _Kept(screening), output)
+            return dataclasses.replace(delivery, chunks=_screened(
+                delivery.chunks, screen, screening, delivery.record, metrics, tally))
+        if isinstance(delivery, Whole):
+            delivery = _whole(delivery, screening if restores else _Kept(screening), output,
+                              redactor)
+        _publish(screening, call.record, metrics, tally)
+        return delivery
+
+    return stage
+
+
+async def _judged_first(call: Call, judges: Sequence[Guardrail], screening: Screening,
+                        ask: Ask, following: Next) -> Delivery:
+    """`following`'s answer once the judges passed the request (as screened: no judge sees
+    what another guardrail took out). Those asked first run before it goes on; those asked
+    beside it (`parallel`) run while it does, and its answer is held until they pass and
+    dropped (its stream closed) when one blocks."""
+    assert call.outgoing is not None
+    text = text_of(call.outgoing.json())
+    first = [g for g in judges if g.judge is not None and not g.judge.parallel]
+    beside = [g for g in judges if g.judge is not None and g.judge.parallel]
+    taken = len(screening.taken)
+    running = asyncio.ensure_future(judged(call, text, beside, screening, ask)) \
+        if beside else None
+    delivery: Delivery = None
+    try:
+        if first:
+            await judged(call, text, first, screening, ask)
+        delivery = await following(call)
+        if running is not None:
+            await running
+    except BaseException as exc:
+        if running is not None and not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        if isinstance(exc, GuardrailViolation):
+            call.record.mark(HEADER, screening.header())
+        await _dropped(delivery, exc)
+        raise
+    if len(screening.taken) != taken and delivery is not None:  # a judge's error let through
+        call.record.mark(HEADER, screening.header())
+        delivery = dataclasses.replace(delivery, headers={**delivery.headers,
+                                                          HEADER: screening.header()})
+    return delivery
+
+
+async def _dropped(delivery: Delivery, exc: BaseException) -> None:
+    """An answer thrown away (a judge's block, the call cancelled while a judge ran): its
+    stream closed, its request ended as the block."""
+    if delivery is None:
+        return
+    if isinstance(exc, GuardrailViolation):
+        delivery.record.overruled(exc.status, exc.code)
+    if isinstance(delivery, Streamed):
+        await close_quietly(delivery.chunks)
+
+
+def _named(key: object) -> Sequence[str]:
+    """The guardrails a virtual key and its team name (`Account.guardrails`)."""
+    return getattr(key, "guardrails", ())
+
+
+def _screen_request(call: Call, screening: Screening, input_side: list[Guardrail]) -> None:
+    """The request's body screened; when anything changed, what the rest of the stack sends
+    and keeps is the screened body."""
+    outgoing = call.outgoing
+    if not input_side or outgoing is None:
+        return
+    body = outgoing.json()
+    screened = screening.request(body, input_side)
+    if screened is not body:
+        raw = msgspec.json.encode(screened)
+        call.raw = raw
+        call.outgoing = dataclasses.replace(outgoing, raw=raw, _json=screened)
+
+
+class _Kept(Screening):
+    """A screening whose placeholders stay as they are in the answer (a batch line's)."""
+
+    __slots__ = ()
+
+    def __init__(self, screening: Screening) -> None:
+        super().__init__()
+        self.taken = screening.taken
+
+    def restored(self, text: str, as_json: bool = False) -> str:
+        return text
+
+
+def _whole(delivery: Whole, screening: Screening, output: list[Guardrail],
+           redactor: Redactor) -> Whole:
+    """A whole answer screened and given back its values; a block is the error instead."""
+    if delivery.status != 200 or "json" not in delivery.media_type:
+        return delivery
+    try:
+        body = msgspec.json.decode(delivery.body)
+    except msgspec.DecodeError:
+        return delivery
+    try:
+        screened: Any = screening.answer(body, output)
+    except GuardrailViolation as exc:
+        return error_delivery(exc, delivery.record, redactor)
+    headers = {**delivery.headers, HEADER: screening.header()} if screening.taken \
+        else delivery.headers
+    if screening.taken:
+        delivery.record.detail["guardrails"] = screening.header()
+    if screened is body:
+        return dataclasses.replace(delivery, headers=headers)
+    return dataclasses.replace(delivery, body=msgspec.json.encode(screened), headers=headers)
+
+
+async def _screened(chunks: AsyncGenerator[bytes, None], screen: StreamScreen,
+                    screening: Screening, record: Record, metrics: Metrics, tally: Tally
+                    ) -> AsyncGenerator[bytes, None]:
+    """The stream as the client gets it; a block ends it with an in-band error event, the
+    matched text never written."""
+    taken = len(screening.taken)
+    try:
+        async for chunk in chunks:
+            if written := screen.feed(chunk):
+                yield written
+            if len(screening.taken) != taken:  # before the stream's record ends
+                taken = len(screening.taken)
+                record.detail["guardrails"] = screening.header()
+        if rest := screen.end():
+            yield rest
+    except GuardrailViolation as exc:
+        record.overruled(exc.status, exc.code)  # ends as the block, not as the close
+        record.detail["guardrails"] = screening.header()
+        await close_quietly(chunks)
+        yield error_event(exc, record.dialect)
+    finally:
+        await close_quietly(chunks)
+        _publish(screening, record, metrics, tally)
+
+
+def _publish(screening: Screening, record: Record, metrics: Metrics, tally: Tally) -> None:
+    """The actions taken, told once: Prometheus, the status page's counts, the log line."""
+    if not screening.taken:
+        return
+    record.detail["guardrails"] = screening.header()
+    for (guardrail, category, action), count in screening.taken.items():
+        metrics.guardrail(guardrail, category, action, count)
+        tally.add(guardrail, category, action, count)
+    screening.taken = {}
