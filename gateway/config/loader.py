@@ -22,6 +22,7 @@ import yaml
 from gateway.config.fields import invalid, merge_over
 from gateway.config.providers import expand, provider
 from gateway.config.snapshots import routes
+from gateway.config.ui import ui
 from gateway.core import aliases
 from gateway.core.aliases import AliasError, Chains, Names
 from gateway.core.limits import KeyLimits
@@ -105,6 +106,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telemetry: Telemetry = Telemetry()
     database: DatabaseConfig = DatabaseConfig()
     batches: BatchesConfig = BatchesConfig()
+    ui: dict[str, Any] = {}  # the web console's sign-in (`gateway.config.ui`)
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -184,7 +186,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry,
                     database=_database(file.database, path, environ), batches=file.batches,
-                    unpriced=_unpriced(file.defaults.unpriced, where))
+                    unpriced=_unpriced(file.defaults.unpriced, where),
+                    ui=ui(file.ui, where, environ), document=data)
 
 
 def _unpriced(policy: Literal["refuse"] | Price, where: str) -> Price | None:
