@@ -3,7 +3,8 @@
 Discovery, JWKS, an authorize endpoint that approves at once as whoever the test chose (its
 `sub`, `email` and groups), and a token endpoint that checks the code, the client's secret and
 the PKCE verifier before it hands out an ID token. Fault modes sign that token wrongly on
-purpose: for another audience, already expired, with a key the JWKS does not publish; `rotate`
+purpose: for another audience, already expired, for another nonce, with a key the JWKS does
+not publish under a key id it does, or under one made up each time; `rotate`
 replaces the signing key (and what the JWKS publishes) as issuers do.
 """
 
@@ -25,7 +26,7 @@ from joserfc.jwk import KeySet, RSAKey
 
 CLIENT_ID = "llms-console"
 CLIENT_SECRET = "console-client-secret-1"
-FAULTS = (None, "wrong_aud", "expired", "bad_signature", "wrong_nonce")
+FAULTS = (None, "wrong_aud", "expired", "bad_signature", "wrong_nonce", "unknown_kid")
 
 
 class FakeIssuer:
@@ -118,6 +119,8 @@ class FakeIssuer:
         key = self._keys[0]
         if self.fault == "bad_signature":  # the published key id, another key's signature
             key = RSAKey.generate_key(2048, parameters={"kid": key.kid}, private=True)
+        elif self.fault == "unknown_kid":  # a key id made up anew each time, never published
+            key = self._new_key()
         return jwt.encode({"alg": "RS256", "kid": key.kid}, body, key)
 
     # -- the server, in its own thread --------------------------------------------------------

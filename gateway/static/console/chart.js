@@ -67,22 +67,3 @@ export function chart(svg, times, series, format, least,
     });
   });
 }
-
-// Horizontal bars, one per row, for a breakdown (spend by key, team, model).
-export function bars(svg, rows, format) {
-  const width = Math.max(200, Math.round(svg.getBoundingClientRect().width || 300));
-  const lineHeight = 24, height = Math.max(lineHeight, rows.length * lineHeight);
-  const labelWidth = Math.min(180, width * 0.4);
-  const max = Math.max(...rows.map((r) => r.value), 1e-12);
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.style.height = `${height}px`;
-  svg.replaceChildren();
-  rows.forEach((row, i) => {
-    const y = i * lineHeight;
-    const span = Math.max(1, (row.value / max) * (width - labelWidth - 90));
-    svg.append(shape("text", {class: "label", x: 0, y: y + 16}, row.label.slice(0, 28)),
-               shape("rect", {class: "bar", x: labelWidth, y: y + 5, width: span, height: 14}),
-               shape("text", {class: "value", x: labelWidth + span + 6, y: y + 16},
-                     format(row.value)));
-  });
-}

@@ -1,8 +1,11 @@
 // Building the page from data: every value a text node or an attribute, never parsed as HTML,
 // so a request body or a key's name that holds markup shows as the text it is.
 
+const SVG = "http://www.w3.org/2000/svg";
+
 export function el(tag, attributes = {}, ...children) {
-  const made = document.createElement(tag);
+  // An <svg> made as HTML would draw nothing: it belongs to the SVG namespace.
+  const made = tag === "svg" ? document.createElementNS(SVG, tag) : document.createElement(tag);
   for (const [name, value] of Object.entries(attributes)) {
     if (value === undefined || value === null || value === false) continue;
     if (name.startsWith("on")) made.addEventListener(name.slice(2), value);

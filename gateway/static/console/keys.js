@@ -136,7 +136,7 @@ function newKey(context, teams, secret, teamAdmin) {
       shown.replaceChildren(
         el("b", {}, `The key ${made.name}: copy it now, it is not shown again.`),
         el("code", {id: "new-secret"}, made.key),
-        made.warnings ? el("p", {class: "dim"}, made.warnings.join("; ")) : null);
+        ...(made.warnings ? [el("p", {class: "dim"}, made.warnings.join("; "))] : []));
     } catch (error) {
       context.showError(error);
     }

@@ -71,7 +71,7 @@ async function spendChart(api) {
   const report = await api(`/admin/spend?group_by=day&start=${start}`);
   const byDay = new Map(report.data.map((row) => [row.group, row.cost]));
   const costs = days.map((t) => byDay.get(new Date(t * 1000).toISOString().slice(0, 10)) || 0);
-  chart(document.getElementById("chart-spend"), days, [costs], (v) => `$${number(v)}`, 0.01,
+  chart(document.getElementById("chart-spend"), days, [costs], (v) => `$${number(v)}`, 0.0001,
         {step: DAY, label: dayOf, every: 5});
   const total = report.data.reduce((sum, row) => sum + row.cost, 0);
   const requests = report.data.reduce((sum, row) => sum + row.requests, 0);

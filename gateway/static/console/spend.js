@@ -1,6 +1,6 @@
-// Spend: dollars per day as a chart, and per key, team, model and alias as bars and tables,
+// Spend: dollars per day as a chart, and per key, team, model and alias as tables with bars,
 // over the last 7, 30 or 90 days (/admin/spend; a team admin's: their teams' only).
-import {bars, chart, dayOf, number} from "./chart.js";
+import {chart, dayOf, number} from "./chart.js";
 import {card, count, dollars, el, table} from "./dom.js";
 import {lastDays} from "./overview.js";
 
@@ -27,21 +27,28 @@ export async function render(main, {api, route}) {
           `${dollars(byDay.data.reduce((s, r) => s + r.cost, 0))} over ` +
           `${count(byDay.data.reduce((s, r) => s + r.requests, 0))} requests`))));
   chart(perDay, days, [days.map((t) => costs.get(new Date(t * 1000).toISOString().slice(0, 10)) || 0)],
-        (v) => `$${number(v)}`, 0.01, {step: DAY, label: dayOf, every: Math.ceil(span / 6)});
-  const section = el("section", {class: "charts"});
+        (v) => `$${number(v)}`, 0.0001, {step: DAY, label: dayOf, every: Math.ceil(span / 6)});
+  const section = el("section", {class: "charts split"});
   main.append(section);
   GROUPS.forEach(([group, title], i) => {
     const rows = groups[i].data.slice().sort((a, b) => b.cost - a.cost);
-    const svg = el("svg", {class: "bars", id: `bars-${group}`, role: "img",
-                           "aria-label": `spend ${title.toLowerCase()}`});
-    section.append(card(title, svg, table([
+    const most = Math.max(1e-12, ...rows.map((r) => r.cost));
+    section.append(card(title, table([
       [group, (r) => r.group ?? "(none)"],
+      ["share", (r) => share(r.cost / most)],
       ["requests", (r) => count(r.requests)],
       ["refused", (r) => count(r.refused)],
       ["tokens in / out", (r) => `${count(r.prompt_tokens)} / ${count(r.completion_tokens)}`],
       ["cost", (r) => dollars(r.cost)],
     ], rows, (r) => ({dataset: {group: r.group ?? ""}}))));
-    bars(svg, rows.slice(0, 10).map((r) => ({label: String(r.group ?? "(none)"), value: r.cost})),
-         (v) => dollars(v));
+    section.lastChild.id = `spend-by-${group}`;
   });
+}
+
+// A bar as wide as this row's share of the largest (set through the style object: the
+// console's policy forbids style attributes).
+function share(fraction) {
+  const bar = el("span", {class: "share"});
+  bar.style.width = `${Math.max(2, fraction * 100)}%`;
+  return el("span", {class: "track"}, bar);
 }
