@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -254,3 +255,89 @@ def test_without_an_admin_key_this_machine_is_the_console_s_admin(
 
     assert (said["signed_in"], said["role"], said["via"]) == (True, "admin", "local")
     assert forwarded["signed_in"] is False, "a proxy's request is not this machine"
+
+
+# The request log's answers as issue 45 documents them (`/admin/logs`, `/admin/logs/{id}`),
+# served to the page in place of a gateway that has no request log yet: what the logs page
+# draws of that shape, and that a body full of markup stays text.
+ROWS = [{"request_id": f"req-{n}", "time": "2026-12-07T10:00:0{n}+00:00", "key": "key_a",
+         "team": "red", "endpoint": "chat", "alias": "m", "model": "m-upstream",
+         "provider": "backup", "status": 200, "duration_ms": 120, "cost": 0.0021}
+        for n in range(3)]
+DETAILS = {
+    "req-0": {**ROWS[0], "payload": "stored", "attempts": [
+        {"provider": "primary", "model": "m-upstream", "outcome": "error",
+         "error_code": "upstream_error", "start_ms": 0, "duration_ms": 40},
+        {"provider": "backup", "model": "m-upstream", "outcome": "ok", "start_ms": 41,
+         "duration_ms": 79}],
+        "request_body": '{"messages": [{"content": "' + HOSTILE + '"}]}',
+        "response_body": "<script>document.body.dataset.pwned=1</script>"},
+    "req-1": {**ROWS[1], "payload": "disabled", "attempts": []},
+    "req-2": {**ROWS[2], "payload": "not_captured", "attempts": []},
+}
+STUB = """(() => {
+  const rows = %s, details = %s, real = window.fetch;
+  const json = (body, status = 200) => new Response(JSON.stringify(body),
+    {status, headers: {"content-type": "application/json"}});
+  window.fetch = async (input, init) => {
+    const path = new URL(String(input), location.href).pathname;
+    if (path === "/admin/logs") return json({data: rows, next_cursor: null});
+    if (path.startsWith("/admin/logs/")) {
+      const found = details[decodeURIComponent(path.slice("/admin/logs/".length))];
+      return found ? json(found) : json({error: {message: "No such request"}}, 404);
+    }
+    return real(input, init);
+  };
+})();"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_the_logs_page_draws_the_documented_shape_with_attempts_and_bodies_as_text(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
+    gateway = start_gateway(keyed(upstream_factory("logs")))
+
+    with browser.launched(tmp_path) as port:
+        seen = asyncio.run(read_logs(gateway.url, port))
+
+    assert seen["listed"] == ["req-0", "req-1", "req-2"]
+    assert seen["attempts"] == [["1. primary m-upstream", "error"], ["2. backup m-upstream", "ok"]]
+    assert seen["payload"] == {"req-0": "stored", "req-1": "disabled", "req-2": "not_captured"}
+    assert "capture is off" in seen["said"]["req-1"]
+    assert "private key" in seen["said"]["req-2"]
+    assert HOSTILE in seen["request_body"] and "<script>" in seen["response_body"]
+    assert seen["injected"] == 0 and seen["pwned"] is None
+    assert seen["unknown"] == "No request nope in the log."
+
+
+async def read_logs(url: str, port: int) -> dict[str, Any]:
+    async with browser.open_page(port) as page:
+        await page.send("Page.enable")
+        await page.send("Page.addScriptToEvaluateOnNewDocument",
+                        source=STUB % (json.dumps(ROWS), json.dumps(DETAILS)))
+        await page.goto(f"{url}/ui")
+        await page.wait_for("document.body.dataset.page === 'login'")
+        await page.type("#key", KEY)
+        await page.click("#key-form button")
+        await page.wait_for("document.body.dataset.page === 'overview'")
+        await show(page, url, "logs")
+        seen: dict[str, Any] = {"listed": await page.wait_for(
+            "[...document.querySelectorAll('tr.row')].map(r => r.dataset.requestId)")}
+        seen["payload"], seen["said"] = {}, {}
+        for request_id in DETAILS:
+            await show(page, url, f"logs/{request_id}")
+            seen["payload"][request_id] = await page.evaluate(
+                "document.getElementById('payload').dataset.payload")
+            seen["said"][request_id] = await page.text("#payload")
+            if request_id == "req-0":
+                seen["attempts"] = await page.evaluate(
+                    "[...document.querySelectorAll('#attempts li')].map(li => "
+                    "[li.querySelector('.what').textContent.trim(), li.dataset.outcome])")
+                seen["request_body"] = await page.text("pre[data-body=request]")
+                seen["response_body"] = await page.text("pre[data-body=response]")
+                seen["injected"] = await page.evaluate(
+                    "document.querySelectorAll('main img, main script').length")
+                seen["pwned"] = await page.evaluate("document.body.dataset.pwned ?? null")
+        await show(page, url, "logs/nope")
+        seen["unknown"] = await page.text("#log-missing")
+        return seen
