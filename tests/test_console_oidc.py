@@ -446,3 +446,4 @@ def test_the_widest_role_wins_and_the_actor_is_the_email_else_the_subject() -> N
     assert role_of({"groups": ["ops"]}, roles) is None, "another claim names no role"
     assert actor_of({"sub": "u-1", "email": "ada@example.com"}) == "ada@example.com"
     assert actor_of({"sub": "u-1"}) == "u-1"
+    assert actor_of({"sub": "u-1", "email": "ceo@example.com", "email_verified": False}) == "u-1"

@@ -64,7 +64,7 @@ class Sessions:
                    lifetime: float) -> tuple[str, Session]:
         """A new session: the token for the cookie (shown once, kept nowhere) and the row."""
         token, now = secrets.token_urlsafe(32), time.time()
-        session = Session(actor[:256], role, tuple(teams), secrets.token_urlsafe(24), via,
+        session = Session(actor[:128], role, tuple(teams), secrets.token_urlsafe(24), via,
                           now + lifetime)
         async with self._tx() as conn:
             await conn.execute(console_sessions.insert().values(

@@ -34,8 +34,9 @@ def role_of(claims: Mapping[str, Any], roles: OidcRoles) -> tuple[Role, tuple[st
 
 
 def actor_of(claims: Mapping[str, Any]) -> str:
-    """The audit log's name for the person: their email, else their subject."""
+    """The audit log's name for the person: their email, else their subject (also when the
+    issuer says the email is not verified: anyone could have typed it)."""
     email = claims.get("email")
-    if isinstance(email, str) and email.strip():
-        return email.strip()
-    return str(claims["sub"])
+    if isinstance(email, str) and email.strip() and claims.get("email_verified") is not False:
+        return email.strip()[:128]
+    return str(claims["sub"])[:128]
