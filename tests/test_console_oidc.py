@@ -139,6 +139,9 @@ def test_an_admin_signs_in_lands_on_the_overview_and_each_change_is_audited_as_t
 
 async def admin_story(url: str, port: int, tmp_path: Path) -> dict[str, Any]:
     async with browser.open_page(port) as page:
+        await page.goto(f"{url}/ui")
+        await page.wait_for("document.body.dataset.page === 'login'")
+        shoot(await picture(page), "sign-in", tmp_path)
         await sso_page(page, url)
         await page.wait_for("document.body.dataset.page === 'overview' && "
                             "document.body.dataset.ready === 'true' && "
