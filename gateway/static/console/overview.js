@@ -31,7 +31,13 @@ export async function render(main, {api, session, onLeave}) {
           svg("chart-spend", "spend per day"), el("p", {class: "dim", id: "spend-total"}))));
   await spendChart(api);
   if (team) return;
-  await traffic(api);
+  try {
+    await traffic(api);
+  } catch (error) {
+    // This machine is the admin (no admin key set) but /status.json wants a client key.
+    main.prepend(el("p", {class: "notice"}, `Traffic cannot be read: ${error.message}`));
+    return;
+  }
   const timer = setInterval(() => traffic(api).catch(() => {}), 5000);
   onLeave(() => clearInterval(timer));
 }
