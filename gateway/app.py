@@ -30,6 +30,7 @@ from gateway.accounts.file_ledger import FileLedger
 from gateway.accounts.ledger import RedisLedger
 from gateway.accounts.overview import Overview
 from gateway.accounts.service import Accounts
+from gateway.accounts.sessions import Sessions
 from gateway.adapters.responses.store import ResponseStore
 from gateway.batches import routes as batch_routes
 from gateway.batches.runner import Runner
@@ -37,6 +38,7 @@ from gateway.batches.store import Store
 from gateway.cache.semantic_store import SemanticStore
 from gateway.cache.store import ResponseCache
 from gateway.config.loader import BIND_ENV, WORKERS_ENV, state_dir
+from gateway.console import routes as console
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge
 from gateway.core.record import request_id
 from gateway.core.settings import CachePolicy, Snapshot
@@ -47,7 +49,7 @@ from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe import logs
 from gateway.pipeline import stack
-from gateway.realtime.limits import Sessions
+from gateway.realtime.limits import SessionCounts
 from gateway.state import discovery, reload
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime
@@ -152,6 +154,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                             ledger or machine, alone=_alone(snapshot, redis))
         await accounts.start()
         app.state.spend = Overview(accounts)  # the status page's spend, read every 10 s at most
+        app.state.sessions = Sessions(accounts.db)  # the console's sign-ins
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
                           idempotency=idempotency, accounts=accounts, stacks=stack.stacks,
@@ -160,7 +163,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                                                  cache_policy.max_entries, redis, state.prefix))
         await runtime.apply(snapshot)
         app.state.runtime = runtime
-        app.state.realtime = Sessions()  # the Realtime sessions open, per key
+        app.state.realtime = SessionCounts()  # the Realtime sessions open, per key
         app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
         runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
@@ -252,7 +255,8 @@ def handlers(snapshot: Snapshot) -> list[HTTPRouteHandler]:
     """The routes Litestar serves (the relay's and passthrough are `Front`'s): each that acts
     for a key checks it through `auth.identify` (tests/test_identity.py walks them all)."""
     return [*reads.ROUTES,
-            admin.list_providers, admin.toggle_provider, *admin_accounts.ROUTES,
+            admin.list_providers, admin.toggle_provider, admin.config_in_force,
+            *admin_accounts.ROUTES, *console.ROUTES,
             stored_responses.retrieve_response, stored_responses.delete_response,
             stored_responses.list_input_items, *batch_routes.routes(snapshot.batches)]
 
@@ -275,7 +279,8 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
             Exception: on_unexpected_error,
         },
         request_max_body_size=snapshot.server.max_body_bytes,
-        state=State({"initial": snapshot, "request_log": request_log}),
+        state=State({"initial": snapshot, "request_log": request_log,
+                     "issuers": console.Issuers()}),
         debug=False,
         openapi_config=None,
         logging_config=None,

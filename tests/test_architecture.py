@@ -102,8 +102,9 @@ LAYERS = {
     "pipeline": 7,
     "batches": 8, "realtime": 8,
     "edge": 9,
+    "console": 10,
 }
-TOP = 10  # app.py, cli*.py, __main__.py: the composition
+TOP = 11  # app.py, cli*.py, __main__.py: the composition
 
 
 def _layer(module: str) -> tuple[str, int] | None:

@@ -35,6 +35,11 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 PASSTHROUGH = ["/v1/models/*", "/v1/chat/completions", "/v1/vector_stores/*"]
 # The routes that act for nobody: liveness, the status page's HTML, the OpenAPI document.
 KEYLESS = {("GET", "/health"), ("GET", "/"), ("GET", "/openapi.json")}
+# The console's page, files and sign-in routes act for a person's session (tests/test_console*),
+# never for a key presented to them.
+KEYLESS |= {("GET", "/ui"), ("GET", "/ui/static/x"), ("GET", "/ui/session"),
+            ("POST", "/ui/login/key"), ("POST", "/ui/logout"), ("GET", "/ui/login"),
+            ("GET", "/ui/callback")}
 
 
 def bearer(key: str | None) -> dict[str, str]:

@@ -28,7 +28,7 @@ from gateway.core.errors import Conflict, DatabaseUnavailable
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest migration's revision: a database already there is not handed to Alembic, which a
 # worker then never imports (tests/test_teams.py checks it against the scripts).
-HEAD = "0002"
+HEAD = "0003"
 IN_MEMORY = "sqlite:///:memory:"  # a gateway built without a config file: its own, for its life
 DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg",
            "postgres": "postgresql+asyncpg"}
@@ -282,11 +282,11 @@ class Database:
             async with self._tx() as conn:
                 await conn.exec_driver_sql(self._insert_spend, list(rows))
 
-    async def spend_report(self, group_by: GroupBy, start: float | None, end: float | None
-                           ) -> list[dict[str, Any]]:
+    async def spend_report(self, group_by: GroupBy, start: float | None, end: float | None,
+                           teams: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Requests, requests the gateway refused before any provider (a spent budget, a
         limit, a model not allowed: nothing was spent), tokens and dollars per group over
-        [start, end)."""
+        [start, end), of `teams` only when given."""
         column = GROUPS[group_by]
         refused = sa.and_(spend.c.status.in_(REFUSALS), spend.c.provider.is_(None))
         query = sa.select(column.label("group"), sa.func.count().filter(sa.not_(refused)),
@@ -300,6 +300,8 @@ class Database:
             query = query.where(spend.c.time >= start)
         if end is not None:
             query = query.where(spend.c.time < end)
+        if teams is not None:  # a team admin's: their teams' rows only
+            query = query.where(spend.c.team.in_(teams))
         async with self._tx() as conn:
             rows = (await conn.execute(query)).all()
         return [{"group": group, "requests": int(requests), "refused": int(refused),

@@ -89,3 +89,18 @@ revision = Table(
     Column("id", Integer, primary_key=True),
     Column("value", Integer, nullable=False),
 )
+
+# The console's sign-ins: the cookie's hash, never the cookie; a row ended or expired is refused.
+console_sessions = Table(
+    "console_sessions", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("actor", String(256), nullable=False),  # the person's email, else their `sub`
+    Column("role", String(16), nullable=False),  # admin, viewer, team_admin
+    Column("teams", JSON, nullable=True),  # a team admin's teams
+    Column("csrf", String(64), nullable=False),  # what a write from this session must carry
+    Column("via", String(8), nullable=False),  # "oidc" or "key"
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("ended_at", Float, nullable=True),
+    Index("console_sessions_expires", "expires_at"),
+)

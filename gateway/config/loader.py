@@ -22,6 +22,7 @@ import yaml
 from gateway.config.fields import did_you_mean, invalid, merge_over
 from gateway.config.providers import expand, provider
 from gateway.config.snapshots import routes
+from gateway.config.ui import ui
 from gateway.core import aliases
 from gateway.core.aliases import AliasError, Chains, Names
 from gateway.core.limits import KeyLimits
@@ -110,6 +111,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     batches: BatchesConfig = BatchesConfig()
     realtime: RealtimeConfig = RealtimeConfig()
     guardrails: dict[str, GuardrailPolicy] = {}
+    ui: dict[str, Any] = {}  # the web console's sign-in (`gateway.config.ui`)
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -192,7 +194,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     chains=chains, telemetry=telemetry,
                     database=_database(file.database, path, environ), batches=file.batches,
                     unpriced=_unpriced(file.defaults.unpriced, where),
-                    realtime=file.realtime, guardrails=file.guardrails)
+                    realtime=file.realtime, guardrails=file.guardrails,
+                    ui=ui(file.ui, where, environ), document=data)
     _judges(snapshot, where)
     return snapshot
 

@@ -365,6 +365,37 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     parallel_lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
 
 
+class OidcRoles(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Which console role a signed-in person gets, from a claim of their ID token (a list of
+    groups, or one string): `admin` first, then `viewer`, then `team_admin`; none, no session."""
+
+    claim: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "groups"
+    admin: tuple[str, ...] = ()
+    viewer: tuple[str, ...] = ()  # reads everything, writes nothing
+    team_admin: dict[str, str] = {}  # group -> the team whose keys, spend and logs it runs
+
+
+class OidcConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Single sign-on to the console (`gateway.console.oidc`): the issuer's discovery document
+    names its endpoints and keys; `https`, or `http` on this machine only."""
+
+    issuer: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    client_secret: str = ""  # "$NAME" read from the environment
+    roles: OidcRoles = OidcRoles()
+    scopes: tuple[str, ...] = ("openid", "email", "profile")
+    # Where the issuer sends the browser back; else this gateway's own `/ui/callback`.
+    redirect_uri: str | None = None
+
+
+class UiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The web console at `/ui` (`gateway.console`): who may sign in, and for how long."""
+
+    oidc: OidcConfig | None = None
+    key_login: bool = True  # an admin key signs in to the console; false: single sign-on only
+    session_hours: Annotated[float, msgspec.Meta(gt=0, le=168)] = 8.0
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayKey:
     """A key clients may present, resolved from the environment."""
@@ -420,6 +451,9 @@ class Snapshot:
     # `guardrails`: policies by name, attached to aliases (`AliasPolicy.guardrails`), keys
     # and teams (`gateway.accounts`).
     guardrails: Mapping[str, GuardrailPolicy] = field(default_factory=dict)
+    ui: UiConfig = field(default_factory=UiConfig)  # the web console (`gateway.console`)
+    # The file as written ("$NAME" unexpanded): what `/admin/config` shows, secrets hidden.
+    document: Mapping[str, object] = field(default_factory=dict)
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""

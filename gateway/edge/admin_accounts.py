@@ -1,9 +1,11 @@
 """Admin routes for teams: virtual keys, teams, spend and the audit log (`gateway.accounts`).
 
-Each needs an admin key, as every admin route (`auth.check_admin`); the admin key's id is the
-actor the audit log names. A key's secret is in the answer that created it and nowhere else.
-A change is made in the database first, then this process's directory is read again, so the
-change holds here at once and on every other process within `database.poll_interval`.
+Each needs an admin key, as every admin route (`auth.check_admin`), or a console session
+(`gateway.edge.access`): the admin key's id, or the person's email, is the actor the audit log
+names; a team admin's session reaches their own teams' keys and spend only. A key's secret is
+in the answer that created it and nowhere else. A change is made in the database first, then
+this process's directory is read again, so the change holds here at once and on every other
+process within `database.poll_interval`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Request, Response, delete, get, patch, post
 
-from gateway.accounts import auth
 from gateway.accounts.account import Period, digest, new_secret
 from gateway.accounts.database import GROUPS, GroupBy
 from gateway.accounts.service import Accounts
@@ -25,6 +26,7 @@ from gateway.config.loader import BIND_ENV
 from gateway.config.snapshots import is_loopback
 from gateway.core.errors import Conflict, DatabaseUnavailable
 from gateway.core.settings import Snapshot
+from gateway.edge.access import Caller, caller, own_team
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound
 
@@ -175,14 +177,22 @@ def known_guardrails(snapshot: Snapshot, names: Any) -> None:
                              f"llms.json (configured: {known[:300]})", param="guardrails")
 
 
-async def _admin(request: Request[Any, Any, Any]) -> tuple[Runtime, Accounts, str]:
+async def _admin(request: Request[Any, Any, Any], team_scoped: bool = False
+                 ) -> tuple[Runtime, Accounts, Caller]:
     """The runtime, its accounts, and who acts; 503 when the accounts never started."""
     runtime: Runtime = request.app.state.runtime
-    actor = auth.check_admin(request.headers, runtime.live.snapshot,
-                             request.client.host if request.client else "", runtime.accounts)
+    who = await caller(request, team_scoped=team_scoped)
     if runtime.accounts is None or not runtime.accounts.migrated:
         raise DatabaseUnavailable("The accounts database is unavailable")
-    return runtime, runtime.accounts, actor
+    return runtime, runtime.accounts, who
+
+
+async def _own_key(accounts: Accounts, who: Caller, key_id: str) -> dict[str, Any]:
+    """The key `key_id` if `who` may reach it: to a team admin, another team's key is no key."""
+    row = await accounts.db.key(key_id)
+    if row is None or not who.owns(row["team"]):
+        raise NotFound(f"No key with id '{key_id[:64]}'")
+    return row
 
 
 def _json(body: Any, status: int = 200) -> Response[bytes]:
@@ -197,9 +207,10 @@ async def _changed(accounts: Accounts) -> None:
 @post("/admin/keys", status_code=201)
 async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new virtual key: the answer carries its secret, the only time it is shown."""
-    runtime, accounts, actor = await _admin(request)
+    runtime, accounts, who = await _admin(request, team_scoped=True)
     body: KeyBody = _decode(await request.body(), KeyBody, runtime.live.snapshot)
-    secret, now = new_secret(), time.time()
+    own_team(who, body.team)
+    secret, now, actor = new_secret(), time.time(), who.actor
     row = {**_columns(body), "id": f"key_{os.urandom(8).hex()}", "hash": digest(secret),
            "prefix": secret[:12], "last4": secret[-4:], "created_at": now, "updated_at": now,
            "created_by": actor}
@@ -240,27 +251,27 @@ def _defaults(row: Mapping[str, Any]) -> dict[str, Any]:
 @get("/admin/keys")
 async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every key, revoked ones included (never a secret); `?team=` narrows to one team."""
-    _, accounts, _ = await _admin(request)
+    _, accounts, who = await _admin(request, team_scoped=True)
     rows = await accounts.db.keys(request.query_params.get("team"))
-    return _json({"object": "list", "data": [key_view(r) for r in rows]})
+    return _json({"object": "list", "data": [key_view(r) for r in rows if who.owns(r["team"])]})
 
 
 @get("/admin/keys/{key_id:str}")
 async def get_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """One key."""
-    _, accounts, _ = await _admin(request)
-    row = await accounts.db.key(key_id)
-    if row is None:
-        raise NotFound(f"No key with id '{key_id[:64]}'")
-    return _json(key_view(row))
+    _, accounts, who = await _admin(request, team_scoped=True)
+    return _json(key_view(await _own_key(accounts, who, key_id)))
 
 
 @patch("/admin/keys/{key_id:str}")
 async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """Change a key's team, aliases, limits, budget, expiry or metadata."""
-    runtime, accounts, actor = await _admin(request)
+    runtime, accounts, who = await _admin(request, team_scoped=True)
     body: KeyPatch = _decode(await request.body(), KeyPatch, runtime.live.snapshot)
-    row = await accounts.db.update_key(key_id, _columns(body), actor)
+    await _own_key(accounts, who, key_id)
+    if body.team is not msgspec.UNSET:
+        own_team(who, body.team)
+    row = await accounts.db.update_key(key_id, _columns(body), who.actor)
     if row is None:
         raise NotFound(f"No live key with id '{key_id[:64]}'")
     await _changed(accounts)
@@ -270,8 +281,9 @@ async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[b
 @delete("/admin/keys/{key_id:str}", status_code=200)
 async def revoke_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """Revoke a key: refused from the next request here, everywhere within a second."""
-    _, accounts, actor = await _admin(request)
-    row = await accounts.db.update_key(key_id, {"revoked_at": time.time()}, actor,
+    _, accounts, who = await _admin(request, team_scoped=True)
+    await _own_key(accounts, who, key_id)
+    row = await accounts.db.update_key(key_id, {"revoked_at": time.time()}, who.actor,
                                        "key_revoked")
     if row is None:
         raise NotFound(f"No live key with id '{key_id[:64]}'")
@@ -284,13 +296,13 @@ async def reopen(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Revoke every virtual key and serve without keys again, as before the first was made;
     refused (409) on a gateway that listens beyond this machine, where that would let anyone
     spend its providers' credits."""
-    runtime, accounts, actor = await _admin(request)
+    runtime, accounts, who = await _admin(request)
     bind = os.environ.get(BIND_ENV) or runtime.live.snapshot.server.host
     if not is_loopback(bind):
         raise Conflict(f"This gateway listens on {bind}, beyond this machine: serving it "
                        "without keys would let anyone reach its providers; revoke keys one by "
                        "one instead")
-    revoked = await accounts.db.reopen(actor)
+    revoked = await accounts.db.reopen(who.actor)
     await _changed(accounts)
     return _json({"reopened": True, "revoked": revoked})
 
@@ -298,11 +310,11 @@ async def reopen(request: Request[Any, Any, Any]) -> Response[bytes]:
 @post("/admin/teams", status_code=201)
 async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new team."""
-    runtime, accounts, actor = await _admin(request)
+    runtime, accounts, who = await _admin(request)
     body: TeamBody = _decode(await request.body(), TeamBody, runtime.live.snapshot)
     now = time.time()
     row = {**_columns(body), "created_at": now, "updated_at": now}
-    await accounts.db.add_team(row, actor)
+    await accounts.db.add_team(row, who.actor)
     await _changed(accounts)
     return _json(_warned(team_view({**_team_defaults(), **row}), runtime, body), 201)
 
@@ -315,16 +327,17 @@ def _team_defaults() -> dict[str, Any]:
 @get("/admin/teams")
 async def list_teams(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every team."""
-    _, accounts, _ = await _admin(request)
-    return _json({"object": "list", "data": [team_view(r) for r in await accounts.db.teams()]})
+    _, accounts, who = await _admin(request, team_scoped=True)
+    return _json({"object": "list", "data": [team_view(r) for r in await accounts.db.teams()
+                                             if who.owns(r["name"])]})
 
 
 @patch("/admin/teams/{name:str}")
 async def update_team(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
     """Change a team's aliases, limits, budget or metadata."""
-    runtime, accounts, actor = await _admin(request)
+    runtime, accounts, who = await _admin(request)
     body: TeamPatch = _decode(await request.body(), TeamPatch, runtime.live.snapshot)
-    row = await accounts.db.update_team(name, _columns(body), actor)
+    row = await accounts.db.update_team(name, _columns(body), who.actor)
     if row is None:
         raise NotFound(f"No team named '{name[:64]}'")
     await _changed(accounts)
@@ -334,8 +347,8 @@ async def update_team(request: Request[Any, Any, Any], name: str) -> Response[by
 @delete("/admin/teams/{name:str}", status_code=200)
 async def delete_team(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
     """Delete a team that has no live key."""
-    _, accounts, actor = await _admin(request)
-    if not await accounts.db.delete_team(name, actor):
+    _, accounts, who = await _admin(request)
+    if not await accounts.db.delete_team(name, who.actor):
         raise NotFound(f"No team named '{name[:64]}'")
     await _changed(accounts)
     return _json({"name": name, "object": "team", "deleted": True})
@@ -357,13 +370,14 @@ def _when(request: Request[Any, Any, Any], param: str) -> float | None:
 async def spend(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Requests, tokens and dollars grouped by key, team, alias, provider, model or day, over
     `[start, end)`; this process's unwritten rows are written first."""
-    _, accounts, _ = await _admin(request)
+    _, accounts, who = await _admin(request, team_scoped=True)
     group_by = request.query_params.get("group_by", "key")
     if group_by not in GROUPS:
         raise InvalidRequest(f"group_by must be one of {', '.join(GROUPS)}", param="group_by")
     start, end = _when(request, "start"), _when(request, "end")
     await accounts.flush()
-    rows = await accounts.db.spend_report(_group(group_by), start, end)
+    rows = await accounts.db.spend_report(_group(group_by), start, end,
+                                          who.teams if who.role == "team_admin" else None)
     return _json({"object": "list", "group_by": group_by, "start": _iso(start),
                   "end": _iso(end), "data": rows})
 

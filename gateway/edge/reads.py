@@ -14,6 +14,7 @@ from gateway.accounts.account import Account
 from gateway.core.errors import ModelNotAllowed
 from gateway.core.settings import GatewayKey, Snapshot
 from gateway.edge import openapi, status_page
+from gateway.edge.access import session_of
 from gateway.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.routing import router
 from gateway.state.runtime import Runtime, model_card
@@ -83,9 +84,14 @@ async def status_html() -> Response[bytes]:
 async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     """What the status page shows, refreshed every two seconds. Other keys' ids and spend
     only to an admin (`auth.is_admin`), or on a gateway without keys: another key sees its own
-    place in the queue and no spend."""
-    runtime, key = await _reader(request, "/status.json")
-    every_key = _sees_every_key(request, runtime, key)
+    place in the queue and no spend. A console session reads it as an admin key would,
+    unless it is a team admin's (their team's spend is in `/admin/spend`)."""
+    session = None if auth.presented_key(request.headers) else await session_of(request)
+    if session is not None and session.role != "team_admin":
+        runtime, key, every_key = _runtime(request), None, True
+    else:
+        runtime, key = await _reader(request, "/status.json")
+        every_key = _sees_every_key(request, runtime, key)
     body = status_page.status(runtime, every_key, _id_of(key))
     body.update(await status_page.accounts_view(runtime, request.app.state.spend, every_key))
     return _json(runtime, body)

@@ -17,7 +17,7 @@ from providers.contract.errors import Overloaded
 ANONYMOUS = "-"  # the count of callers who present no key (an open gateway)
 
 
-class Sessions:
+class SessionCounts:
     """The sessions open in this process, counted per key."""
 
     def __init__(self) -> None:

@@ -5,7 +5,7 @@ subprotocols (`Opening`), and the client's socket (`relay.ClientSocket`). Before
 is dialled, the key is checked by the door every route uses (`auth.admitted`; a browser, which
 cannot set headers on a WebSocket, presents it as the subprotocol
 `openai-insecure-api-key.<key>`, as OpenAI's API takes it), then its per-minute limits, its
-concurrent sessions (`limits.Sessions`), the model (an alias with a Realtime candidate, one the
+concurrent sessions (`limits.SessionCounts`), the model (an alias with a Realtime candidate, one the
 key may use) and its budgets (`charges.admit`). The candidates are then dialled in order
 (`connect.dial`), and only then is the client's socket accepted: the `realtime` subprotocol
 when offered, and `x-llms-provider` on the handshake's answer. A session refused is accepted
@@ -30,7 +30,7 @@ from gateway.core.errors import BudgetExceeded, KeyRateLimited, ModelNotFound
 from gateway.core.record import Outcome, Record, request_id
 from gateway.core.settings import GatewayKey, Route
 from gateway.realtime import charges, connect, traced
-from gateway.realtime.limits import Sessions
+from gateway.realtime.limits import SessionCounts
 from gateway.realtime.relay import (
     INTERNAL,
     NORMAL,
@@ -89,7 +89,7 @@ class Opening:
 
 
 async def serve(client: ClientSocket, opening: Opening, runtime: Runtime,
-                sessions: Sessions) -> None:
+                sessions: SessionCounts) -> None:
     """Run one session to its end (see the module's docstring)."""
     headers = opening.presented()
     record = Record(request_id(opening.headers), ENDPOINT, runtime.listeners)
