@@ -143,6 +143,12 @@ class GatewayProcess:
                                         if line.get("request_id") == request_id), None),
                           within=timeout, what=f"the request log line of {request_id}")
 
+    def circuits(self, provider: str | None = None) -> list[dict[str, Any]]:
+        """The breakers and cooldowns /ready shows (to anyone, on a gateway without keys),
+        only `provider`'s if named: a state the tests wait on rather than sleeping through."""
+        rows: list[dict[str, Any]] = httpx.get(f"{self.url}/ready", timeout=5).json()["circuits"]
+        return [row for row in rows if provider is None or row["provider"] == provider]
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
