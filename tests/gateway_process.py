@@ -88,7 +88,9 @@ class GatewayProcess:
         scratch.write_text(text)
         scratch.replace(self.config_path)
 
-    def start(self, timeout: float = 15.0) -> GatewayProcess:
+    def start(self, timeout: float = 60.0) -> GatewayProcess:
+        """Spawn the gateway and return once /health answers: polled, so a generous deadline
+        costs time only when the gateway never comes up (a machine others load starts slowly)."""
         command = [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path),
                    "--host", "127.0.0.1", "--port", str(self.port), *self._args]
         if self._open_files is not None:  # util-linux's prlimit execs the command: same pid
