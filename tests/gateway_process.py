@@ -88,7 +88,9 @@ class GatewayProcess:
         scratch.write_text(text)
         scratch.replace(self.config_path)
 
-    def start(self, timeout: float = 15.0) -> GatewayProcess:
+    def start(self, timeout: float = 60.0) -> GatewayProcess:
+        """Spawn the gateway and return once /health answers: polled, so a generous deadline
+        costs time only when the gateway never comes up (a machine others load starts slowly)."""
         command = [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path),
                    "--host", "127.0.0.1", "--port", str(self.port), *self._args]
         if self._open_files is not None:  # util-linux's prlimit execs the command: same pid
@@ -142,6 +144,12 @@ class GatewayProcess:
         return wait_until(lambda: next((line for line in self.log_events("request")
                                         if line.get("request_id") == request_id), None),
                           within=timeout, what=f"the request log line of {request_id}")
+
+    def circuits(self, provider: str | None = None) -> list[dict[str, Any]]:
+        """The breakers and cooldowns /ready shows (to anyone, on a gateway without keys),
+        only `provider`'s if named: a state the tests wait on rather than sleeping through."""
+        rows: list[dict[str, Any]] = httpx.get(f"{self.url}/ready", timeout=5).json()["circuits"]
+        return [row for row in rows if provider is None or row["provider"] == provider]
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -102,6 +101,12 @@ def chat(gateway: GatewayProcess) -> httpx.Response:
                       json={"model": "m", "messages": MESSAGES})
 
 
+def excluded_no_more(gateway: GatewayProcess, name: str) -> bool:
+    """/ready shows no breaker of `name` still open and no cooldown of it left: the next
+    request may try it (a breaker past its open period half-opens for that request)."""
+    return all(row["open_for"] == 0 for row in gateway.circuits(name))
+
+
 def test_a_failing_provider_is_skipped_then_probed_and_trusted_again(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream]) -> None:
@@ -120,7 +125,8 @@ def test_a_failing_provider_is_skipped_then_probed_and_trusted_again(
     assert len(flaky.requests) == 2
 
     flaky.set_mode(ok())
-    time.sleep(0.6)
+    wait_until(lambda: excluded_no_more(gateway, "flaky"), within=30,
+               what="flaky's circuit past its open period")
     probe = chat(gateway)
     assert probe.headers["x-llms-provider"] == "flaky", "half-open lets a probe through"
     assert chat(gateway).headers["x-llms-provider"] == "flaky"
@@ -139,7 +145,8 @@ def test_429_cools_the_provider_down_for_its_retry_after(
     assert chat(gateway).headers["x-llms-provider"] == "backup"
     assert chat(gateway).headers["x-llms-attempts"] == "1"
     assert len(limited.requests) == 1, "cooling down: not asked again"
-    time.sleep(1.1)
+    wait_until(lambda: excluded_no_more(gateway, "limited"), within=30,
+               what="limited's cooldown over")
     assert chat(gateway).headers["x-llms-provider"] == "limited"
 
 
@@ -260,14 +267,16 @@ def test_a_forced_try_s_429_leaves_the_probe_out_through_the_gateway(
         "b": provider(b.base_url, {"m": "m"}, circuit={"failures": 100}),
     }))
     assert chat(gateway).headers["x-llms-provider"] == "b", "a failed: its circuit opens"
-    time.sleep(0.35)  # a half-opens
+    wait_until(lambda: excluded_no_more(gateway, "a"), within=30,
+               what="a's circuit past its open period: it half-opens")
 
     with ThreadPoolExecutor(1) as pool:
         probe = pool.submit(chat, gateway)  # a's probe, held upstream
         wait_until(lambda: len(a.requests) == 2)
         forced = chat(gateway)  # b fails, then a is tried forced, and answers 429
         assert forced.status_code >= 400 and len(a.requests) == 3
-        time.sleep(0.1)  # a's cooldown is over
+        wait_until(lambda: excluded_no_more(gateway, "a"), within=30,
+                   what="a's cooldown over (its breaker is half-open, the probe out)")
 
         after = chat(gateway)
         assert after.headers["x-llms-provider"] == "b", "a's probe is still out: b first"

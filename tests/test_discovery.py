@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import httpx
@@ -10,19 +9,16 @@ import httpx
 from tests.fake_ollama import FakeOllama
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.upstream import FakeUpstream, refusing_url
+from tests.waiting import wait_until
 
 
 def model_ids(gateway: GatewayProcess) -> list[str]:
     return [m["id"] for m in httpx.get(f"{gateway.base_url}/models").json()["data"]]
 
 
-def wait_for_models(gateway: GatewayProcess, expected: list[str], within: float = 5) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if model_ids(gateway) == expected:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"models are {model_ids(gateway)}, expected {expected}")
+def wait_for_models(gateway: GatewayProcess, expected: list[str], within: float = 30) -> None:
+    wait_until(lambda: model_ids(gateway) == expected, within=within,
+               what=f"/v1/models listing {expected}")
 
 
 def test_listed_models_are_served_and_new_ones_appear(

@@ -22,6 +22,7 @@ import pytest
 
 from tests.fake_gpu import FAKE_VLLM, install_fakes, read_record, wait_for_event
 from tests.upstream import free_port
+from tests.waiting import wait_until
 
 GAUGE_LINE = re.compile(r'^(vllm:\w+)\{engine="0",model_name="([^"]*)"\} (\S+)$', re.MULTILINE)
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -52,14 +53,6 @@ class Worker:
 
     def stats(self) -> dict[str, Any]:
         return dict(httpx.get(self.url("/fake/stats"), timeout=5).json())
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll `check` until it holds; fail the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def child_env(devices: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -98,7 +91,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         worker = Worker(proc, port, argv, log)
         started.append(worker)
         if wait:
-            wait_until(lambda: healthy(worker))
+            wait_until(lambda: healthy(worker), within=30)
         return worker
 
     yield start
@@ -229,7 +222,7 @@ def test_loading_refuses_connections_then_the_port_is_taken(tmp_path: Path,
     wait_for_event(record, "start")
     with pytest.raises(httpx.ConnectError):
         httpx.get(worker.url("/health"))
-    wait_until(lambda: healthy(worker))
+    wait_until(lambda: healthy(worker), within=30)
     assert "Loading model weights" in worker.log.read_text()
     taken = run_fake(["serve", "m", "--host", "127.0.0.1", "--port", str(worker.port)])
     assert taken.returncode == 1 and "Address already in use" in taken.stderr
@@ -243,7 +236,7 @@ def test_metrics_follow_held_requests_and_overrides(spawn: Callable[..., Worker]
     worker = spawn("--max-num-seqs", "1", "--served-model-name", "m")
     with ThreadPoolExecutor(2) as pool:
         held = [pool.submit(worker.post, {"fake_delay": 1.5}) for _ in range(2)]
-        wait_until(lambda: worker.gauges()["vllm:num_requests_waiting"] == 1)
+        wait_until(lambda: worker.gauges()["vllm:num_requests_waiting"] == 1, within=30)
         assert worker.gauges() == {
             "vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 1.0,
             "vllm:kv_cache_usage_perc": 1.0, "vllm:gpu_cache_usage_perc": 1.0}
@@ -271,7 +264,7 @@ def test_sigterm_drains_in_flight_request_then_exits_zero(tmp_path: Path,
     worker = spawn("--shutdown-timeout", "5", env={"FAKE_VLLM_RECORD": str(record)})
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(worker.post, {"fake_delay": 0.8, "stream": True})
-        wait_until(lambda: worker.stats()["inflight"] == 1)
+        wait_until(lambda: worker.stats()["inflight"] == 1, within=30)
         worker.proc.send_signal(signal.SIGTERM)
         wait_for_event(record, "sigterm")
         late = worker.post({})
@@ -291,7 +284,7 @@ def test_requests_past_shutdown_timeout_are_aborted(spawn: Callable[..., Worker]
     worker = spawn("--shutdown-timeout", "0.3")
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(worker.post, {"fake_delay": 30})
-        wait_until(lambda: worker.stats()["inflight"] == 1)
+        wait_until(lambda: worker.stats()["inflight"] == 1, within=30)
         began = time.monotonic()
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.proc.wait(5) == 0

@@ -6,7 +6,6 @@ told once for all of them, in tests/test_kinds.py."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.gateway_process import GatewayProcess, provider
 from tests.kinds import fresh_client, started
 from tests.openapi import validate
 from tests.upstream import FakeUpstream, Recorded, ok, status, tool_call
+from tests.waiting import wait_until
 
 KEY = "AIzaSyTest-gemini-key-0123456789abcdef"
 WEATHER = {"type": "function", "function": {
@@ -229,12 +229,11 @@ def test_a_key_google_refuses_fails_over_to_the_next_provider(client: openai.Ope
 
 def test_listed_models_are_served_by_the_discovering_provider(gateway: GatewayProcess,
                                                               client: openai.OpenAI) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    def listed() -> set[str] | None:
         ids = {m.id for m in client.models.list()}
-        if "gemini-2.5-pro" in ids:
-            break
-        time.sleep(0.1)
+        return ids if "gemini-2.5-pro" in ids else None
+
+    ids = wait_until(listed, within=30, what="gemini-2.5-pro in /v1/models")
 
     assert {"gemini-2.5-flash", "gemini-2.5-pro"} <= ids  # followed nextPageToken (page size 1)
     assert "text-embedding-004" not in ids, "only models that can generateContent"

@@ -159,13 +159,11 @@ def set_load(port: int, **gauges: float) -> None:
 
 
 def wait_scraped(gateway: GatewayProcess, port: int, **load: float) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    def scraped() -> bool:
         mine = [w for w in workers(gateway) if w["url"].endswith(f":{port}/v1")]
-        if mine and all(mine[0][k] == v for k, v in load.items()):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"load {load} not scraped from {port}: {workers(gateway)}")
+        return bool(mine) and all(mine[0][k] == v for k, v in load.items())
+
+    wait_until(scraped, within=30, what=f"load {load} scraped from {port}")
 
 
 def test_a_worker_its_metrics_show_as_busy_gets_no_new_requests(
@@ -457,9 +455,7 @@ def test_with_two_gateway_processes_only_one_spawns_the_workers(tmp_path: Path) 
     gateway = GatewayProcess(tmp_path, doc, env=env.vars, extra_args=("--workers", "2")).start()
     try:
         wait_for_event(env.record, "ready", count=2)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(gateway.log_events("worker_ready")) < 4:
-            time.sleep(0.1)
+        gateway.wait_for_log("worker_ready", count=4, timeout=60)  # both workers, seen by both
         assert len(gateway.log_events("pool_following")) == 2, "the second process follows"
         assert len(env.starts()) == 2, "one vllm per GPU group, not per gateway process"
         assert all(ask(gateway, f"q{n}").headers["x-llms-provider"] == "local" for n in range(6))

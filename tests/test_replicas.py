@@ -13,13 +13,13 @@ import concurrent.futures
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 from redis.asyncio import Redis
 
 from gateway.accounts.account import Slots
@@ -107,6 +107,37 @@ def in_background(call: Callable[[], httpx.Response]) -> concurrent.futures.Futu
     return future
 
 
+def inflight(gateway: GatewayProcess) -> int:
+    """Requests in the gateway, as its /ready shows them (to anyone, with no key made)."""
+    count: int = httpx.get(f"{gateway.url}/ready", timeout=5).json()["inflight"]
+    return count
+
+
+def hold_deadlines(server: RedisServer) -> list[int]:
+    """The deadlines, in whole seconds, of the holds in the shared ledger (a parallel slot is
+    one): what a lease's renewals move on."""
+    with redis.Redis.from_url(server.url) as client:
+        return [int(value.rpartition(b":")[2])
+                for key in client.scan_iter(match="llms-gateway:budget:*")
+                for field, value in client.hgetall(key).items() if field.startswith(b"h:")]
+
+
+def claim_renewals(server: RedisServer) -> Callable[[], int]:
+    """A count of the renewals of the one idempotency claim in Redis so far, each seen as its
+    time to live going back up between two looks (a look missed only delays the count)."""
+    seen = {"ttl": 0, "renewals": 0}
+
+    def count() -> int:
+        with redis.Redis.from_url(server.url) as client:
+            ttl = max((client.pttl(key) for key in
+                       client.scan_iter(match="llms-gateway:idempotency-claim:*")), default=0)
+        if ttl > seen["ttl"] > 0:
+            seen["renewals"] += 1
+        seen["ttl"] = ttl
+        return seen["renewals"]
+    return count
+
+
 def test_a_killed_replica_s_parallel_slot_is_free_again_within_its_lease(
         tmp_path: Path, upstream_factory: Callable[[str], FakeUpstream],
         redis_server: RedisServer) -> None:
@@ -123,7 +154,12 @@ def test_a_killed_replica_s_parallel_slot_is_free_again_within_its_lease(
         first.set_mode(held())
         running_on_two = in_background(lambda: chat(two, key))
         wait_until(lambda: first.requests, what="a request running on two")
-        time.sleep(3)  # three leases: its slot is held as long as the request runs
+        first_deadline = min(wait_until(lambda: hold_deadlines(redis_server),
+                                        what="its slot held in Redis"))
+        # A renewal two seconds past the first deadline was made once that deadline had come:
+        # unrenewed, the slot would be free by now. It is held as long as the request runs.
+        wait_until(lambda: min(hold_deadlines(redis_server), default=0) >= first_deadline + 2,
+                   within=30, what="its slot's lease renewed past its first deadline")
         assert chat(one, key, model="k").status_code == 429
         first.release()
         assert running_on_two.result(timeout=10).status_code == 200
@@ -156,7 +192,7 @@ def test_a_retry_on_another_replica_waits_for_the_first_answer_and_is_not_billed
         other = chat(two, idempotency="retried", stream=stream,
                      messages=[{"role": "user", "content": "other"}])
         assert other.status_code == 422, "another body under the key, on any replica"
-        time.sleep(0.5)  # the retry reached two and waits there
+        wait_until(lambda: inflight(two) == 1, within=30, what="the retry in flight on two")
         assert not retry.done()
         upstream.release()
 
@@ -177,7 +213,12 @@ def test_a_retry_waiting_on_a_killed_replica_runs_the_request_once_its_claim_lap
         killed = in_background(lambda: chat(one, idempotency="lapsing"))
         wait_until(lambda: first.requests, what="the first running on one")
         retry = in_background(lambda: chat(two, idempotency="lapsing"))
-        time.sleep(3)  # three leases: renewed while one runs it
+        wait_until(lambda: inflight(two) == 1, within=30, what="the retry in flight on two")
+        # Renewed a third of its lease apart: three renewals seen, a whole lease has passed
+        # since the claim was taken; unrenewed, it would have lapsed and two would have run it.
+        renewals = claim_renewals(redis_server)
+        wait_until(lambda: renewals() >= 3, within=30,
+                   what="one's claim renewed three times while it runs the request")
         assert not retry.done() and len(first.requests) == 1
         os.killpg(one.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
         one.process.wait()  # type: ignore[union-attr]

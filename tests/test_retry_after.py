@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,12 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 def _chat(gateway: GatewayProcess) -> httpx.Response:
     return httpx.post(f"{gateway.base_url}/chat/completions", timeout=30,
                       json={"model": "chat-model", "messages": MESSAGES})
+
+
+def _cooling_for(gateway: GatewayProcess, name: str) -> float:
+    """Seconds of `name`'s cooldown left, as /ready shows it (0: none)."""
+    return max((row["open_for"] for row in gateway.circuits(name)
+                if row["state"] == "cooling_down"), default=0.0)
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "-5", "1e999", "9" * 5000, "soon",
@@ -65,9 +70,12 @@ def test_a_retry_after_in_2099_benches_the_provider_only_for_max_retry_after(
     first = _chat(gateway)
     benched = _chat(gateway)
     asked_while_benched = len(primary.requests)
-    time.sleep(1.3)
+    benched_for = _cooling_for(gateway, "primary")
+    wait_until(lambda: not _cooling_for(gateway, "primary"), within=30,
+               what="primary's cooldown over")
     recovered = _chat(gateway)
 
+    assert 0 < benched_for <= 1, "benched for max_retry_after at most, not until 2099"
     assert first.headers["x-llms-provider"] == "secondary"
     assert benched.headers["x-llms-provider"] == "secondary"  # cooling down, not asked
     assert asked_while_benched == 1
@@ -103,10 +111,14 @@ def test_a_2099_cooldown_shared_through_redis_benches_the_provider_only_for_max_
     }, defaults={"retries": {"max_retry_after": 3}},
         state={"backend": "redis", "url": redis_server.url, "sync_interval": 0.1}))
 
-    wait_until(lambda: _chat(gateway).headers["x-llms-provider"] == "secondary", within=2)
-    time.sleep(3.5)
+    wait_until(lambda: _chat(gateway).headers["x-llms-provider"] == "secondary", within=10)
+    benched_for = _cooling_for(gateway, "primary")
+    # Reapplied at each sync, it would never end: this wait would fail.
+    wait_until(lambda: not _cooling_for(gateway, "primary"), within=30,
+               what="primary's cooldown over, not renewed from Redis")
     served_by = [_chat(gateway).headers["x-llms-provider"] for _ in range(3)]
 
+    assert 0 < benched_for <= 3, "held for this gateway's max_retry_after, not until 2099"
     assert served_by == ["primary"] * 3
     assert not client.hexists("llms-gateway:health", "primary\x1f")
     client.close()
