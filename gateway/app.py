@@ -39,13 +39,15 @@ from gateway.config.loader import BIND_ENV, WORKERS_ENV, state_dir
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge
 from gateway.core.record import request_id
 from gateway.core.settings import CachePolicy, Snapshot
-from gateway.edge import admin, admin_accounts, reads, stored_responses
+from gateway.edge import admin, admin_accounts, admin_logs, reads, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe import logs
 from gateway.pipeline import stack
+from gateway.requestlog.journal import Journal
+from gateway.requestlog.store import Store as LogStore
 from gateway.state import discovery, reload
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime
@@ -149,9 +151,15 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                             ledger or machine, alone=_alone(snapshot, redis))
         await accounts.start()
         app.state.spend = Overview(accounts)  # the status page's spend, read every 10 s at most
+        app.state.journal = journal = Journal(
+            LogStore(accounts.db.engine), lambda: runtime.live.snapshot.logs,
+            lambda: runtime.live.redactor,
+            lambda alias, provider: runtime.route_of(alias, provider),
+            accounts.cost, snapshot.database.flush_interval)
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
-                          idempotency=idempotency, accounts=accounts, stacks=stack.stacks)
+                          idempotency=idempotency, accounts=accounts, stacks=stack.stacks,
+                          journal=journal.ended)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
@@ -163,6 +171,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 source, snapshot.server.reload_interval, runtime, sighup))
         supervisor.start("model_discovery", lambda: discovery.watch(runtime))
         supervisor.start("accounts", accounts.run)
+        supervisor.start("request_log", journal.run)
         supervisor.start("batches", batches.run)
         if ledger is not None:
             supervisor.start("budget_settlements", ledger.run)
@@ -186,6 +195,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 await runtime.close()
                 if ledger is not None:
                     await ledger.flush()
+                await journal.close()
                 await accounts.close()
                 if machine is not None:
                     machine.close()
@@ -246,6 +256,7 @@ def handlers(snapshot: Snapshot) -> list[HTTPRouteHandler]:
     for a key checks it through `auth.identify` (tests/test_identity.py walks them all)."""
     return [*reads.ROUTES,
             admin.list_providers, admin.toggle_provider, *admin_accounts.ROUTES,
+            *admin_logs.ROUTES,
             stored_responses.retrieve_response, stored_responses.delete_response,
             stored_responses.list_input_items, *batch_routes.routes(snapshot.batches)]
 

@@ -115,6 +115,7 @@ class Account:
     private: bool = False  # a virtual key's content may be traced (`telemetry`)
     # Each parallel limit set, the key's then its team's: a key under none is never counted.
     slots: tuple[Slots, ...] = ()
+    capture: str | None = None  # what the request log keeps of its requests (its `logs`)
 
     def allows(self, alias: str) -> bool:
         """Whether the key may use `alias`."""
@@ -149,7 +150,7 @@ def account_of(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> Accoun
         team_limits=KeyLimits(f"team:{team['name']}", team.get("rpm"), team.get("tpm"))
         if team is not None and (team.get("rpm") or team.get("tpm")) else None,
         scopes=tuple(scopes), expires_at=key.get("expires_at"),
-        slots=_slots(key, team))
+        slots=_slots(key, team), capture=(key.get("logs") or {}).get("capture"))
 
 
 def _slots(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> tuple[Slots, ...]:

@@ -44,6 +44,7 @@ keys = Table(
     Column("updated_at", Float, nullable=False),
     Column("revoked_at", Float, nullable=True),
     Column("created_by", String(128), nullable=True),
+    Column("logs", JSON, nullable=True),  # {"capture": ...}: the request log's, for its requests
 )
 
 spend = Table(

@@ -34,6 +34,8 @@ from gateway.core.settings import (
     GatewayKey,
     IdempotencyConfig,
     KeyEntry,
+    LogCapture,
+    LogsConfig,
     ResponsesConfig,
     RoutingPolicy,
     ServerConfig,
@@ -74,6 +76,7 @@ class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fallbacks: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     resume: bool = False
     max_resumes: Annotated[int, msgspec.Meta(ge=1, le=10)] = 1
+    logs: LogCapture | None = None  # what the request log keeps of its requests
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,6 +108,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telemetry: Telemetry = Telemetry()
     database: DatabaseConfig = DatabaseConfig()
     batches: BatchesConfig = BatchesConfig()
+    logs: LogsConfig | None = None
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -175,7 +179,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
     policies = {alias: AliasPolicy(
         _routing(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
         merge_over(default_policy.cache, entry.cache, where, f"models.{alias}.cache"),
-        entry.resume, entry.max_resumes)
+        entry.resume, entry.max_resumes, entry.logs.capture if entry.logs else None)
         for alias, entry in file.models.items() if entry.alias_of is None}
     names, chains = _names(file.models, providers, where)
     return Snapshot(source=path, server=server, providers=providers, routes=routes(providers),
@@ -184,7 +188,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry,
                     database=_database(file.database, path, environ), batches=file.batches,
-                    unpriced=_unpriced(file.defaults.unpriced, where))
+                    unpriced=_unpriced(file.defaults.unpriced, where), logs=file.logs)
 
 
 def _unpriced(policy: Literal["refuse"] | Price, where: str) -> Price | None:
@@ -241,7 +245,7 @@ def _names(models: Mapping[str, _AliasEntry], providers: tuple[ProviderSpec, ...
     written: dict[str, dict[str, tuple[str, ...]]] = {}
     for name, entry in models.items():
         if entry.alias_of is not None:
-            if entry.routing or entry.cache or entry.fallbacks or entry.resume:
+            if entry.routing or entry.cache or entry.fallbacks or entry.resume or entry.logs:
                 raise ConfigError(f"{file}: models.{name}: an alias_of takes routing, cache "
                                   f"and fallbacks from '{entry.alias_of}'; set them there")
             alias_of[name] = entry.alias_of

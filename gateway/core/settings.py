@@ -183,6 +183,8 @@ class AliasPolicy(msgspec.Struct, frozen=True):
     # `max_resumes` times (`gateway.adapters.resume`); opt-in: another model may change style.
     resume: bool = False
     max_resumes: int = 1
+    # What the request log keeps of its requests (`models.<alias>.logs.capture`); None: `logs`'.
+    capture: Literal["metadata", "bodies"] | None = None
 
 
 class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -262,6 +264,29 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     parallel_lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
 
 
+Capture = Literal["metadata", "bodies"]
+
+
+class LogCapture(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the request log keeps of one alias's or key's requests (`models.<alias>.logs`, a
+    key's `logs` on `/admin/keys`): metadata only, or their bodies too."""
+
+    capture: Capture
+
+
+class LogsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The request log in the accounts database (`gateway.requestlog`): a row per request once
+    `logs` is in llms.json; bodies where `capture` is "bodies", never for a `private` key."""
+
+    capture: Capture = "metadata"
+    # Rows older than this, or past the newest `max_rows`, are purged (in small batches).
+    retention_days: Annotated[float, msgspec.Meta(gt=0, le=36_500)] = 30.0
+    max_rows: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] = 1_000_000
+    purge_interval: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 60.0  # seconds
+    # What a request's body and its answer keep each, redacted, cut at a character's end.
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=256, le=16 * MiB)] = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayKey:
     """A key clients may present, resolved from the environment."""
@@ -313,6 +338,7 @@ class Snapshot:
     # What a budgeted key pays for a model no price is known for (`defaults.unpriced`): None
     # refuses it (403 `model_unpriced`), a price is held and charged instead.
     unpriced: Price | None = None
+    logs: LogsConfig | None = None  # the request log (`gateway.requestlog`); None: off
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""

@@ -5,6 +5,7 @@ In order, outermost first (each owned by its folder):
     keys        gateway/accounts/stage.py        who it runs as; expiry, parallel, rate limits
     room        gateway/queue/stage.py           its ticket; refused at once when full
     admission   gateway/pipeline/admission.py    head typed, alias, candidates, the request
+    capture     gateway/requestlog/capture.py    what the request log keeps of its bodies
     previous    gateway/adapters/responses/      a Responses `previous_response_id` known
     budget      gateway/accounts/stage.py        the worst case held, as it goes upstream
     turn        gateway/queue/stage.py           the wait for a slot
@@ -13,9 +14,10 @@ In order, outermost first (each owned by its folder):
     finishing   gateway/accounts/stage.py        a held whole request read to its end, charged
     serve       gateway/pipeline/relay.py        route, then deliver
 
-A stage is built only when something in force can use it: `budget` with accounts, `previous`
-on `/v1/responses`, `idempotency` on the endpoints that generate, `cache` on those it serves
-when some alias caches, `finishing` with accounts. Tracing's span is what the edge serves the
+A stage is built only when something in force can use it: `capture` with `logs` in
+llms.json, `budget` with accounts, `previous` on `/v1/responses`, `idempotency` on the
+endpoints that generate, `cache` on those it serves when some alias caches, `finishing` with
+accounts. Tracing's span is what the edge serves the
 whole call within (`Runtime.serving`), so it also covers writing the answer.
 """
 
@@ -32,6 +34,7 @@ from gateway.idempotency.stage import idempotency
 from gateway.pipeline.admission import HEADS, able, admission
 from gateway.pipeline.relay import innermost
 from gateway.queue import stage as queue
+from gateway.requestlog.capture import capture
 from gateway.state.runtime import Live, Runtime
 
 
@@ -49,6 +52,8 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
         queue.room(runtime.queue, snapshot.server.queue_timeout, runtime.enter, runtime.leave),
         admission(runtime, live, endpoint),
     ]
+    if snapshot.logs is not None:
+        built.append(capture(snapshot))
     if endpoint == "responses":  # before the budget: the hold prices the whole conversation
         built.append(previous(runtime.responses))
     if accounting is not None:
