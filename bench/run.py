@@ -30,7 +30,9 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   all under one key (first come first served), alternating rounds (queueing.py);
 - hedging: a provider slow to its first token one time in ten, through no hedging, a fixed
   `hedge_after` (short and long) and `"p90"` (with two budgets): p99 time to first token and
-  upstream requests per answer (hedging.py).
+  upstream requests per answer (hedging.py);
+- request_log: req/s at 50 clients with the request log on (metadata) against off, paired
+  rounds of two gateways (request_log.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -59,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import accounts
+import request_log
 import scenarios
 import stages
 import traced
@@ -95,7 +98,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts")
+         "hedging", "accounts", "request_log")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -326,6 +329,10 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
             work, duration, 2 if quick else 5,
             lambda url, key, seconds: measure("accounts", url, [accounts.CLIENTS], seconds,
                                               wrk, _keyed_script(work, key))[0].rps),
+        "request_log": lambda: request_log.request_log_cost(
+            work, duration, 2 if quick else 6,
+            lambda url, seconds: measure("request_log", url, [request_log.CLIENTS], seconds,
+                                         wrk, _post_script(work))[0].rps),
     }
     for name, step in steps.items():
         if name in parts:
@@ -498,6 +505,7 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         rows.append(("non-streaming req/s against no tracing code: tracing off / on",
                      "≥ 0.98x / ≥ 0.85x", "not measured", None))
     rows += accounts.rows(data.get("accounts"))
+    rows += request_log.rows(data.get("request_log"))
     if hd := data.get("hedging"):
         for backup in dict.fromkeys(r["backup"] for r in hd["rows"]):
             mine = [r for r in hd["rows"] if r["backup"] == backup]
@@ -640,8 +648,9 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     duration = args.duration or (2.0 if args.quick else 5.0)
     parts = args.only or list(PARTS)
-    wrk = ensure_wrk() if {"throughput", "tracing", "accounts"} & set(parts) else None
-    if {"throughput", "tracing", "accounts"} & set(parts):
+    loaded = {"throughput", "tracing", "accounts", "request_log"} & set(parts)
+    wrk = ensure_wrk() if loaded else None
+    if loaded:
         print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
     data = run_parts(parts, args.quick, levels, duration, wrk)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -374,3 +374,42 @@ def test_retention_purges_a_million_rows_in_small_batches_with_the_worker_s_rss_
     kept = rows(tmp_path, "SELECT count(*) AS n FROM request_log WHERE request_id LIKE "
                 "'recent-%' AND time > ?", now - 2 * 86400)
     assert kept == [{"n": 1000}]  # the newest thousand, all of them
+
+
+# --- the pure parts ----------------------------------------------------------------------------
+
+def test_a_hedged_resumed_request_lists_every_try_in_order_and_its_row_fills_every_column(
+) -> None:
+    from gateway.core.errors import Attempt
+    from gateway.core.record import Outcome, Record
+    from gateway.requestlog.journal import attempts, row
+    from gateway.requestlog.store import COLUMNS
+    from providers.contract.provider import Resumes
+
+    record = Record("r-1", "chat/completions", ())
+    record.failed = (Attempt("first", 503, "unavailable", "down"),)
+    record.provider, record.lost, record.hedged, record.hedge_won = "third", ("second",), \
+        True, True
+    record.resumes = Resumes(ok=1, by="fourth")
+    record.end(Outcome.COMPLETED)
+
+    assert attempts(record) == [
+        {"provider": "first", "outcome": "failed", "status": 503, "reason": "unavailable"},
+        {"provider": "second", "outcome": "lost", "hedge": False},
+        {"provider": "third", "outcome": "answered", "hedge": True},
+        {"provider": "fourth", "outcome": "resumed"}]
+    made = row(time.time(), record, 0.5, "m-upstream", ("disabled", None, None))
+    assert len(made) == len(COLUMNS) and made[COLUMNS.index("cost")] == 0.5
+    assert made[COLUMNS.index("payload")] == "disabled" and made[COLUMNS.index("resumed")] == 1
+
+
+def test_a_stream_s_text_is_read_from_each_dialect_s_events() -> None:
+    from gateway.requestlog.capture import event_text
+
+    assert event_text(b'{"choices":[{"delta":{"content":"Hi"}}]}') == "Hi"
+    assert event_text(b'{"choices":[{"text":"Hi"}]}') == "Hi"
+    assert event_text(b'{"type":"content_block_delta","delta":{"type":"text_delta",'
+                      b'"text":"Hi"}}') == "Hi"
+    assert event_text(b'{"type":"response.output_text.delta","delta":"Hi"}') == "Hi"
+    assert event_text(b'{"type":"response.function_call_arguments.delta","delta":"{"}') == ""
+    assert event_text(b"[DONE]") == "" and event_text(b'{"choices":[{"delta":{}}]}') == ""

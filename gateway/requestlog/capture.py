@@ -64,8 +64,9 @@ class _Choice(msgspec.Struct):
 
 
 class _Event(msgspec.Struct):
+    type: str | None = None
     choices: list[_Choice] | None = None
-    delta: _Delta | str | None = None  # Anthropic's content deltas; Responses' text deltas
+    delta: _Delta | str | None = None  # Anthropic's content deltas; Responses' deltas
 
 
 _EVENT = msgspec.json.Decoder(_Event)
@@ -82,8 +83,8 @@ def event_text(data: bytes) -> str:
         return "".join((c.delta.content or "") if c.delta is not None else (c.text or "")
                        for c in event.choices)
     delta = event.delta
-    if isinstance(delta, str):
-        return delta
+    if isinstance(delta, str):  # a Responses event: its text, not its tools' arguments
+        return delta if event.type == "response.output_text.delta" else ""
     return (delta.text or "") if delta is not None else ""
 
 

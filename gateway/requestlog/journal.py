@@ -18,7 +18,6 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -28,7 +27,7 @@ from gateway.core.record import Record
 from gateway.core.settings import LogsConfig, Route
 from gateway.observe.observers import status_of
 from gateway.requestlog.capture import DISABLED, NOT_CAPTURED, STORED, Bodies
-from gateway.requestlog.store import COLUMNS, Store
+from gateway.requestlog.store import Store
 from providers.contract.log import get_logger
 from providers.contract.redact import Redactor, mask_credentials
 
@@ -37,7 +36,7 @@ MAX_BUFFERED = 50_000  # rows waiting to be written
 MAX_HELD_BYTES = 64 * 1024 * 1024  # bodies waiting with them
 BATCH_ROWS = 1_000  # rows per insert
 BATCH_BYTES = 8 * 1024 * 1024  # ... and bodies per insert
-_ROW = itemgetter(*COLUMNS)
+NO_TOKENS = (None, None, None, None)
 
 
 class Journal:
@@ -125,13 +124,14 @@ class Journal:
         """Each buffered request as its row (tuples in `COLUMNS`' order)."""
         settings = self.settings() or LogsConfig()
         redactor, models = self.redactor(), _Models(self.route_of)
-        return [_ROW(row(at, record, self.cost_of(record), models(record),
-                         _bodies(record, kept, settings, redactor)))
-                for at, record, kept in batch]
+        return [row(at, record, self.cost_of(record), models(record),
+                    _bodies(record, kept, settings, redactor)) for at, record, kept in batch]
 
     def status(self) -> dict[str, Any]:
-        """What `/status.json` may say of the request log."""
-        return {"buffered": len(self.buffer), "dropped": self.dropped}
+        """What `/status.json` says of the request log: on or off, rows waiting to be written,
+        rows lost while the database was down."""
+        return {"on": self.settings() is not None, "buffered": len(self.buffer),
+                "dropped": self.dropped}
 
 
 class _Models:
@@ -152,31 +152,23 @@ class _Models:
 
 
 def row(at: float, record: Record, cost: float | None, model: str | None,
-        bodies: tuple[str, str | None, str | None]) -> dict[str, Any]:
-    """One request's row: `at` when it ended (its `time` is when it arrived), `bodies` its
-    payload's state and its bodies as kept (pure)."""
-    usage = record.usage
-    resumes = record.resumes
-    return {
-        "time": at - record.duration, "request_id": record.request_id,
-        "key_id": record.key_id, "team": record.team, "endpoint": record.endpoint,
-        "requested": record.model, "alias": record.alias if record.known_model else None,
-        "model": model, "provider": record.provider, "stream": record.stream,
-        "attempts": msgspec.json.encode(attempts(record)).decode(),
-        "hedged": record.hedged, "hedge_won": record.hedge_won,
-        "cache_hit": record.cache_hit, "replayed": record.replayed,
-        "resumed": resumes.ok if resumes is not None else 0,
-        "guardrails": msgspec.json.encode(record.guardrails or []).decode(),
-        "ttft_ms": _ms(record.ttft), "duration_ms": record.duration * 1000,
-        "overhead_ms": _ms(record.overhead),
-        "prompt_tokens": usage.prompt_tokens if usage is not None else None,
-        "completion_tokens": usage.completion_tokens if usage is not None else None,
-        "cached_tokens": usage.cached_tokens if usage is not None else None,
-        "cache_write_tokens": usage.cache_write_tokens if usage is not None else None,
-        "cost": cost, "status": status_of(record), "error_code": record.error_code,
-        "outcome": record.outcome.value if record.outcome is not None else "unknown",
-        "payload": bodies[0], "request_body": bodies[1], "response_body": bodies[2],
-    }
+        bodies: tuple[str, str | None, str | None]) -> tuple[Any, ...]:
+    """One request's row, in `COLUMNS`' order (a plain tuple: the writer makes one per
+    request, on the same core as the requests): `at` when it ended (its `time` is when it
+    arrived), `bodies` its payload's state and its bodies as kept (pure)."""
+    usage, resumes, guardrails = record.usage, record.resumes, record.guardrails
+    return (
+        at - record.duration, record.request_id, record.key_id, record.team, record.endpoint,
+        record.model, record.alias if record.known_model else None, model, record.provider,
+        record.stream, msgspec.json.encode(attempts(record)).decode(),
+        record.hedged, record.hedge_won, record.cache_hit, record.replayed,
+        resumes.ok if resumes is not None else 0,
+        msgspec.json.encode(guardrails).decode() if guardrails else "[]",
+        _ms(record.ttft), record.duration * 1000, _ms(record.overhead),
+        *((usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+           usage.cache_write_tokens) if usage is not None else NO_TOKENS),
+        cost, status_of(record), record.error_code,
+        record.outcome.value if record.outcome is not None else "unknown", *bodies)
 
 
 def attempts(record: Record) -> list[dict[str, Any]]:
