@@ -10,7 +10,9 @@ batches, a million rows without the worker's memory moving.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -20,8 +22,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from gateway.accounts.database import engine_url
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
+from tests.postgres_server import PostgresServer
 from tests.upstream import FakeUpstream, ok, status
 
 PRICE = {"input": 20.0, "output": 40.0}
@@ -40,10 +46,47 @@ def second(upstream_factory: Callable[[str], FakeUpstream]) -> FakeUpstream:
     return upstream_factory("second")
 
 
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer | None]:
+    """One PostgreSQL server for the module; each story gets a database of its own."""
+    if not PostgresServer.available():
+        yield None
+        return
+    server = PostgresServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path,
+             postgres: PostgresServer | None) -> str:
+    """A story on SQLite (a file of its own) and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{database_path(tmp_path)}"
+    if postgres is None:
+        pytest.skip("PostgreSQL's binaries are not installed")
+    return postgres.database(f"logs_{os.urandom(6).hex()}")
+
+
+def read(database: str, query: str, **params: Any) -> list[dict[str, Any]]:
+    """What a table holds, read from the database itself (not through the gateway)."""
+    async def rows() -> list[dict[str, Any]]:
+        engine = create_async_engine(engine_url(database))
+        try:
+            async with engine.connect() as conn:
+                found = await conn.execute(sa.text(query), params)
+                return [dict(r) for r in found.mappings()]
+        finally:
+            await engine.dispose()
+    return asyncio.run(rows())
+
+
 def logged(first: FakeUpstream, second: FakeUpstream, tmp_path: Path,
-           logs: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+           logs: dict[str, Any] | None = None, database: str | None = None,
+           **extra: Any) -> dict[str, Any]:
     """Alias `m` served by `first` then `second`, `kept` (bodies captured) and `plain` by
-    `second`; the accounts database a file of the test's own; `logs` as given."""
+    `second`; the accounts database `database`, else a SQLite file of the test's own; `logs`
+    as given."""
     models = {"m": {"id": "m-upstream", "price": PRICE}}
     doc = config({
         "first": provider(first.base_url, models),
@@ -51,7 +94,7 @@ def logged(first: FakeUpstream, second: FakeUpstream, tmp_path: Path,
             **models, "kept": {"id": "kept-upstream", "price": PRICE},
             "plain": {"id": "plain-upstream", "price": PRICE}}),
     }, defaults={"circuit": {"enabled": False}},
-        database={"url": f"sqlite:///{database_path(tmp_path)}"}, **extra)
+        database={"url": database or f"sqlite:///{database_path(tmp_path)}"}, **extra)
     doc["models"] = {"kept": {"logs": {"capture": "bodies"}}}
     if logs is not None:
         doc["logs"] = logs
@@ -60,13 +103,6 @@ def logged(first: FakeUpstream, second: FakeUpstream, tmp_path: Path,
 
 def database_path(tmp_path: Path) -> Path:
     return tmp_path / "accounts.db"
-
-
-def rows(tmp_path: Path, query: str, *params: Any) -> list[dict[str, Any]]:
-    """What a table holds, read from the database file itself (not through the gateway)."""
-    with sqlite3.connect(database_path(tmp_path)) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute(query, params)]
 
 
 class Admin:
@@ -96,8 +132,8 @@ class Admin:
 
 def test_a_request_made_with_the_openai_sdk_is_found_by_its_request_id_with_its_attempts(
         start_gateway: Callable[..., GatewayProcess], first: FakeUpstream,
-        second: FakeUpstream, tmp_path: Path) -> None:
-    gateway = start_gateway(logged(first, second, tmp_path, logs={}))
+        second: FakeUpstream, tmp_path: Path, database: str) -> None:
+    gateway = start_gateway(logged(first, second, tmp_path, logs={}, database=database))
     admin = Admin(gateway)
     made = admin.key(name="alice")
     client = openai.OpenAI(base_url=gateway.base_url, api_key=made["key"], max_retries=0)
@@ -125,7 +161,7 @@ def test_a_request_made_with_the_openai_sdk_is_found_by_its_request_id_with_its_
     assert found["hedge"] is None
     assert not found["cache_hit"] and not found["replayed"] and found["guardrails"] == []
     assert admin.get("/admin/spend").status_code == 200  # it writes the spend rows it holds
-    spent = rows(tmp_path, "SELECT * FROM spend WHERE request_id = ?", request_id)
+    spent = read(database, "SELECT * FROM spend WHERE request_id = :id", id=request_id)
     assert len(spent) == 1 and spent[0]["cost"] == pytest.approx(found["cost"], abs=1e-9)
     assert (spent[0]["prompt_tokens"], spent[0]["completion_tokens"]) == (
         found["prompt_tokens"], found["completion_tokens"])
@@ -193,9 +229,9 @@ def test_bodies_are_disabled_not_captured_or_stored_and_never_kept_for_a_private
     assert text["stream"] and text["response_body"] == "The answer is forty-two."
     assert text["duration_ms"] >= text["ttft_ms"] > 0
     # Nothing of the private key's request is in the database, read from the file itself.
-    assert rows(tmp_path, "SELECT request_body, response_body FROM request_log "
-                "WHERE key_id = 'private-key'") == [{"request_body": None,
-                                                     "response_body": None}]
+    assert read(f"sqlite:///{database_path(tmp_path)}", "SELECT request_body, response_body "
+                "FROM request_log WHERE key_id = 'private-key'") == [
+        {"request_body": None, "response_body": None}]
 
 
 def test_a_key_s_own_capture_keeps_its_bodies_on_any_alias(
@@ -224,8 +260,9 @@ def test_a_key_s_own_capture_keeps_its_bodies_on_any_alias(
 
 def test_filters_and_cursor_pages_walk_the_log_newest_first(
         start_gateway: Callable[..., GatewayProcess], first: FakeUpstream,
-        second: FakeUpstream, tmp_path: Path) -> None:
-    gateway = start_gateway(logged(first, second, tmp_path, logs={"capture": "bodies"}))
+        second: FakeUpstream, tmp_path: Path, database: str) -> None:
+    gateway = start_gateway(logged(first, second, tmp_path, logs={"capture": "bodies"},
+                                   database=database))
     admin = Admin(gateway)
     alice, bob = admin.key(name="alice"), admin.key(name="bob")
     sent = [_chat(gateway, (alice if i % 2 else bob)["key"], "plain" if i < 5 else "m",
@@ -371,8 +408,8 @@ def test_retention_purges_a_million_rows_in_small_batches_with_the_worker_s_rss_
           f"{after['VmHWM'] >> 20} MiB)")
     assert peak - before["VmRSS"] < MARGIN
     assert after["VmHWM"] < max(before["VmHWM"], before["VmRSS"] + MARGIN)
-    kept = rows(tmp_path, "SELECT count(*) AS n FROM request_log WHERE request_id LIKE "
-                "'recent-%' AND time > ?", now - 2 * 86400)
+    kept = read(f"sqlite:///{database_path(tmp_path)}", "SELECT count(*) AS n FROM request_log "
+                "WHERE request_id LIKE 'recent-%' AND time > :since", since=now - 2 * 86400)
     assert kept == [{"n": 1000}]  # the newest thousand, all of them
 
 

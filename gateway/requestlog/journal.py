@@ -123,9 +123,10 @@ class Journal:
     def rows(self, batch: list[tuple[float, Record, bool]]) -> list[tuple[Any, ...]]:
         """Each buffered request as its row (tuples in `COLUMNS`' order)."""
         settings = self.settings() or LogsConfig()
-        redactor, models = self.redactor(), _Models(self.route_of)
+        redactor, models, chains = self.redactor(), _Models(self.route_of), _Chains()
         return [row(at, record, self.cost_of(record), models(record),
-                    _bodies(record, kept, settings, redactor)) for at, record, kept in batch]
+                    _bodies(record, kept, settings, redactor), chains(record))
+                for at, record, kept in batch]
 
     def status(self) -> dict[str, Any]:
         """What `/status.json` says of the request log: on or off, rows waiting to be written,
@@ -151,16 +152,35 @@ class _Models:
         return self.found[served]
 
 
+class _Chains:
+    """The attempts of a request answered at its first try, encoded once per batch and
+    provider: most requests' chain is one of a handful."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, str] = {}
+
+    def __call__(self, record: Record) -> str | None:
+        provider = record.provider
+        if provider is None or record.failed or record.lost or record.from_store \
+                or record.hedge_won or (record.resumes is not None and record.resumes.ok):
+            return None
+        if (chain := self.found.get(provider)) is None:
+            chain = self.found[provider] = msgspec.json.encode(attempts(record)).decode()
+        return chain
+
+
 def row(at: float, record: Record, cost: float | None, model: str | None,
-        bodies: tuple[str, str | None, str | None]) -> tuple[Any, ...]:
+        bodies: tuple[str, str | None, str | None], chain: str | None = None
+        ) -> tuple[Any, ...]:
     """One request's row, in `COLUMNS`' order (a plain tuple: the writer makes one per
     request, on the same core as the requests): `at` when it ended (its `time` is when it
-    arrived), `bodies` its payload's state and its bodies as kept (pure)."""
+    arrived), `bodies` its payload's state and its bodies as kept, `chain` its attempts as
+    JSON if already encoded (pure)."""
     usage, resumes, guardrails = record.usage, record.resumes, record.guardrails
     return (
         at - record.duration, record.request_id, record.key_id, record.team, record.endpoint,
         record.model, record.alias if record.known_model else None, model, record.provider,
-        record.stream, msgspec.json.encode(attempts(record)).decode(),
+        record.stream, chain or msgspec.json.encode(attempts(record)).decode(),
         record.hedged, record.hedge_won, record.cache_hit, record.replayed,
         resumes.ok if resumes is not None else 0,
         msgspec.json.encode(guardrails).decode() if guardrails else "[]",

@@ -49,6 +49,5 @@ request_log = Table(
     Column("response_body", Text, nullable=True),
     Index("request_log_time", "time", "id"),
     Index("request_log_key_time", "key_id", "time"),
-    Index("request_log_team_time", "team", "time"),
     Index("request_log_request_id", "request_id"),
 )

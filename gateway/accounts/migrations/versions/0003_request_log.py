@@ -54,7 +54,6 @@ def upgrade() -> None:
     )
     op.create_index("request_log_time", "request_log", ["time", "id"])
     op.create_index("request_log_key_time", "request_log", ["key_id", "time"])
-    op.create_index("request_log_team_time", "request_log", ["team", "time"])
     op.create_index("request_log_request_id", "request_log", ["request_id"])
 
 
