@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from gateway.accounts.database import engine_url
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.postgres_server import PostgresServer
+from tests.test_cli import run
 from tests.upstream import FakeUpstream, ok, status
 
 PRICE = {"input": 20.0, "output": 40.0}
@@ -256,6 +257,22 @@ def test_a_key_s_own_capture_keeps_its_bodies_on_any_alias(
     wrong = httpx.patch(f"{gateway.url}/admin/keys/{made['id']}", timeout=10,
                         json={"logs": {"capture": "everything"}})
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "logs.capture"
+
+    # The same from a shell.
+    typed = run("keys", "create", "--name", "shell", "--log-capture", "bodies",
+                "--url", gateway.url)
+    assert typed.returncode == 0, typed.stderr
+    shell = next(key for key in httpx.get(f"{gateway.url}/admin/keys", timeout=10).json()[
+        "data"] if key["name"] == "shell")
+    assert shell["logs"] == {"capture": "bodies"}
+    cleared = run("keys", "update", shell["id"], "--log-capture", "none",
+                  "--url", gateway.url)
+    assert cleared.returncode == 0 and "key_" in cleared.stdout
+    assert httpx.get(f"{gateway.url}/admin/keys/{shell['id']}", timeout=10).json()[
+        "logs"] is None
+    refused = run("keys", "create", "--name", "x", "--log-capture", "all",
+                  "--url", gateway.url)
+    assert refused.returncode == 2 and "--log-capture" in refused.stderr
 
 
 def test_filters_and_cursor_pages_walk_the_log_newest_first(
