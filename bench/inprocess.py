@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/inprocess.py [--stream [--chunks 2]] [--requests 10000] [--profile]
                                         [--key none|static|virtual]
+                                        [--logs metadata|bodies]
 
 The app `gateway serve` runs (`gateway.app.create_app()`) is called as a plain ASGI app with
 `scope`, `receive` and `send` written here: its lifespan through the ASGI lifespan messages,
@@ -15,7 +16,9 @@ five rounds; `--profile` adds cProfile's top functions. On this shared machine w
 ±15% run to run; this moves a few %, which is what it is for: comparing a change before/after.
 `--key static` sends a key of `server.api_keys`; `--key virtual` one made by `POST /admin/keys`
 with a monthly budget, so each request is looked up, held against its budget and settled: the
-accounts part's A/B, by CPU.
+accounts part's A/B, by CPU. `--logs` turns the request log on (`"logs": {"capture": …}`): its
+rows are written by the app's own task meanwhile, their CPU counted (the request_log part's A/B,
+by CPU).
 """
 
 from __future__ import annotations
@@ -223,6 +226,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--key", choices=("none", "static", "virtual"), default="none")
+    parser.add_argument("--logs", choices=("metadata", "bodies"), default=None)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="llms-inprocess-"))
     path = folder / "llms.json"
@@ -231,6 +235,8 @@ def main() -> None:
     settings["database"] = {"url": f"sqlite:///{folder}/accounts.db"}
     if args.key == "static":
         settings["server"]["api_keys"] = [STATIC_KEY]
+    if args.logs is not None:
+        settings["logs"] = {"capture": args.logs}
     path.write_text(json.dumps(settings))
     app = create_app(config.load(path))
     body = json.dumps({"model": "bench-model", "stream": args.stream, "max_tokens": 16,

@@ -35,6 +35,8 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   round trip per frame and frames/s, direct against through the gateway (realtime.py).
 - semantic: semantic cache hits (a paraphrase, its embedding asked of a local fake) against exact
   cache hits on the same gateway, req/s and p50 at 10 clients, alternating rounds (semantic.py).
+- request_log: req/s at 50 clients with the request log on (metadata) against off, paired
+  rounds of two gateways (request_log.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -64,6 +66,7 @@ from typing import Any
 
 import accounts
 import guardrails
+import request_log
 import scenarios
 import semantic
 import stages
@@ -102,7 +105,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts", "realtime", "semantic", "guardrails")
+         "hedging", "accounts", "realtime", "semantic", "guardrails", "request_log")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -358,6 +361,10 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
             lambda url, body, seconds: measure("semantic", url, [semantic.CLIENTS], seconds,
                                                wrk, _body_script(work, body))[0])
         if wrk else {"skipped": "needs wrk"},
+        "request_log": lambda: request_log.request_log_cost(
+            work, duration, 2 if quick else 6,
+            lambda url, seconds: measure("request_log", url, [request_log.CLIENTS], seconds,
+                                         wrk, _post_script(work))[0].rps),
     }
     for name, step in steps.items():
         if name in parts:
@@ -531,6 +538,7 @@ def figures(data: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
                      "≥ 0.98x / ≥ 0.85x", "not measured", None))
     rows += accounts.rows(data.get("accounts"))
     rows += semantic.rows(data.get("semantic") if "rounds" in data.get("semantic", {}) else None)
+    rows += request_log.rows(data.get("request_log"))
     if hd := data.get("hedging"):
         for backup in dict.fromkeys(r["backup"] for r in hd["rows"]):
             mine = [r for r in hd["rows"] if r["backup"] == backup]
@@ -673,9 +681,10 @@ def main() -> None:
     levels = [int(x) for x in args.levels.split(",")]
     duration = args.duration or (2.0 if args.quick else 5.0)
     parts = args.only or list(PARTS)
-    wrk = ensure_wrk() if {"throughput", "tracing", "accounts", "semantic"} & set(parts) \
-        else None
-    if {"throughput", "tracing", "accounts", "semantic"} & set(parts):
+    loaded = {"throughput", "tracing", "accounts", "semantic", "guardrails",
+              "request_log"} & set(parts)
+    wrk = ensure_wrk() if loaded else None
+    if loaded:
         print(f"load generator: {wrk or 'python (bench/loadgen.py)'}")
     data = run_parts(parts, args.quick, levels, duration, wrk)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -42,7 +42,7 @@ from gateway.console import routes as console
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge
 from gateway.core.record import request_id
 from gateway.core.settings import CachePolicy, Snapshot
-from gateway.edge import admin, admin_accounts, reads, realtime, stored_responses
+from gateway.edge import admin, admin_accounts, admin_logs, reads, realtime, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
@@ -50,6 +50,8 @@ from gateway.idempotency.store import IdempotencyStore
 from gateway.observe import logs
 from gateway.pipeline import stack
 from gateway.realtime.limits import SessionCounts
+from gateway.requestlog.journal import Journal
+from gateway.requestlog.store import Store as LogStore
 from gateway.state import discovery, reload
 from gateway.state.redis_sync import RedisSync, redis_client
 from gateway.state.runtime import Runtime
@@ -154,13 +156,19 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                             ledger or machine, alone=_alone(snapshot, redis))
         await accounts.start()
         app.state.spend = Overview(accounts)  # the status page's spend, read every 10 s at most
+        app.state.journal = journal = Journal(
+            LogStore(accounts.db.engine), lambda: runtime.live.snapshot.logs,
+            lambda: runtime.live.redactor,
+            lambda alias, provider: runtime.route_of(alias, provider),
+            accounts.cost, snapshot.database.flush_interval)
         app.state.sessions = Sessions(accounts.db)  # the console's sign-ins
         runtime = Runtime(transport, providers.load_kinds(), app.state.request_log,
                           cache=cache, responses=responses, redis=redis, tracing=tracing,
                           idempotency=idempotency, accounts=accounts, stacks=stack.stacks,
                           semantic=SemanticStore(cache_policy.max_bytes,
                                                  cache_policy.max_entry_bytes,
-                                                 cache_policy.max_entries, redis, state.prefix))
+                                                 cache_policy.max_entries, redis, state.prefix),
+                          journal=journal.ended)
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         app.state.realtime = SessionCounts()  # the Realtime sessions open, per key
@@ -173,6 +181,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 source, snapshot.server.reload_interval, runtime, sighup))
         supervisor.start("model_discovery", lambda: discovery.watch(runtime))
         supervisor.start("accounts", accounts.run)
+        supervisor.start("request_log", journal.run)
         supervisor.start("batches", batches.run)
         if ledger is not None:
             supervisor.start("budget_settlements", ledger.run)
@@ -196,6 +205,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
                 await runtime.close()
                 if ledger is not None:
                     await ledger.flush()
+                await journal.close()
                 await accounts.close()
                 if machine is not None:
                     machine.close()
@@ -256,7 +266,7 @@ def handlers(snapshot: Snapshot) -> list[HTTPRouteHandler]:
     for a key checks it through `auth.identify` (tests/test_identity.py walks them all)."""
     return [*reads.ROUTES,
             admin.list_providers, admin.toggle_provider, admin.config_in_force,
-            *admin_accounts.ROUTES, *console.ROUTES,
+            *admin_accounts.ROUTES, *admin_logs.ROUTES, *console.ROUTES,
             stored_responses.retrieve_response, stored_responses.delete_response,
             stored_responses.list_input_items, *batch_routes.routes(snapshot.batches)]
 

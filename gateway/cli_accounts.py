@@ -83,6 +83,13 @@ def parse_count(text: str) -> int:
     return int(text)
 
 
+def parse_capture(text: str) -> dict[str, str]:
+    """`metadata` or `bodies` as a key's `logs` (what the request log keeps of its requests)."""
+    if text not in ("metadata", "bodies"):
+        raise ValueError("metadata or bodies (none: the alias's or the default)")
+    return {"capture": text}
+
+
 def parse_pair(text: str) -> tuple[str, str]:
     """`k=v` as a metadata entry."""
     key, sep, value = text.partition("=")
@@ -145,6 +152,10 @@ def _add_fields(parser: argparse.ArgumentParser, update: bool, key: bool) -> Non
         parser.add_argument("--expires", dest="expires_at", type=_option(parse_expiry, update),
                             default=argparse.SUPPRESS, metavar="WHEN",
                             help="a date (its midnight UTC) or date-time it stops working" + more)
+        parser.add_argument("--log-capture", dest="logs", type=_option(parse_capture, update),
+                            default=argparse.SUPPRESS, metavar="WHAT",
+                            help="what the request log keeps of its requests: metadata or "
+                                 "bodies" + more)
     parser.add_argument("--force", action="store_true",
                         help="keep aliases the gateway does not serve, or an expiry past")
     parser.add_argument("--metadata", type=_option(parse_pair, False), nargs="+",
@@ -156,7 +167,7 @@ def _add_fields(parser: argparse.ArgumentParser, update: bool, key: bool) -> Non
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
     """The body fields the options set (SUPPRESS: an option not given is absent)."""
     names = ("team", "models", "guardrails", "budget", "rpm", "tpm", "max_parallel",
-             "expires_at")
+             "expires_at", "logs")
     body = {name: getattr(args, name) for name in names if hasattr(args, name)}
     if hasattr(args, "metadata"):
         body["metadata"] = dict(args.metadata)

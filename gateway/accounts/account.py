@@ -118,6 +118,7 @@ class Account:
     # The guardrails of llms.json its requests pass besides their alias's: the key's and its
     # team's (`gateway.guardrails`).
     guardrails: tuple[str, ...] = ()
+    capture: str | None = None  # what the request log keeps of its requests (its `logs`)
 
     def allows(self, alias: str) -> bool:
         """Whether the key may use `alias`."""
@@ -152,7 +153,7 @@ def account_of(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> Accoun
         team_limits=KeyLimits(f"team:{team['name']}", team.get("rpm"), team.get("tpm"))
         if team is not None and (team.get("rpm") or team.get("tpm")) else None,
         scopes=tuple(scopes), expires_at=key.get("expires_at"),
-        slots=_slots(key, team),
+        slots=_slots(key, team), capture=(key.get("logs") or {}).get("capture"),
         guardrails=tuple(dict.fromkeys([*(key.get("guardrails") or ()),
                                         *((team or {}).get("guardrails") or ())])))
 

@@ -12,7 +12,7 @@ request may reach, its fallbacks' included, so whichever answers, the hold cover
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import msgspec
 
 from gateway.accounts.account import NANO
 from gateway.adapters.native import UPLOADS
+from gateway.core.record import Record
 from gateway.core.settings import Route
 from providers.contract.chat import output_limit
 from providers.contract.messages import THINKING_ROOM, thinking_budget
@@ -125,3 +126,20 @@ def cut_cost(prompt: int, events: int, price: Price | None) -> float | None:
     if price is None:
         return None
     return cost(Usage(prompt_tokens=prompt, completion_tokens=events), price)
+
+
+def charged(record: Record, prompt: int, price_of: Callable[[str, str], Price | None]
+            ) -> float | None:
+    """What a request that ended is charged, as its spend row and the request log say: nothing
+    for an answer kept from an earlier request, what its usage cost, else a cut stream's
+    prompt and events, with the tries billed beside it; `prompt`: the tokens its hold estimated,
+    `price_of`: (provider, alias) -> price."""
+    cost = 0.0 if record.from_store else record.cost  # the first request paid for it
+    if cost is None and record.events and record.provider is not None \
+            and record.alias is not None:
+        cost = cut_cost(prompt, record.events, price_of(record.provider, record.alias))
+        if cost is not None:
+            cost += record.billed_aside()
+    if cost is None and record.billed_aside():  # no usage of its own, but tries billed
+        cost = record.billed_aside()
+    return cost

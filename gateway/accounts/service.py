@@ -313,15 +313,7 @@ class Accounts:
     def ended(self, record: Record) -> None:
         """The record's listener: release its slot, settle its hold, buffer its spend row."""
         charge = record.charge if isinstance(record.charge, Charge) else None
-        cost = 0.0 if record.from_store else record.cost  # the first request paid for it
-        if cost is None and record.events and record.provider is not None \
-                and record.alias is not None:
-            cost = pricing.cut_cost(charge.prompt if charge is not None else 0,
-                                    record.events, self.price_of(record.provider, record.alias))
-            if cost is not None:
-                cost += record.billed_aside()
-        if cost is None and record.billed_aside():  # no usage of its own, but tries billed
-            cost = record.billed_aside()
+        cost = self.cost(record)
         if charge is not None:
             account = charge.account
             if charge.parallel:
@@ -335,6 +327,12 @@ class Accounts:
                     else self.local
                 ledger.settle(charge.hold, nano(cost or 0.0))
         self._row(record, cost)
+
+    def cost(self, record: Record) -> float | None:
+        """What the request that ended is charged (`pricing.charged`)."""
+        charge = record.charge
+        prompt = charge.prompt if isinstance(charge, Charge) else 0
+        return pricing.charged(record, prompt, self.price_of)
 
     def _row(self, record: Record, cost: float | None) -> None:
         if record.status == UNAUTHENTICATED:  # nobody's spend: a flood of them fills no table

@@ -46,6 +46,7 @@ keys = Table(
     Column("revoked_at", Float, nullable=True),
     Column("created_by", String(128), nullable=True),
     Column("guardrails", JSON, nullable=True),  # llms.json's guardrails it passes
+    Column("logs", JSON, nullable=True),  # {"capture": ...}: the request log's, for its requests
 )
 
 spend = Table(

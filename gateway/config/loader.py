@@ -36,6 +36,8 @@ from gateway.core.settings import (
     GuardrailPolicy,
     IdempotencyConfig,
     KeyEntry,
+    LogCapture,
+    LogsConfig,
     RealtimeConfig,
     ResponsesConfig,
     RoutingPolicy,
@@ -78,6 +80,7 @@ class _AliasEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     resume: bool = False
     max_resumes: Annotated[int, msgspec.Meta(ge=1, le=10)] = 1
     guardrails: tuple[str, ...] = ()  # names of the file's `guardrails`
+    logs: LogCapture | None = None  # what the request log keeps of its requests
 
 
 class _Defaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -112,6 +115,7 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     realtime: RealtimeConfig = RealtimeConfig()
     guardrails: dict[str, GuardrailPolicy] = {}
     ui: dict[str, Any] = {}  # the web console's sign-in (`gateway.config.ui`)
+    logs: LogsConfig | None = None
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -183,7 +187,8 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
         _routing(default_policy.routing, entry.routing, where, f"models.{alias}.routing"),
         merge_over(default_policy.cache, entry.cache, where, f"models.{alias}.cache"),
         entry.resume, entry.max_resumes, _guardrails(entry.guardrails, file.guardrails, where,
-                                                    f"models.{alias}.guardrails"))
+                                                    f"models.{alias}.guardrails"),
+        entry.logs.capture if entry.logs else None)
         for alias, entry in file.models.items() if entry.alias_of is None}
     names, chains = _names(file.models, providers, where)
     _embedding_aliases(default_policy, policies, providers, names, where)
@@ -195,7 +200,7 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     database=_database(file.database, path, environ), batches=file.batches,
                     unpriced=_unpriced(file.defaults.unpriced, where),
                     realtime=file.realtime, guardrails=file.guardrails,
-                    ui=ui(file.ui, where, environ), document=data)
+                    ui=ui(file.ui, where, environ), document=data, logs=file.logs)
     _judges(snapshot, where)
     return snapshot
 
@@ -289,7 +294,7 @@ def _names(models: Mapping[str, _AliasEntry], providers: tuple[ProviderSpec, ...
     for name, entry in models.items():
         if entry.alias_of is not None:
             if entry.routing or entry.cache or entry.fallbacks or entry.resume \
-                    or entry.guardrails:
+                    or entry.guardrails or entry.logs:
                 raise ConfigError(f"{file}: models.{name}: an alias_of takes routing, cache "
                                   f"and fallbacks from '{entry.alias_of}'; set them there")
             alias_of[name] = entry.alias_of

@@ -68,6 +68,11 @@ class Record:
     failed: tuple[Attempt, ...] = ()
     hedged: bool = False
     hedge_won: bool = False
+    lost: tuple[str, ...] = ()  # the providers of tries that lost a hedge race
+    # What guardrails did to it ("pii_masked", "blocked:toxicity", ...), for the request log.
+    guardrails: list[str] | None = None
+    # What the request log keeps of its bodies (`gateway.requestlog.capture`); None: nothing.
+    bodies: object | None = None
     resumes: Resumes | None = None  # its broken streams resumed (`gateway.adapters.resume`)
     status: int = 200
     error_code: str | None = None

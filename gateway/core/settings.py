@@ -286,6 +286,8 @@ class AliasPolicy(msgspec.Struct, frozen=True):
     resume: bool = False
     max_resumes: int = 1
     guardrails: tuple[str, ...] = ()  # the policies of `Snapshot.guardrails` its requests pass
+    # What the request log keeps of its requests (`models.<alias>.logs.capture`); None: `logs`'.
+    capture: Literal["metadata", "bodies"] | None = None
 
 
 class StateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -394,6 +396,27 @@ class UiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     oidc: OidcConfig | None = None
     key_login: bool = True  # an admin key signs in to the console; false: single sign-on only
     session_hours: Annotated[float, msgspec.Meta(gt=0, le=168)] = 8.0
+Capture = Literal["metadata", "bodies"]
+
+
+class LogCapture(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the request log keeps of one alias's or key's requests (`models.<alias>.logs`, a
+    key's `logs` on `/admin/keys`): metadata only, or their bodies too."""
+
+    capture: Capture
+
+
+class LogsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The request log in the accounts database (`gateway.requestlog`): a row per request once
+    `logs` is in llms.json; bodies where `capture` is "bodies", never for a `private` key."""
+
+    capture: Capture = "metadata"
+    # Rows older than this, or past the newest `max_rows`, are purged (in small batches).
+    retention_days: Annotated[float, msgspec.Meta(gt=0, le=36_500)] = 30.0
+    max_rows: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] = 1_000_000
+    purge_interval: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 60.0  # seconds
+    # What a request's body and its answer keep each, redacted, cut at a character's end.
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=256, le=16 * MiB)] = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +477,7 @@ class Snapshot:
     ui: UiConfig = field(default_factory=UiConfig)  # the web console (`gateway.console`)
     # The file as written ("$NAME" unexpanded): what `/admin/config` shows, secrets hidden.
     document: Mapping[str, object] = field(default_factory=dict)
+    logs: LogsConfig | None = None  # the request log (`gateway.requestlog`); None: off
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""

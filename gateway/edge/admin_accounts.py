@@ -25,7 +25,7 @@ from gateway.accounts.service import Accounts
 from gateway.config.loader import BIND_ENV
 from gateway.config.snapshots import is_loopback
 from gateway.core.errors import Conflict, DatabaseUnavailable
-from gateway.core.settings import Snapshot
+from gateway.core.settings import LogCapture, Snapshot
 from gateway.edge.access import Caller, caller, own_team
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound
@@ -60,6 +60,7 @@ class KeyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     budget: BudgetBody | None = None
     expires_at: dt.datetime | None = None
     metadata: Metadata | None = None
+    logs: LogCapture | None = None  # what the request log keeps of its requests
 
 
 class KeyPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -75,6 +76,7 @@ class KeyPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     budget: BudgetBody | msgspec.UnsetType | None = msgspec.UNSET
     expires_at: dt.datetime | msgspec.UnsetType | None = msgspec.UNSET
     metadata: Metadata | msgspec.UnsetType | None = msgspec.UNSET
+    logs: LogCapture | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class TeamBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -114,6 +116,8 @@ def _columns(body: msgspec.Struct) -> dict[str, Any]:
             columns["budget_period"] = value.period if value is not None else None
         elif name == "expires_at":
             columns[name] = _epoch(value) if value is not None else None
+        elif name == "logs":
+            columns[name] = msgspec.to_builtins(value) if value is not None else None
         else:
             columns[name] = value
     return columns
@@ -137,7 +141,8 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "tpm": row["tpm"], "max_parallel": row["max_parallel"], "budget": _budget(row),
         "expires_at": _iso(row["expires_at"]), "metadata": row["metadata"] or {},
         "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
-        "revoked_at": _iso(row["revoked_at"]), "created_by": row["created_by"]}
+        "revoked_at": _iso(row["revoked_at"]), "created_by": row["created_by"],
+        "logs": row.get("logs")}
 
 
 def team_view(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -244,7 +249,7 @@ def warnings(snapshot: Snapshot, models: Any, expires_at: Any, now: float) -> li
 
 def _defaults(row: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("team", "models", "guardrails", "rpm", "tpm", "max_parallel", "budget_usd",
-            "budget_period", "expires_at", "metadata")
+            "budget_period", "expires_at", "metadata", "logs")
     return {k: row.get(k) for k in keys}
 
 

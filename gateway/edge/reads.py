@@ -94,6 +94,7 @@ async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
         every_key = _sees_every_key(request, runtime, key)
     body = status_page.status(runtime, every_key, _id_of(key))
     body.update(await status_page.accounts_view(runtime, request.app.state.spend, every_key))
+    body["request_log"] = request.app.state.journal.status()
     return _json(runtime, body)
 
 

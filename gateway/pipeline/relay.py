@@ -109,6 +109,7 @@ def _lost(lost: tuple[router.Lost, ...], record: Record, outgoing: Outgoing, liv
     its usage when it came, else its prompt (estimated as the budget's hold estimates it)."""
     prompt = Usage(prompt_tokens=pricing.estimate(outgoing.endpoint, outgoing.raw).prompt)
     alias = record.alias or ""
+    record.lost = tuple(try_.provider for try_ in lost)
     for try_ in lost:
         record.beside(try_.usage or prompt, live.prices.get((try_.provider, alias)))
 

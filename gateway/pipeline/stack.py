@@ -6,6 +6,7 @@ In order, outermost first (each owned by its folder):
     room        gateway/queue/stage.py           its ticket; refused at once when full
     admission   gateway/pipeline/admission.py    head typed, alias, candidates, the request
     guardrails  gateway/guardrails/stage.py      text screened; the answer's values given back
+    capture     gateway/requestlog/capture.py    what the request log keeps of its bodies
     previous    gateway/adapters/responses/      a Responses `previous_response_id` known
     budget      gateway/accounts/stage.py        the worst case held, as it goes upstream
     turn        gateway/queue/stage.py           the wait for a slot
@@ -16,10 +17,10 @@ In order, outermost first (each owned by its folder):
     serve       gateway/pipeline/relay.py        route, then deliver
 
 A stage is built only when something in force can use it: `guardrails` when llms.json has
-one, on the endpoints that carry text; `budget` with accounts, `previous`
-on `/v1/responses`, `idempotency` on the endpoints that generate, `cache` on those it serves
-when some alias caches, `semantic` on chat when some alias has `cache.semantic`, `finishing`
-with accounts. Tracing's span is what the edge serves the
+one, on the endpoints that carry text; `capture` with `logs` in llms.json; `budget` with
+accounts, `previous` on `/v1/responses`, `idempotency` on the endpoints that generate,
+`cache` on those it serves when some alias caches, `semantic` on chat when some alias has
+`cache.semantic`, `finishing` with accounts. Tracing's span is what the edge serves the
 whole call within (`Runtime.serving`), so it also covers writing the answer.
 """
 
@@ -41,6 +42,7 @@ from gateway.pipeline.admission import HEADS, able, admission
 from gateway.pipeline.asking import asker
 from gateway.pipeline.relay import innermost
 from gateway.queue import stage as queue
+from gateway.requestlog.capture import capture
 from gateway.routing.router import Routing
 from gateway.state.runtime import Live, Runtime
 
@@ -62,6 +64,8 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
     if guarding.configured(snapshot) and guarded(endpoint):  # before anything keeps the text
         built.append(guardrails(guarding.Guardrails(snapshot), runtime.metrics,
                                 runtime.guardrails, live.redactor, asker(runtime)))
+    if snapshot.logs is not None:  # inside the guardrails: it keeps what providers see
+        built.append(capture(snapshot))
     if endpoint == "responses":  # before the budget: the hold prices the whole conversation
         built.append(previous(runtime.responses))
     if accounting is not None:

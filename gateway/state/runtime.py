@@ -165,7 +165,8 @@ class Runtime:
                  tracing: Tracing | None = None,
                  idempotency: IdempotencyStore | None = None,
                  accounts: Accounts | None = None, stacks: Composer | None = None,
-                 semantic: SemanticStore | None = None) -> None:
+                 semantic: SemanticStore | None = None,
+                 journal: Listener | None = None) -> None:
         self.transport = transport  # the process's one upstream client, shared by every provider
         self.request_log = request_log or RequestLog(None, sys.stderr.buffer)
         self.kinds = kinds
@@ -215,6 +216,8 @@ class Runtime:
         # Virtual keys, teams, budgets and spend (`gateway.accounts`); None: static keys only.
         self.accounts = accounts
         charged: tuple[Listener, ...] = (accounts.ended,) if accounts is not None else ()
+        # The request log's rows (`gateway.requestlog.journal.Journal.ended`), given by the app.
+        journaled: tuple[Listener, ...] = (journal,) if journal is not None else ()
         traced: tuple[Listener, ...] = ()
         if tracing is not None:
             from gateway.observe.tracing import server_spans
@@ -224,7 +227,8 @@ class Runtime:
         self.listeners: tuple[Listener, ...] = (
             counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
             logged_by(self.request_log), spent_by(self.limiter),
-            measured_by(self.throughputs, self.route_of), *charged, *traced, self._staged)
+            measured_by(self.throughputs, self.route_of), *charged, *journaled, *traced,
+            self._staged)
         # What composes each snapshot's stages (`gateway.pipeline.stack.stacks`, given by the
         # app: the runtime holds state, the pipeline above it decides what a request passes).
         self.stacks = stacks

@@ -1,0 +1,155 @@
+"""The request log's queries over the accounts database's engine: write a batch, find rows by
+filters a page at a time, find one request, purge by age and by rows.
+
+Pages are keyset pages, newest first, on (time, id): a page's cursor is where the next one
+starts, so a page costs the same however deep it is. Purges delete by ranges of ids, a
+transaction per range, so neither this process nor the database holds more than one range at a
+time, however many rows go. A database failure leaves as `DatabaseUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.core.errors import DatabaseUnavailable
+from gateway.requestlog.tables import request_log
+
+COLUMNS = tuple(c.name for c in request_log.c if c.name != "id")
+BODIES = ("request_body", "response_body")
+# What a listed row shows: everything but its bodies (`/admin/logs/{request_id}` has them).
+LISTED = [c for c in request_log.c if c.name not in BODIES]
+PURGE_BATCH = 5_000  # rows deleted per transaction
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What `/admin/logs` narrows rows to; None: any."""
+
+    key: str | None = None
+    team: str | None = None
+    alias: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    status: int | None = None
+    since: float | None = None
+    until: float | None = None
+    q: str | None = None  # text in the captured bodies
+
+
+class Store:
+    """The request log's table, over the accounts database's engine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._insert = _insert(engine.dialect.paramstyle)
+
+    @contextlib.asynccontextmanager
+    async def _tx(self) -> AsyncIterator[AsyncConnection]:
+        try:
+            async with self.engine.begin() as conn:
+                yield conn
+        except (DBAPIError, SQLAlchemyError, OSError) as exc:
+            raise DatabaseUnavailable(f"The request log's database is unavailable "
+                                      f"({type(exc).__name__})") from exc
+
+    async def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert rows (tuples in `COLUMNS`' order) in one statement, handed to the driver as
+        they are."""
+        if rows:
+            async with self._tx() as conn:
+                await conn.exec_driver_sql(self._insert, list(rows))
+
+    async def page(self, filters: Filters, limit: int, after: tuple[float, int] | None
+                   ) -> list[dict[str, Any]]:
+        """Up to `limit` rows matching `filters`, newest first, from after the (time, id) of
+        the last row of the previous page; bodies left out."""
+        query = _where(sa.select(*LISTED), filters)
+        if after is not None:
+            at, row_id = after
+            query = query.where(sa.or_(request_log.c.time < at, sa.and_(
+                request_log.c.time == at, request_log.c.id < row_id)))
+        query = query.order_by(request_log.c.time.desc(), request_log.c.id.desc()).limit(limit)
+        async with self._tx() as conn:
+            return [dict(r) for r in (await conn.execute(query)).mappings().all()]
+
+    async def one(self, request_id: str) -> dict[str, Any] | None:
+        """The newest row of the request `request_id` (a client may send an id twice)."""
+        query = sa.select(request_log).where(request_log.c.request_id == request_id) \
+            .order_by(request_log.c.id.desc()).limit(1)
+        async with self._tx() as conn:
+            found = (await conn.execute(query)).mappings().first()
+        return dict(found) if found is not None else None
+
+    async def purge(self, before: float, max_rows: int, batch: int = PURGE_BATCH) -> int:
+        """Delete the rows older than `before`, then the oldest past the newest `max_rows`, a
+        range of `batch` ids per transaction (the loop is given a turn between two); how
+        many went."""
+        table = request_log
+        async with self._tx() as conn:
+            lowest, old = (await conn.execute(sa.select(
+                sa.select(sa.func.min(table.c.id)).scalar_subquery(),
+                sa.select(sa.func.max(table.c.id)).where(table.c.time < before)
+                .scalar_subquery()))).one()
+        deleted = await self._ranges(lowest, old, batch, table.c.time < before)
+        async with self._tx() as conn:
+            count = (await conn.execute(sa.select(sa.func.count()).select_from(table))
+                     ).scalar_one()
+            last = None
+            if count > max_rows:
+                last = (await conn.execute(sa.select(table.c.id).order_by(table.c.id)
+                                           .offset(count - max_rows - 1).limit(1))).scalar()
+                lowest = (await conn.execute(sa.select(sa.func.min(table.c.id)))).scalar()
+        return deleted + await self._ranges(lowest, last, batch, sa.true())
+
+    async def _ranges(self, lowest: int | None, highest: int | None, batch: int,
+                      also: sa.ColumnElement[bool]) -> int:
+        """Delete the rows with ids in [lowest, highest] that match `also`, `batch` ids a
+        transaction."""
+        if lowest is None or highest is None:
+            return 0
+        deleted, start, id_ = 0, lowest, request_log.c.id
+        while start <= highest:
+            end = min(start + batch, highest + 1)
+            async with self._tx() as conn:
+                done = await conn.execute(request_log.delete().where(
+                    id_ >= start, id_ < end, also))
+            deleted += int(done.rowcount or 0)
+            start = end
+            await asyncio.sleep(0)
+        return deleted
+
+
+def _where(query: sa.Select[Any], filters: Filters) -> sa.Select[Any]:
+    table = request_log.c
+    for column, value in ((table.key_id, filters.key), (table.team, filters.team),
+                          (table.alias, filters.alias), (table.provider, filters.provider),
+                          (table.status, filters.status)):
+        if value is not None:
+            query = query.where(column == value)
+    if filters.model is not None:  # the upstream model that served, or the name sent
+        query = query.where(sa.or_(table.model == filters.model,
+                                   table.requested == filters.model))
+    if filters.since is not None:
+        query = query.where(table.time >= filters.since)
+    if filters.until is not None:
+        query = query.where(table.time < filters.until)
+    if filters.q is not None:
+        query = query.where(sa.or_(table.request_body.icontains(filters.q, autoescape=True),
+                                   table.response_body.icontains(filters.q, autoescape=True)))
+    return query
+
+
+def _insert(paramstyle: str) -> str:
+    """The insert in the driver's own placeholders (`?` for sqlite3, `$1` for asyncpg)."""
+    marks = ["?"] * len(COLUMNS) if paramstyle == "qmark" \
+        else [f"${n}" for n in range(1, len(COLUMNS) + 1)] if paramstyle == "numeric_dollar" \
+        else ["%s"] * len(COLUMNS)
+    return f"INSERT INTO request_log ({', '.join(COLUMNS)}) VALUES ({', '.join(marks)})"
