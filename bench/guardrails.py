@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.core.settings import GuardrailPolicy
+from gateway.core.settings.guardrails import GuardrailPolicy
 from gateway.guardrails.policies import compiled
 from gateway.guardrails.screening import Screening
 from gateway.guardrails.streams import StreamScreen

@@ -42,7 +42,15 @@ from gateway.console import routes as console
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge
 from gateway.core.record import request_id
 from gateway.core.settings import CachePolicy, Snapshot
-from gateway.edge import admin, admin_accounts, admin_logs, reads, realtime, stored_responses
+from gateway.edge import (
+    admin,
+    admin_accounts,
+    admin_logs,
+    admin_reports,
+    reads,
+    realtime,
+    stored_responses,
+)
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
 from gateway.edge.origins import Origins
@@ -266,7 +274,7 @@ def handlers(snapshot: Snapshot) -> list[HTTPRouteHandler]:
     for a key checks it through `auth.identify` (tests/test_identity.py walks them all)."""
     return [*reads.ROUTES,
             admin.list_providers, admin.toggle_provider, admin.config_in_force,
-            *admin_accounts.ROUTES, *admin_logs.ROUTES, *console.ROUTES,
+            *admin_accounts.ROUTES, *admin_reports.ROUTES, *admin_logs.ROUTES, *console.ROUTES,
             stored_responses.retrieve_response, stored_responses.delete_response,
             stored_responses.list_input_items, *batch_routes.routes(snapshot.batches)]
 

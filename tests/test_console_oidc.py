@@ -17,7 +17,8 @@ import pytest
 
 from gateway import config as gateway_config
 from gateway.console.roles import actor_of, role_of
-from gateway.core.settings import ConfigError, OidcRoles
+from gateway.core.settings import ConfigError
+from gateway.core.settings.console import OidcRoles
 from tests import browser
 from tests.fake_oidc import CLIENT_ID, CLIENT_SECRET, FakeIssuer
 from tests.gateway_process import GatewayProcess

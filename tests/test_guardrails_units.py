@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gateway.config.loader import parse
-from gateway.core.settings import ConfigError, GuardrailPolicy
+from gateway.core.settings import ConfigError
+from gateway.core.settings.guardrails import GuardrailPolicy
 from gateway.guardrails.detectors import Detector
 from gateway.guardrails.policies import Guardrail, compiled
 from gateway.guardrails.screening import GuardrailViolation

@@ -33,12 +33,8 @@ from gateway.core.settings import (
     ConfigError,
     DatabaseConfig,
     GatewayKey,
-    GuardrailPolicy,
     IdempotencyConfig,
     KeyEntry,
-    LogCapture,
-    LogsConfig,
-    RealtimeConfig,
     ResponsesConfig,
     RoutingPolicy,
     ServerConfig,
@@ -47,6 +43,9 @@ from gateway.core.settings import (
     Telemetry,
     quantile,
 )
+from gateway.core.settings.guardrails import GuardrailPolicy
+from gateway.core.settings.logs import LogCapture, LogsConfig
+from gateway.core.settings.realtime import RealtimeConfig
 from providers.contract.spec import (
     DEFAULT_MAX_ANSWER_EVENTS,
     CircuitPolicy,

@@ -12,7 +12,8 @@ import msgspec
 from gateway.config.fields import invalid
 from gateway.config.providers import expand
 from gateway.config.snapshots import is_loopback
-from gateway.core.settings import ConfigError, UiConfig
+from gateway.core.settings import ConfigError
+from gateway.core.settings.console import UiConfig
 
 
 def ui(raw: Mapping[str, Any], where: str, environ: Mapping[str, str]) -> UiConfig:

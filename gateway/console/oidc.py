@@ -27,7 +27,7 @@ from joserfc.errors import ExpiredTokenError, InvalidClaimError, JoseError, Miss
 from joserfc.jwk import KeySet
 
 from gateway.config.ui import url_problem
-from gateway.core.settings import OidcConfig
+from gateway.core.settings.console import OidcConfig
 
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
 MAX_REFETCHES = 3

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.accounts.sessions import Role
-from gateway.core.settings import OidcRoles
+from gateway.core.settings.console import OidcRoles
 
 
 def groups(claims: Mapping[str, Any], claim: str) -> list[str]:

@@ -24,7 +24,8 @@ from gateway.console import pages
 from gateway.console.oidc import Flow, Issuer, LoginRefused
 from gateway.console.roles import actor_of, role_of
 from gateway.core.errors import AuthenticationFailed, PermissionDenied
-from gateway.core.settings import OidcConfig, Snapshot
+from gateway.core.settings import Snapshot
+from gateway.core.settings.console import OidcConfig
 from gateway.edge.access import CSRF_HEADER, cookie_token, session_of
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound

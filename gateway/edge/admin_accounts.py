@@ -1,4 +1,5 @@
-"""Admin routes for teams: virtual keys, teams, spend and the audit log (`gateway.accounts`).
+"""Admin routes for teams: virtual keys and teams (`gateway.accounts`); their spend and the
+audit log are `admin_reports`.
 
 Each needs an admin key, as every admin route (`auth.check_admin`), or a console session
 (`gateway.edge.access`): the admin key's id, or the person's email, is the actor the audit log
@@ -20,12 +21,12 @@ import msgspec
 from litestar import Request, Response, delete, get, patch, post
 
 from gateway.accounts.account import Period, digest, new_secret
-from gateway.accounts.database import GROUPS, GroupBy
 from gateway.accounts.service import Accounts
 from gateway.config.loader import BIND_ENV
 from gateway.config.snapshots import is_loopback
 from gateway.core.errors import Conflict, DatabaseUnavailable
-from gateway.core.settings import LogCapture, Snapshot
+from gateway.core.settings import Snapshot
+from gateway.core.settings.logs import LogCapture
 from gateway.edge.access import Caller, caller, own_team
 from gateway.state.runtime import Runtime
 from providers.contract.errors import InvalidRequest, NotFound
@@ -37,7 +38,6 @@ Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
 Models = Annotated[list[Alias], msgspec.Meta(max_length=1000)]
 Guardrails = Annotated[list[Alias], msgspec.Meta(max_length=100)]
 Metadata = Annotated[dict[str, Any], msgspec.Meta(max_length=100)]
-MAX_AUDIT = 1000
 
 
 class BudgetBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -115,7 +115,7 @@ def _columns(body: msgspec.Struct) -> dict[str, Any]:
             columns["budget_usd"] = value.usd if value is not None else None
             columns["budget_period"] = value.period if value is not None else None
         elif name == "expires_at":
-            columns[name] = _epoch(value) if value is not None else None
+            columns[name] = epoch(value) if value is not None else None
         elif name == "logs":
             columns[name] = msgspec.to_builtins(value) if value is not None else None
         else:
@@ -123,12 +123,12 @@ def _columns(body: msgspec.Struct) -> dict[str, Any]:
     return columns
 
 
-def _epoch(value: dt.datetime) -> float:
+def epoch(value: dt.datetime) -> float:
     """A time as epoch seconds; one without a zone is UTC."""
     return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
 
 
-def _iso(at: float | None) -> str | None:
+def iso(at: float | None) -> str | None:
     return None if at is None else dt.datetime.fromtimestamp(at, dt.UTC).isoformat()
 
 
@@ -139,9 +139,9 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "key_hint": f"{row['prefix']}...{row['last4']}", "team": row["team"],
         "models": row["models"], "guardrails": row.get("guardrails"), "rpm": row["rpm"],
         "tpm": row["tpm"], "max_parallel": row["max_parallel"], "budget": _budget(row),
-        "expires_at": _iso(row["expires_at"]), "metadata": row["metadata"] or {},
-        "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
-        "revoked_at": _iso(row["revoked_at"]), "created_by": row["created_by"],
+        "expires_at": iso(row["expires_at"]), "metadata": row["metadata"] or {},
+        "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"]),
+        "revoked_at": iso(row["revoked_at"]), "created_by": row["created_by"],
         "logs": row.get("logs")}
 
 
@@ -151,7 +151,7 @@ def team_view(row: Mapping[str, Any]) -> dict[str, Any]:
             "guardrails": row.get("guardrails"), "rpm": row["rpm"], "tpm": row["tpm"],
             "max_parallel": row["max_parallel"],
             "budget": _budget(row), "metadata": row["metadata"] or {},
-            "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"])}
+            "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"])}
 
 
 def _budget(row: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -182,7 +182,7 @@ def known_guardrails(snapshot: Snapshot, names: Any) -> None:
                              f"llms.json (configured: {known[:300]})", param="guardrails")
 
 
-async def _admin(request: Request[Any, Any, Any], team_scoped: bool = False
+async def acting(request: Request[Any, Any, Any], team_scoped: bool = False
                  ) -> tuple[Runtime, Accounts, Caller]:
     """The runtime, its accounts, and who acts; 503 when the accounts never started."""
     runtime: Runtime = request.app.state.runtime
@@ -200,7 +200,7 @@ async def _own_key(accounts: Accounts, who: Caller, key_id: str) -> dict[str, An
     return row
 
 
-def _json(body: Any, status: int = 200) -> Response[bytes]:
+def answer(body: Any, status: int = 200) -> Response[bytes]:
     return Response(msgspec.json.encode(body), media_type=JSON, status_code=status)
 
 
@@ -212,7 +212,7 @@ async def _changed(accounts: Accounts) -> None:
 @post("/admin/keys", status_code=201)
 async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new virtual key: the answer carries its secret, the only time it is shown."""
-    runtime, accounts, who = await _admin(request, team_scoped=True)
+    runtime, accounts, who = await acting(request, team_scoped=True)
     body: KeyBody = _decode(await request.body(), KeyBody, runtime.live.snapshot)
     own_team(who, body.team)
     secret, now, actor = new_secret(), time.time(), who.actor
@@ -224,7 +224,7 @@ async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     await _changed(accounts)
     found = await accounts.db.key(row["id"])
     assert found is not None
-    return _json(_warned({**key_view(found), "key": secret}, runtime, body), 201)
+    return answer(_warned({**key_view(found), "key": secret}, runtime, body), 201)
 
 
 def _warned(view: dict[str, Any], runtime: Runtime, body: msgspec.Struct) -> dict[str, Any]:
@@ -242,7 +242,7 @@ def warnings(snapshot: Snapshot, models: Any, expires_at: Any, now: float) -> li
         unknown = [m for m in models if snapshot.resolve(m) not in snapshot.routes]
         if unknown:
             said.append(f"models: no provider serves {', '.join(unknown)[:500]}")
-    if isinstance(expires_at, dt.datetime) and _epoch(expires_at) <= now:
+    if isinstance(expires_at, dt.datetime) and epoch(expires_at) <= now:
         said.append("expires_at: already past: the key is refused from the start")
     return said
 
@@ -256,22 +256,22 @@ def _defaults(row: Mapping[str, Any]) -> dict[str, Any]:
 @get("/admin/keys")
 async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every key, revoked ones included (never a secret); `?team=` narrows to one team."""
-    _, accounts, who = await _admin(request, team_scoped=True)
+    _, accounts, who = await acting(request, team_scoped=True)
     rows = await accounts.db.keys(request.query_params.get("team"))
-    return _json({"object": "list", "data": [key_view(r) for r in rows if who.owns(r["team"])]})
+    return answer({"object": "list", "data": [key_view(r) for r in rows if who.owns(r["team"])]})
 
 
 @get("/admin/keys/{key_id:str}")
 async def get_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """One key."""
-    _, accounts, who = await _admin(request, team_scoped=True)
-    return _json(key_view(await _own_key(accounts, who, key_id)))
+    _, accounts, who = await acting(request, team_scoped=True)
+    return answer(key_view(await _own_key(accounts, who, key_id)))
 
 
 @patch("/admin/keys/{key_id:str}")
 async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """Change a key's team, aliases, limits, budget, expiry or metadata."""
-    runtime, accounts, who = await _admin(request, team_scoped=True)
+    runtime, accounts, who = await acting(request, team_scoped=True)
     body: KeyPatch = _decode(await request.body(), KeyPatch, runtime.live.snapshot)
     await _own_key(accounts, who, key_id)
     if body.team is not msgspec.UNSET:
@@ -280,20 +280,20 @@ async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[b
     if row is None:
         raise NotFound(f"No live key with id '{key_id[:64]}'")
     await _changed(accounts)
-    return _json(_warned(key_view(row), runtime, body))
+    return answer(_warned(key_view(row), runtime, body))
 
 
 @delete("/admin/keys/{key_id:str}", status_code=200)
 async def revoke_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """Revoke a key: refused from the next request here, everywhere within a second."""
-    _, accounts, who = await _admin(request, team_scoped=True)
+    _, accounts, who = await acting(request, team_scoped=True)
     await _own_key(accounts, who, key_id)
     row = await accounts.db.update_key(key_id, {"revoked_at": time.time()}, who.actor,
                                        "key_revoked")
     if row is None:
         raise NotFound(f"No live key with id '{key_id[:64]}'")
     await _changed(accounts)
-    return _json(key_view(row))
+    return answer(key_view(row))
 
 
 @post("/admin/reopen", status_code=200)
@@ -301,7 +301,7 @@ async def reopen(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Revoke every virtual key and serve without keys again, as before the first was made;
     refused (409) on a gateway that listens beyond this machine, where that would let anyone
     spend its providers' credits."""
-    runtime, accounts, who = await _admin(request)
+    runtime, accounts, who = await acting(request)
     bind = os.environ.get(BIND_ENV) or runtime.live.snapshot.server.host
     if not is_loopback(bind):
         raise Conflict(f"This gateway listens on {bind}, beyond this machine: serving it "
@@ -309,19 +309,19 @@ async def reopen(request: Request[Any, Any, Any]) -> Response[bytes]:
                        "one instead")
     revoked = await accounts.db.reopen(who.actor)
     await _changed(accounts)
-    return _json({"reopened": True, "revoked": revoked})
+    return answer({"reopened": True, "revoked": revoked})
 
 
 @post("/admin/teams", status_code=201)
 async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
     """A new team."""
-    runtime, accounts, who = await _admin(request)
+    runtime, accounts, who = await acting(request)
     body: TeamBody = _decode(await request.body(), TeamBody, runtime.live.snapshot)
     now = time.time()
     row = {**_columns(body), "created_at": now, "updated_at": now}
     await accounts.db.add_team(row, who.actor)
     await _changed(accounts)
-    return _json(_warned(team_view({**_team_defaults(), **row}), runtime, body), 201)
+    return answer(_warned(team_view({**_team_defaults(), **row}), runtime, body), 201)
 
 
 def _team_defaults() -> dict[str, Any]:
@@ -332,79 +332,32 @@ def _team_defaults() -> dict[str, Any]:
 @get("/admin/teams")
 async def list_teams(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every team."""
-    _, accounts, who = await _admin(request, team_scoped=True)
-    return _json({"object": "list", "data": [team_view(r) for r in await accounts.db.teams()
+    _, accounts, who = await acting(request, team_scoped=True)
+    return answer({"object": "list", "data": [team_view(r) for r in await accounts.db.teams()
                                              if who.owns(r["name"])]})
 
 
 @patch("/admin/teams/{name:str}")
 async def update_team(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
     """Change a team's aliases, limits, budget or metadata."""
-    runtime, accounts, who = await _admin(request)
+    runtime, accounts, who = await acting(request)
     body: TeamPatch = _decode(await request.body(), TeamPatch, runtime.live.snapshot)
     row = await accounts.db.update_team(name, _columns(body), who.actor)
     if row is None:
         raise NotFound(f"No team named '{name[:64]}'")
     await _changed(accounts)
-    return _json(_warned(team_view(row), runtime, body))
+    return answer(_warned(team_view(row), runtime, body))
 
 
 @delete("/admin/teams/{name:str}", status_code=200)
 async def delete_team(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
     """Delete a team that has no live key."""
-    _, accounts, who = await _admin(request)
+    _, accounts, who = await acting(request)
     if not await accounts.db.delete_team(name, who.actor):
         raise NotFound(f"No team named '{name[:64]}'")
     await _changed(accounts)
-    return _json({"name": name, "object": "team", "deleted": True})
-
-
-def _when(request: Request[Any, Any, Any], param: str) -> float | None:
-    """A query time (ISO 8601, a date or a date-time; UTC without a zone) as epoch seconds."""
-    raw = request.query_params.get(param)
-    if raw is None:
-        return None
-    try:
-        return _epoch(dt.datetime.fromisoformat(raw.replace("Z", "+00:00")))
-    except ValueError:
-        raise InvalidRequest(f"{param} must be an ISO 8601 date or date-time, got "
-                             f"{raw[:40]!r}", param=param) from None
-
-
-@get("/admin/spend")
-async def spend(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Requests, tokens and dollars grouped by key, team, alias, provider, model or day, over
-    `[start, end)`; this process's unwritten rows are written first."""
-    _, accounts, who = await _admin(request, team_scoped=True)
-    group_by = request.query_params.get("group_by", "key")
-    if group_by not in GROUPS:
-        raise InvalidRequest(f"group_by must be one of {', '.join(GROUPS)}", param="group_by")
-    start, end = _when(request, "start"), _when(request, "end")
-    await accounts.flush()
-    rows = await accounts.db.spend_report(_group(group_by), start, end,
-                                          who.teams if who.role == "team_admin" else None)
-    return _json({"object": "list", "group_by": group_by, "start": _iso(start),
-                  "end": _iso(end), "data": rows})
-
-
-def _group(value: str) -> GroupBy:
-    groups: dict[str, GroupBy] = {"key": "key", "team": "team", "alias": "alias",
-                                  "provider": "provider", "day": "day", "model": "model"}
-    return groups[value]
-
-
-@get("/admin/audit")
-async def audit_log(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Admin actions, newest first: who, when, what, and what changed."""
-    _, accounts, _ = await _admin(request)
-    raw = request.query_params.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_AUDIT:
-        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_AUDIT}", param="limit")
-    rows = await accounts.db.audit_log(_when(request, "start"), _when(request, "end"), int(raw))
-    return _json({"object": "list", "data": [
-        {"time": _iso(r["time"]), "actor": r["actor"], "action": r["action"],
-         "target": r["target"], "change": r["change"] or {}} for r in rows]})
+    return answer({"name": name, "object": "team", "deleted": True})
 
 
 ROUTES = [create_key, list_keys, get_key, update_key, revoke_key, reopen, create_team, list_teams,
-          update_team, delete_team, spend, audit_log]
+          update_team, delete_team]

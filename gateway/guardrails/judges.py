@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from gateway.core.call import Call
-from gateway.core.settings import Judge
+from gateway.core.settings.guardrails import Judge
 from gateway.guardrails.policies import Guardrail
 from gateway.guardrails.screening import GuardrailViolation, Screening, walk
 from providers.contract.log import get_logger

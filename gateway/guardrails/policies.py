@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.core.settings import GuardrailPolicy, Judge, Snapshot
+from gateway.core.settings import Snapshot
+from gateway.core.settings.guardrails import GuardrailPolicy, Judge
 from gateway.guardrails.detectors import Detector
 
 Action = Literal["block", "mask", "pseudonymize", "log"]

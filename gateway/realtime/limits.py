@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gateway.core.errors import KeyRateLimited
-from gateway.core.settings import RealtimeConfig
+from gateway.core.settings.realtime import RealtimeConfig
 from providers.contract.errors import Overloaded
 
 ANONYMOUS = "-"  # the count of callers who present no key (an open gateway)

@@ -24,7 +24,7 @@ from typing import Protocol
 import msgspec
 
 from gateway.core.record import Outcome
-from gateway.core.settings import RealtimeConfig
+from gateway.core.settings.realtime import RealtimeConfig
 from gateway.realtime.usage import EVENT, Event
 from providers.contract.errors import GatewayError, ProviderError
 from providers.contract.redact import Redactor

@@ -24,7 +24,8 @@ import msgspec
 
 from gateway.core.errors import DatabaseUnavailable
 from gateway.core.record import Record
-from gateway.core.settings import LogsConfig, Route
+from gateway.core.settings import Route
+from gateway.core.settings.logs import LogsConfig
 from gateway.observe.observers import status_of
 from gateway.requestlog.capture import DISABLED, NOT_CAPTURED, STORED, Bodies
 from gateway.requestlog.store import Store

@@ -1,7 +1,8 @@
 """The settings types: what a resolved llms.json holds, as immutable values.
 
 `gateway.config` reads the file into these, and the rest of the gateway reads these, never the
-file. Defaults are constants here, in one place.
+file. Defaults are constants here, in one place. A capability that owns a folder of its own
+keeps its settings in a module of its own here (`guardrails`, `realtime`, `console`, `logs`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import msgspec
 
 from gateway.core.aliases import Chains, Names
 from gateway.core.limits import PRIORITY_BOUND, KeyLimits
+from gateway.core.settings.console import UiConfig
+from gateway.core.settings.guardrails import GuardrailPolicy
+from gateway.core.settings.logs import LogsConfig
+from gateway.core.settings.realtime import RealtimeConfig
 from providers.contract.spec import ProviderSpec, Secret
 from providers.contract.usage import Price
 
@@ -58,82 +63,6 @@ class BatchesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Seconds a process holds a request it runs, renewed while it runs: a request held by a
     # process that died is run again once its hold lapses (its result is kept once).
     lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0
-
-
-class RealtimeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Bounds of a Realtime session (`/v1/realtime`, `gateway.realtime`)."""
-
-    # The largest frame either side may send (OpenAI caps an audio append at 15 MiB of base64);
-    # the ASGI server's own cap is 64 MiB.
-    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * MiB)] = 8 * MiB
-    # Seconds with no frame either way before the session is ended.
-    idle_timeout: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 300.0
-    # Seconds a session may last at most (OpenAI ends its own at 30 or 60 minutes).
-    max_session_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 3600.0
-    # Sessions open at once per key (an open gateway's callers share one count), per process;
-    # and over every key.
-    max_sessions_per_key: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 10
-    max_sessions: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1_000
-# -- guardrails (`gateway.guardrails`) ---------------------------------------------------------
-_CATEGORY = re.compile(r"[A-Z][A-Z0-9_]{0,39}")
-
-
-class Judge(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A model as a guardrail's judge: an alias asked whether a request is safe."""
-
-    alias: str
-    timeout: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0  # seconds, then `on_error`
-    on_error: Literal["block", "allow"] = "block"  # a judge slow, down or unreadable
-    # Asked beside the upstream call: the answer is held until the judge passes.
-    parallel: bool = False
-    # `chat`: a reply starting with `unsafe` (Llama Guard's) is a violation; `moderations`:
-    # a `flagged` result is.
-    endpoint: Literal["chat", "moderations"] = "chat"
-
-
-class GuardrailPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One entry of llms.json's `guardrails`: what it detects (or the model that judges), what
-    it does with it, and on which side of the call."""
-
-    detect: tuple[Literal["email", "phone", "card", "iban", "ip", "secrets", "national_id"],
-                  ...] = ()
-    # The operator's own: CATEGORY (its placeholder's name) -> regex; and words, whole and
-    # case-insensitive (category WORD).
-    patterns: dict[str, str] = {}
-    words: tuple[str, ...] = ()
-    action: Literal["block", "mask", "pseudonymize", "log"] = "block"
-    # None: both sides, or the input alone for a judge (`sides`).
-    phases: tuple[Literal["input", "output"], ...] | None = None
-    # Phone numbers written without a +country code are read as this region's (ISO 3166).
-    region: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{2}$")] | None = None
-    judge: Judge | None = None
-
-    def __post_init__(self) -> None:
-        for name, pattern in self.patterns.items():
-            if not _CATEGORY.fullmatch(name):
-                raise ValueError(f"patterns: {name!r} is no category name: upper-case letters, "
-                                 "digits and _, at most 40, as its placeholders spell it")
-            try:
-                if re.compile(pattern).match(""):
-                    raise ValueError(f"patterns.{name}: matches the empty text")
-            except re.error as exc:
-                raise ValueError(f"patterns.{name}: not a regex: {exc}") from None
-        if any(not word.strip() for word in self.words):
-            raise ValueError("words: an empty word")
-        if not (self.detect or self.patterns or self.words or self.judge):
-            raise ValueError("detects nothing: give `detect`, `patterns`, `words` or `judge`")
-        if self.phases is not None and not self.phases:
-            raise ValueError("phases: give \"input\", \"output\" or both")
-        if self.judge is not None and (self.action != "block" or "output" in self.sides):
-            raise ValueError("judge: a judge blocks (`action`: \"block\") and reads requests "
-                             "(`phases`: [\"input\"])")
-
-    @property
-    def sides(self) -> tuple[Literal["input", "output"], ...]:
-        """The phases it screens: as given, else both (the input alone for a judge)."""
-        if self.phases is not None:
-            return self.phases
-        return ("input",) if self.judge is not None else ("input", "output")
 
 
 DEFAULT_MAX_BODY_BYTES = 20 * 1024 * 1024
@@ -365,58 +294,6 @@ class DatabaseConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # unless its process renews it (a third of this apart, while the request runs): how soon a
     # killed process's slots are free again.
     parallel_lease: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
-
-
-class OidcRoles(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Which console role a signed-in person gets, from a claim of their ID token (a list of
-    groups, or one string): `admin` first, then `viewer`, then `team_admin`; none, no session."""
-
-    claim: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "groups"
-    admin: tuple[str, ...] = ()
-    viewer: tuple[str, ...] = ()  # reads everything, writes nothing
-    team_admin: dict[str, str] = {}  # group -> the team whose keys, spend and logs it runs
-
-
-class OidcConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Single sign-on to the console (`gateway.console.oidc`): the issuer's discovery document
-    names its endpoints and keys; `https`, or `http` on this machine only."""
-
-    issuer: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
-    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
-    client_secret: str = ""  # "$NAME" read from the environment
-    roles: OidcRoles = OidcRoles()
-    scopes: tuple[str, ...] = ("openid", "email", "profile")
-    # Where the issuer sends the browser back; else this gateway's own `/ui/callback`.
-    redirect_uri: str | None = None
-
-
-class UiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The web console at `/ui` (`gateway.console`): who may sign in, and for how long."""
-
-    oidc: OidcConfig | None = None
-    key_login: bool = True  # an admin key signs in to the console; false: single sign-on only
-    session_hours: Annotated[float, msgspec.Meta(gt=0, le=168)] = 8.0
-Capture = Literal["metadata", "bodies"]
-
-
-class LogCapture(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What the request log keeps of one alias's or key's requests (`models.<alias>.logs`, a
-    key's `logs` on `/admin/keys`): metadata only, or their bodies too."""
-
-    capture: Capture
-
-
-class LogsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The request log in the accounts database (`gateway.requestlog`): a row per request once
-    `logs` is in llms.json; bodies where `capture` is "bodies", never for a `private` key."""
-
-    capture: Capture = "metadata"
-    # Rows older than this, or past the newest `max_rows`, are purged (in small batches).
-    retention_days: Annotated[float, msgspec.Meta(gt=0, le=36_500)] = 30.0
-    max_rows: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] = 1_000_000
-    purge_interval: Annotated[float, msgspec.Meta(ge=1, le=86_400)] = 60.0  # seconds
-    # What a request's body and its answer keep each, redacted, cut at a character's end.
-    max_body_bytes: Annotated[int, msgspec.Meta(ge=256, le=16 * MiB)] = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
