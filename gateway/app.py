@@ -42,8 +42,12 @@ from gateway.core.settings import CachePolicy, Snapshot
 from gateway.edge import admin, admin_accounts, reads, stored_responses
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
+from gateway.edge.mcp_route import McpRoute
 from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
+from gateway.mcp.cancels import Cancels
+from gateway.mcp.hub import FIRST_CONNECT, Hub
+from gateway.mcp.sessions import Sessions
 from gateway.observe import logs
 from gateway.pipeline import stack
 from gateway.state import discovery, reload
@@ -155,6 +159,12 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         await runtime.apply(snapshot)
         app.state.runtime = runtime
         app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
+        # Upstream MCP servers behind `/mcp` (`gateway.mcp`), kept in step with reloads.
+        app.state.mcp = hub = Hub(runtime)
+        app.state.mcp_sessions = Sessions(redis, state.prefix, snapshot.mcp.max_sessions,
+                                          snapshot.mcp.session_ttl)
+        app.state.mcp_cancels = cancels = Cancels(redis, state.prefix)
+        await hub.apply(snapshot.mcp_servers, wait=FIRST_CONNECT)
         runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
         if snapshot.source is not None:
@@ -164,6 +174,9 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         supervisor.start("model_discovery", lambda: discovery.watch(runtime))
         supervisor.start("accounts", accounts.run)
         supervisor.start("batches", batches.run)
+        supervisor.start("mcp_servers", hub.follow)
+        if redis is not None:
+            supervisor.start("mcp_cancellations", cancels.listen)
         if ledger is not None:
             supervisor.start("budget_settlements", ledger.run)
         if ledger is not None or machine is not None:
@@ -183,6 +196,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         finally:
             await supervisor.stop()
             try:  # the Redis client is closed after it, whatever it did
+                await hub.close()  # spawned MCP servers stopped
                 await runtime.close()
                 if ledger is not None:
                     await ledger.flush()
@@ -258,7 +272,7 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     request_log = logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
-    guarded = Guard.around(Front(Litestar(
+    served = Litestar(
         route_handlers=handlers(snapshot),
         lifespan=[lifespan],
         exception_handlers={
@@ -271,7 +285,8 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
         debug=False,
         openapi_config=None,
         logging_config=None,
-    )), snapshot.server)
+    )
+    guarded = Guard.around(McpRoute(Front(served), served), snapshot.server)
     checked = Origins.around(guarded, snapshot.server,
                              os.environ.get(BIND_ENV) or snapshot.server.host)
     if not snapshot.server.cors_origins:

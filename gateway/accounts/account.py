@@ -115,6 +115,8 @@ class Account:
     private: bool = False  # a virtual key's content may be traced (`telemetry`)
     # Each parallel limit set, the key's then its team's: a key under none is never counted.
     slots: tuple[Slots, ...] = ()
+    # MCP tools it may call: each list (the key's, its team's) must match (`gateway.mcp`).
+    mcp_tools: tuple[tuple[str, ...], ...] = ()
 
     def allows(self, alias: str) -> bool:
         """Whether the key may use `alias`."""
@@ -149,7 +151,10 @@ def account_of(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> Accoun
         team_limits=KeyLimits(f"team:{team['name']}", team.get("rpm"), team.get("tpm"))
         if team is not None and (team.get("rpm") or team.get("tpm")) else None,
         scopes=tuple(scopes), expires_at=key.get("expires_at"),
-        slots=_slots(key, team))
+        slots=_slots(key, team),
+        mcp_tools=tuple(tuple(found) for found in (key.get("mcp_tools"),
+                                                   team and team.get("mcp_tools"))
+                        if isinstance(found, list)))
 
 
 def _slots(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> tuple[Slots, ...]:

@@ -22,6 +22,7 @@ teams = Table(
     Column("metadata", JSON, nullable=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("mcp_tools", JSON, nullable=True),  # MCP tools its keys may call; null: any
 )
 
 keys = Table(
@@ -44,6 +45,7 @@ keys = Table(
     Column("updated_at", Float, nullable=False),
     Column("revoked_at", Float, nullable=True),
     Column("created_by", String(128), nullable=True),
+    Column("mcp_tools", JSON, nullable=True),  # MCP tools it may call (names, patterns)
 )
 
 spend = Table(

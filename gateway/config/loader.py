@@ -20,11 +20,13 @@ import msgspec
 import yaml
 
 from gateway.config.fields import invalid, merge_over
+from gateway.config.mcp import servers as mcp_servers
 from gateway.config.providers import expand, provider
 from gateway.config.snapshots import routes
 from gateway.core import aliases
 from gateway.core.aliases import AliasError, Chains, Names
 from gateway.core.limits import KeyLimits
+from gateway.core.mcp_settings import McpServerEntry, McpSettings
 from gateway.core.settings import (
     AliasPolicy,
     BatchesConfig,
@@ -105,6 +107,8 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     telemetry: Telemetry = Telemetry()
     database: DatabaseConfig = DatabaseConfig()
     batches: BatchesConfig = BatchesConfig()
+    mcp_servers: dict[str, McpServerEntry] = {}  # upstream MCP servers (`gateway.mcp`)
+    mcp: McpSettings = McpSettings()
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -184,7 +188,9 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     default_policy=default_policy, policies=policies, names=names,
                     chains=chains, telemetry=telemetry,
                     database=_database(file.database, path, environ), batches=file.batches,
-                    unpriced=_unpriced(file.defaults.unpriced, where))
+                    unpriced=_unpriced(file.defaults.unpriced, where),
+                    mcp_servers=mcp_servers(file.mcp_servers, file.mcp, environ, where),
+                    mcp=file.mcp)
 
 
 def _unpriced(policy: Literal["refuse"] | Price, where: str) -> Price | None:

@@ -10,6 +10,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
 
+from gateway.config.mcp import secrets as mcp_secrets
 from gateway.core.facts import Facts, Unpriced, facts, siblings_filled
 from gateway.core.settings import Route, Snapshot
 from providers.contract.redact import url_secrets
@@ -42,7 +43,7 @@ def secrets(snapshot: Snapshot) -> list[str]:
             found += url_secrets(spec.proxy)
         elif isinstance(spec.proxy, ProxyEnvironment):
             found += [secret for _, url, _ in spec.proxy.entries for secret in url_secrets(url)]
-    return found
+    return found + mcp_secrets(snapshot.mcp_servers)
 
 
 def is_loopback(host: str) -> bool:

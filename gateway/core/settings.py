@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.core.aliases import Chains, Names
 from gateway.core.limits import PRIORITY_BOUND, KeyLimits
+from gateway.core.mcp_settings import McpServer, McpSettings
 from providers.contract.spec import ProviderSpec, Secret
 from providers.contract.usage import Price
 
@@ -313,6 +314,9 @@ class Snapshot:
     # What a budgeted key pays for a model no price is known for (`defaults.unpriced`): None
     # refuses it (403 `model_unpriced`), a price is held and charged instead.
     unpriced: Price | None = None
+    # Upstream MCP servers (`mcp_servers`) and how they are served (`mcp`): `gateway.mcp`.
+    mcp_servers: tuple[McpServer, ...] = ()
+    mcp: McpSettings = field(default_factory=McpSettings)
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""

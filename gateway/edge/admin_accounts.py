@@ -33,6 +33,9 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x
 Alias = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
 Models = Annotated[list[Alias], msgspec.Meta(max_length=1000)]
+# MCP tools a key or team may call: namespaced names or shell-style patterns (`gateway.mcp`).
+Tools = Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=128)]],
+                  msgspec.Meta(max_length=1000)]
 Metadata = Annotated[dict[str, Any], msgspec.Meta(max_length=100)]
 MAX_AUDIT = 1000
 
@@ -50,6 +53,7 @@ class KeyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Name
     team: Name | None = None
     models: Models | None = None
+    mcp_tools: Tools | None = None
     rpm: Count | None = None
     tpm: Count | None = None
     max_parallel: Count | None = None
@@ -64,6 +68,7 @@ class KeyPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Name | msgspec.UnsetType = msgspec.UNSET
     team: Name | msgspec.UnsetType | None = msgspec.UNSET
     models: Models | msgspec.UnsetType | None = msgspec.UNSET
+    mcp_tools: Tools | msgspec.UnsetType | None = msgspec.UNSET
     rpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     tpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     max_parallel: Count | msgspec.UnsetType | None = msgspec.UNSET
@@ -77,6 +82,7 @@ class TeamBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     name: Name
     models: Models | None = None
+    mcp_tools: Tools | None = None
     rpm: Count | None = None
     tpm: Count | None = None
     max_parallel: Count | None = None
@@ -88,6 +94,7 @@ class TeamPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """`PATCH /admin/teams/{name}`."""
 
     models: Models | msgspec.UnsetType | None = msgspec.UNSET
+    mcp_tools: Tools | msgspec.UnsetType | None = msgspec.UNSET
     rpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     tpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     max_parallel: Count | msgspec.UnsetType | None = msgspec.UNSET
@@ -126,8 +133,8 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": row["id"], "object": "key", "name": row["name"],
         "key_hint": f"{row['prefix']}...{row['last4']}", "team": row["team"],
-        "models": row["models"], "rpm": row["rpm"], "tpm": row["tpm"],
-        "max_parallel": row["max_parallel"], "budget": _budget(row),
+        "models": row["models"], "mcp_tools": row.get("mcp_tools"), "rpm": row["rpm"],
+        "tpm": row["tpm"], "max_parallel": row["max_parallel"], "budget": _budget(row),
         "expires_at": _iso(row["expires_at"]), "metadata": row["metadata"] or {},
         "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
         "revoked_at": _iso(row["revoked_at"]), "created_by": row["created_by"]}
@@ -136,6 +143,7 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
 def team_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """A team as the admin API shows it."""
     return {"name": row["name"], "object": "team", "models": row["models"],
+            "mcp_tools": row.get("mcp_tools"),
             "rpm": row["rpm"], "tpm": row["tpm"], "max_parallel": row["max_parallel"],
             "budget": _budget(row), "metadata": row["metadata"] or {},
             "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"])}
@@ -213,8 +221,8 @@ def warnings(snapshot: Snapshot, models: Any, expires_at: Any, now: float) -> li
 
 
 def _defaults(row: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("team", "models", "rpm", "tpm", "max_parallel", "budget_usd", "budget_period",
-            "expires_at", "metadata")
+    keys = ("team", "models", "mcp_tools", "rpm", "tpm", "max_parallel", "budget_usd",
+            "budget_period", "expires_at", "metadata")
     return {k: row.get(k) for k in keys}
 
 
@@ -289,7 +297,7 @@ async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 def _team_defaults() -> dict[str, Any]:
-    return dict.fromkeys(("models", "rpm", "tpm", "max_parallel", "budget_usd",
+    return dict.fromkeys(("models", "mcp_tools", "rpm", "tpm", "max_parallel", "budget_usd",
                           "budget_period", "metadata"))
 
 

@@ -1,0 +1,208 @@
+"""Every configured MCP server as one, for one key: its tools under namespaced names, those its
+allow-lists deny left out, each call governed (`governance`). In-process callers (the edge's
+`/mcp`, and a model's MCP tool loop) use `list_tools` and `call_tool` with the key they act for.
+
+The servers follow the live config: `follow` compares the snapshot's `mcp_servers` with what
+runs and starts, stops or reconnects links so they match, as a reload changes providers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+import msgspec
+from mcp.shared.exceptions import MCPError
+
+from gateway.core.call import Identity
+from gateway.core.mcp_settings import McpServer
+from gateway.mcp.allowed import Lists, allows, lists_of
+from gateway.mcp.governance import Governed
+from gateway.mcp.names import namespaced
+from gateway.mcp.upstream import Link, Progress, Unavailable
+from gateway.state.runtime import Runtime
+from providers.contract.errors import GatewayError
+
+UNAVAILABLE_META = "llms-gateway/unavailable"  # `_meta` of a listing: servers that could not say
+FIRST_CONNECT = 5.0  # seconds a start waits for each server's first connection
+
+
+class ToolUnknown(Exception):
+    """No tool of that name for this key: unknown, or denied (the same error, on purpose)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Unknown tool: {name[:128]}")
+
+
+class UpstreamError(Exception):
+    """The upstream answered the call with a JSON-RPC error (`code`, `message`)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class Listing:
+    """What a key may see: the tools as clients get them, and the servers that could not say."""
+
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+
+
+class Hub:
+    """The process's upstream MCP servers, kept in step with the live config."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.links: dict[str, Link] = {}
+        self._applied: tuple[McpServer, ...] | None = None
+        self._pending: set[asyncio.Future[Any]] = set()  # audit writes still running
+
+    @property
+    def separator(self) -> str:
+        return self.runtime.live.snapshot.mcp.separator
+
+    async def apply(self, servers: tuple[McpServer, ...], wait: float = 0.0) -> None:
+        """Links for exactly `servers`: new ones started, gone ones stopped, changed ones
+        connected again (waiting up to `wait` seconds for the new ones' first connection)."""
+        if servers is self._applied:
+            return
+        self._applied = servers
+        wanted = {server.name: server for server in servers}
+        for name in [n for n, link in self.links.items()
+                     if n not in wanted or link.server.identity != wanted[n].identity]:
+            await self.links.pop(name).stop()
+        started = []
+        for name, server in wanted.items():
+            if name in self.links:
+                self.links[name].server = server  # its timeout, bounds and prices
+                continue
+            link = self.links[name] = Link(server)
+            link.start()
+            started.append(link)
+        if wait and started:
+            await asyncio.gather(*(link.ready(wait) for link in started))
+        self.links = {name: self.links[name] for name in wanted}  # in the file's order
+
+    async def follow(self) -> None:
+        """Forever: the links kept in step with the live config (a reload within a beat)."""
+        while True:
+            await self.apply(self.runtime.live.snapshot.mcp_servers)
+            await asyncio.sleep(self.runtime.live.snapshot.server.reload_interval)
+
+    async def close(self) -> None:
+        """Stop every link (spawned servers with them) and finish the audit writes."""
+        for link in self.links.values():
+            await link.stop()
+        self.links = {}
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=5.0)
+
+    def _links(self, server: str | None) -> Iterable[Link]:
+        if server is None:
+            return self.links.values()
+        found = self.links.get(server)
+        return (found,) if found is not None else ()
+
+    async def list_tools(self, identity: Identity | None, server: str | None = None
+                         ) -> Listing:
+        """The tools `identity` may call, of every server (or of `server` alone), listed now
+        and in parallel; the servers that could not answer are named, not waited for."""
+        lists = lists_of(identity)
+        links = list(self._links(server))
+        found = await asyncio.gather(*(self._listed(link) for link in links))
+        listing = Listing()
+        for link, tools in zip(links, found, strict=True):
+            if tools is None:
+                if self._may_see(link, lists):
+                    listing.unavailable.append(link.server.name)
+                continue
+            for tool in tools:
+                name = namespaced(link.server.name, tool.name, self.separator)
+                if allows(lists, name):
+                    shown = tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+                    shown["name"] = name
+                    listing.tools.append(shown)
+        return listing
+
+    @staticmethod
+    async def _listed(link: Link) -> list[types.Tool] | None:
+        with contextlib.suppress(Unavailable):
+            return await link.listed()
+        return None
+
+    def _may_see(self, link: Link, lists: Lists) -> bool:
+        """Whether a key would see a server that is down: it has no allow-list, or one of
+        the server's tools last known passes it."""
+        return not lists or any(
+            allows(lists, namespaced(link.server.name, tool.name, self.separator))
+            for tool in link.known())
+
+    def find(self, identity: Identity | None, name: str, server: str | None = None
+             ) -> tuple[Link, str]:
+        """The link and upstream tool name behind `name` for `identity`; ToolUnknown when there
+        is none or its allow-list denies it (which a caller cannot tell apart)."""
+        if not allows(lists_of(identity), name):
+            raise ToolUnknown(name)
+        for link in self._links(server):
+            prefix = f"{link.server.name}{self.separator}"
+            for tool in link.known():
+                if namespaced(link.server.name, tool.name, self.separator) == name:
+                    return link, tool.name
+            # A name that does not fit as it is, or a tool added since the last listing.
+            if name.startswith(prefix) and link.state == "ready" and not link.known():
+                return link, name.removeprefix(prefix)
+        raise ToolUnknown(name)
+
+    async def call_tool(self, identity: Identity | None, name: str,
+                        arguments: dict[str, Any] | None = None, *,
+                        progress: Progress | None = None, server: str | None = None
+                        ) -> dict[str, Any]:
+        """Call the tool `name` as `identity`: the `CallToolResult` as JSON. Raises ToolUnknown,
+        Unavailable (down, failed, or past the server's timeout), UpstreamError, or a
+        GatewayError (429: the key's limit or budget)."""
+        link, tool = self.find(identity, name, server)
+        spec = link.server
+        governed = Governed(self.runtime, self._pending, identity, spec.name, tool, name,
+                            arguments, spec.price_of(tool))
+        try:
+            await governed.admit()
+        except GatewayError as exc:
+            governed.end(exc.code, exc.status)
+            raise
+        outcome, status = "error", 502
+        try:
+            with governed.span():
+                result = await link.call(tool, arguments, progress)
+            shown = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+            size = len(msgspec.json.encode(shown))
+            if size > spec.max_result_bytes:
+                outcome = "too_large"
+                return _failed(f"The result of {name} is {size} bytes, over the "
+                               f"{spec.max_result_bytes} its server may return")
+            outcome, status = ("tool_error" if result.is_error else "completed"), 200
+            return shown
+        except Unavailable as exc:
+            outcome = "timeout" if "did not answer" in str(exc) else "unavailable"
+            raise
+        except MCPError as exc:
+            raise UpstreamError(exc.code, exc.error.message) from exc
+        except asyncio.CancelledError:
+            outcome, status = "cancelled", 499
+            raise
+        finally:
+            governed.end(outcome, status)
+
+    def view(self) -> list[dict[str, Any]]:
+        """Each server's state and tool count (the status page, `/status.json`, `ls`)."""
+        return [link.view() for link in self.links.values()]
+
+
+def _failed(message: str) -> dict[str, Any]:
+    """A tool result that tells the model the call failed (`isError`)."""
+    return {"content": [{"type": "text", "text": message}], "isError": True}
