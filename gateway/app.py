@@ -46,7 +46,7 @@ from gateway.edge.mcp_route import McpRoute
 from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
 from gateway.mcp.cancels import Cancels
-from gateway.mcp.hub import FIRST_CONNECT, Hub
+from gateway.mcp.hub import Hub
 from gateway.mcp.sessions import Sessions
 from gateway.observe import logs
 from gateway.pipeline import stack
@@ -164,7 +164,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.mcp_sessions = Sessions(redis, state.prefix, snapshot.mcp.max_sessions,
                                           snapshot.mcp.session_ttl)
         app.state.mcp_cancels = cancels = Cancels(redis, state.prefix)
-        await hub.apply(snapshot.mcp_servers, wait=FIRST_CONNECT)
+        await hub.apply(snapshot.mcp_servers)  # connecting; `/mcp` waits for a first one
         runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
         if snapshot.source is not None:

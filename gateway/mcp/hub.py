@@ -12,20 +12,23 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mcp_types as types
 import msgspec
-from mcp.shared.exceptions import MCPError
 
 from gateway.core.call import Identity
 from gateway.core.mcp_settings import McpServer
 from gateway.mcp.allowed import Lists, allows, lists_of
 from gateway.mcp.governance import Governed
 from gateway.mcp.names import namespaced
-from gateway.mcp.upstream import Link, Progress, Unavailable
+from gateway.mcp.unavailable import Unavailable
 from gateway.state.runtime import Runtime
 from providers.contract.errors import GatewayError
+
+if TYPE_CHECKING:  # the SDK is imported by a gateway that has MCP servers, only
+    import mcp_types as types
+
+    from gateway.mcp.upstream import Link, Progress
 
 UNAVAILABLE_META = "llms-gateway/unavailable"  # `_meta` of a listing: servers that could not say
 FIRST_CONNECT = 5.0  # seconds a start waits for each server's first connection
@@ -78,6 +81,8 @@ class Hub:
                      if n not in wanted or link.server.identity != wanted[n].identity]:
             await self.links.pop(name).stop()
         started = []
+        if wanted:
+            from gateway.mcp.upstream import Link
         for name, server in wanted.items():
             if name in self.links:
                 self.links[name].server = server  # its timeout, bounds and prices
@@ -132,6 +137,8 @@ class Hub:
 
     @staticmethod
     async def _listed(link: Link) -> list[types.Tool] | None:
+        if link.state == "starting":  # just started or reloaded: its first connection
+            await link.ready(FIRST_CONNECT)
         with contextlib.suppress(Unavailable):
             return await link.listed()
         return None
@@ -146,7 +153,8 @@ class Hub:
     def find(self, identity: Identity | None, name: str, server: str | None = None
              ) -> tuple[Link, str]:
         """The link and upstream tool name behind `name` for `identity`; ToolUnknown when there
-        is none or its allow-list denies it (which a caller cannot tell apart)."""
+        is none or its allow-list denies it (which a caller cannot tell apart). A server still
+        making its first connection is looked in once it is made."""
         if not allows(lists_of(identity), name):
             raise ToolUnknown(name)
         for link in self._links(server):
@@ -166,6 +174,12 @@ class Hub:
         """Call the tool `name` as `identity`: the `CallToolResult` as JSON. Raises ToolUnknown,
         Unavailable (down, failed, or past the server's timeout), UpstreamError, or a
         GatewayError (429: the key's limit or budget)."""
+        from mcp.shared.exceptions import MCPError
+
+        starting = [link.ready(FIRST_CONNECT) for link in self._links(server)
+                    if link.state == "starting"]
+        if starting:  # just started or reloaded: their first connections, and their tools
+            await asyncio.gather(*starting)
         link, tool = self.find(identity, name, server)
         spec = link.server
         governed = Governed(self.runtime, self._pending, identity, spec.name, tool, name,

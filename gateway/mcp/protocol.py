@@ -24,7 +24,8 @@ from mcp_types.version import (
 
 from gateway.core.call import Identity
 from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown, UpstreamError
-from gateway.mcp.upstream import Unavailable
+from gateway.mcp.unavailable import Unavailable
+from gateway.mcp.upstream import Progress
 
 # The JSON-RPC code a refused call (a key's limit or budget) carries beside its HTTP 429.
 REFUSED = -32029
@@ -150,12 +151,12 @@ async def _call(hub: Hub, asking: Asking, params: dict[str, Any]) -> dict[str, A
         raise _BadParams("params.arguments must be an object")
     meta = params.get("_meta")
     token = meta.get("progressToken") if isinstance(meta, dict) else None
-    progress = None
+    relay: Progress | None = None
     if token is not None and asking.notify is not None:
         notify = asking.notify
 
-        async def progress(done: float, total: float | None, message: str | None) -> None:
-            sent: dict[str, Any] = {"progressToken": token, "progress": done}
+        async def relayed(progress: float, total: float | None, message: str | None) -> None:
+            sent: dict[str, Any] = {"progressToken": token, "progress": progress}
             if total is not None:
                 sent["total"] = total
             if message is not None:
@@ -163,5 +164,6 @@ async def _call(hub: Hub, asking: Asking, params: dict[str, Any]) -> dict[str, A
             await notify({"jsonrpc": "2.0", "method": "notifications/progress",
                           "params": sent})
 
-    return await hub.call_tool(asking.identity, name, arguments, progress=progress,
+        relay = relayed
+    return await hub.call_tool(asking.identity, name, arguments, progress=relay,
                                server=asking.server)

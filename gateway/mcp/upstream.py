@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -22,10 +21,12 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 
 from gateway.core.mcp_settings import McpServer
 from gateway.mcp.oauth import ClientCredentials
+from gateway.mcp.unavailable import Unavailable
 from providers.contract.log import get_logger
 from providers.contract.redact import mask_credentials
 
@@ -36,11 +37,7 @@ LIST_TIMEOUT = 10.0
 MAX_PAGES = 50
 # What a spawned server inherits from the SDK beyond PATH and HOME, taken away again.
 NOT_INHERITED = ("LOGNAME", "SHELL", "TERM", "USER")
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
-
-
-class Unavailable(Exception):
-    """The server is not connected, or its connection failed during the call."""
+Progress = ProgressFnT  # (progress, total, message) -> awaitable
 
 
 class Link:
