@@ -1,7 +1,7 @@
 """A local MCP server the gateway spawns over stdio in the tests (the SDK's server side).
 
-Tools: `add` two numbers, and `env`: the names of the environment variables it was started with
-(the gateway must give it only what its config names, plus PATH and HOME).
+Tools: `add` two numbers; `env`: the names of the environment variables it was started with
+(the gateway must give it only what its config names, plus PATH and HOME); `pid`; `crash`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,18 @@ def add(a: int, b: int) -> int:
 def env() -> str:
     """The names of this process's environment variables, sorted, comma-separated."""
     return ",".join(sorted(os.environ))
+
+
+@server.tool()
+def pid() -> int:
+    """This process's id."""
+    return os.getpid()
+
+
+@server.tool()
+def crash() -> str:
+    """End this process at once, as a server that dies does."""
+    os._exit(3)
 
 
 if __name__ == "__main__":

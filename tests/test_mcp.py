@@ -68,7 +68,7 @@ def test_the_sdk_client_lists_and_calls_both_upstreams_through_one_endpoint(
             added = await client.call_tool("local_add", {"a": 2, "b": 40})
 
             assert names == ["remote_echo", "remote_progress", "remote_wait_until_cancelled",
-                             "remote_big", "local_add", "local_env"]
+                             "remote_big", "local_add", "local_env", "local_pid", "local_crash"]
             assert echoed.content[0].text == "echo: hi"  # type: ignore[union-attr]
             assert added.structured_content == {"result": 42}
 
@@ -173,7 +173,7 @@ def test_one_server_s_path_serves_its_tools_under_the_same_names(
     missing = httpx.post(f"{gateway.url}/mcp/nowhere", headers={"authorization": f"Bearer {KEY}"},
                          json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
 
-    assert names == ["local_add", "local_env"]
+    assert names == ["local_add", "local_env", "local_pid", "local_crash"]
     assert "Unknown tool: remote_echo" in str(refused)
     assert missing.status_code == 404
 
@@ -197,7 +197,7 @@ def test_an_old_revision_session_ends_with_delete_and_is_404_after(
     after = _post(gateway, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, **headers)
 
     assert opened.json()["result"]["protocolVersion"] == "2025-11-25"
-    assert len(listed.json()["result"]["tools"]) == 6
+    assert len(listed.json()["result"]["tools"]) == 8
     assert ended.status_code == 200
     assert after.status_code == 404
 
