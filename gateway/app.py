@@ -164,7 +164,6 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.mcp_sessions = Sessions(redis, state.prefix, snapshot.mcp.max_sessions,
                                           snapshot.mcp.session_ttl)
         app.state.mcp_cancels = cancels = Cancels(redis, state.prefix)
-        await hub.apply(snapshot.mcp_servers)  # connecting; `/mcp` waits for a first one
         runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
         if snapshot.source is not None:
@@ -174,7 +173,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         supervisor.start("model_discovery", lambda: discovery.watch(runtime))
         supervisor.start("accounts", accounts.run)
         supervisor.start("batches", batches.run)
-        supervisor.start("mcp_servers", hub.follow)
+        supervisor.start("mcp_servers", hub.follow)  # their links made and kept in step
         if redis is not None:
             supervisor.start("mcp_cancellations", cancels.listen)
         if ledger is not None:

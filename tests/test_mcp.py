@@ -27,6 +27,8 @@ UPSTREAM_SECRET = "upstream-secret-7f3a9c"
 CANARY = "LLMS_TEST_CANARY"
 STDIO = [sys.executable, "tests/mcp_stdio_server.py"]
 
+WEB = httpx.Client(timeout=30.0)  # a first MCP request may load the SDK: seconds
+
 
 def mcp_config(remote: FakeMcp, **servers: Any) -> dict[str, Any]:
     doc = config({}, server={"api_keys": [KEY]})
@@ -48,7 +50,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, remote: FakeMcp
             ) -> Iterator[GatewayProcess]:
     gateway = GatewayProcess(tmp_path_factory.mktemp("mcp"), mcp_config(remote),
                              env={CANARY: "must-not-reach-spawned-servers"})
-    gateway.start()
+    gateway.start(timeout=60)
     yield gateway
     gateway.stop()
 
@@ -139,11 +141,11 @@ def test_a_spawned_server_gets_only_what_its_env_names_plus_path_and_home(
 def test_without_a_key_every_mcp_path_answers_401_naming_its_resource_metadata(
         gateway: GatewayProcess) -> None:
     for path in ("/mcp", "/mcp/remote"):
-        answer = httpx.post(f"{gateway.url}{path}", json={"jsonrpc": "2.0", "id": 1,
+        answer = WEB.post(f"{gateway.url}{path}", json={"jsonrpc": "2.0", "id": 1,
                                                           "method": "tools/list"})
         challenge = answer.headers["www-authenticate"]
         metadata_url = challenge.split('resource_metadata="')[1].rstrip('"')
-        described = httpx.get(metadata_url).json()
+        described = WEB.get(metadata_url).json()
 
         assert answer.status_code == 401
         assert metadata_url == f"{gateway.url}/.well-known/oauth-protected-resource{path}"
@@ -170,7 +172,7 @@ def test_one_server_s_path_serves_its_tools_under_the_same_names(
             return names, refused.value
 
     names, refused = run(story())
-    missing = httpx.post(f"{gateway.url}/mcp/nowhere", headers={"authorization": f"Bearer {KEY}"},
+    missing = WEB.post(f"{gateway.url}/mcp/nowhere", headers={"authorization": f"Bearer {KEY}"},
                          json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
 
     assert names == ["local_add", "local_env", "local_pid", "local_crash"]
@@ -179,7 +181,7 @@ def test_one_server_s_path_serves_its_tools_under_the_same_names(
 
 
 def _post(gateway: GatewayProcess, body: dict[str, Any], **headers: str) -> httpx.Response:
-    return httpx.post(f"{gateway.url}/mcp", json=body,
+    return WEB.post(f"{gateway.url}/mcp", json=body,
                       headers={"authorization": f"Bearer {KEY}",
                                "accept": "application/json, text/event-stream", **headers})
 
@@ -192,7 +194,7 @@ def test_an_old_revision_session_ends_with_delete_and_is_404_after(
     session = opened.headers["mcp-session-id"]
     headers = {"mcp-session-id": session, "mcp-protocol-version": "2025-11-25"}
     listed = _post(gateway, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, **headers)
-    ended = httpx.delete(f"{gateway.url}/mcp", headers={"authorization": f"Bearer {KEY}",
+    ended = WEB.delete(f"{gateway.url}/mcp", headers={"authorization": f"Bearer {KEY}",
                                                         **headers})
     after = _post(gateway, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, **headers)
 
@@ -221,7 +223,7 @@ def test_a_result_over_the_server_s_bound_is_a_tool_error(tmp_path: Path, remote
                                                           ) -> None:
     doc = mcp_config(remote)
     doc["mcp_servers"]["remote"]["max_result_bytes"] = 2048
-    gateway = GatewayProcess(tmp_path, doc).start()
+    gateway = GatewayProcess(tmp_path, doc).start(timeout=60)
     try:
         async def story() -> Any:
             async with connected(f"{gateway.url}/mcp", KEY) as client:

@@ -24,6 +24,8 @@ ADMIN_KEY = "admin-mcp-secret-01"
 EVERY_TOOL = ["remote_echo", "remote_progress", "remote_wait_until_cancelled", "remote_big",
               "local_add", "local_env", "local_pid", "local_crash"]
 
+WEB = httpx.Client(timeout=30.0)  # a first MCP request may load the SDK: seconds
+
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
@@ -31,7 +33,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         doc = config({}, server={"admin_keys": [ADMIN_KEY]})
         doc["mcp_servers"] = {"remote": {"url": remote.url},
                               "local": {"command": [sys.executable, "tests/mcp_stdio_server.py"]}}
-        gateway = GatewayProcess(tmp_path_factory.mktemp("allow"), doc).start()
+        gateway = GatewayProcess(tmp_path_factory.mktemp("allow"), doc).start(timeout=60)
         doc["server"]["port"] = gateway.port  # where the CLI finds it
         gateway.write_config(doc)
         yield gateway
@@ -60,7 +62,7 @@ def raw_call(gateway: GatewayProcess, key: str, tool: str) -> httpx.Response:
     """A 2026-07-28 `tools/call` as it goes on the wire."""
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {}}
-    return httpx.post(f"{gateway.url}/mcp", json={
+    return WEB.post(f"{gateway.url}/mcp", json={
         "jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {"name": tool, "arguments": {}, "_meta": meta}}, headers={
         "authorization": f"Bearer {key}", "accept": "application/json, text/event-stream",

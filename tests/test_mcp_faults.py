@@ -22,6 +22,8 @@ from tests.mcp_clients import connected
 KEY = "client-key-mcp-0002"
 STDIO = [sys.executable, "tests/mcp_stdio_server.py"]
 
+WEB = httpx.Client(timeout=30.0)  # a first MCP request may load the SDK: seconds
+
 
 def doc_with(servers: dict[str, Any]) -> dict[str, Any]:
     doc = config({}, server={"api_keys": [KEY], "reload_interval": 0.2})
@@ -40,7 +42,7 @@ async def tool_names(url: str) -> tuple[list[str], Any]:
 
 
 def status(gateway: GatewayProcess) -> dict[str, Any]:
-    found: dict[str, Any] = httpx.get(f"{gateway.url}/status.json",
+    found: dict[str, Any] = WEB.get(f"{gateway.url}/status.json",
                                       headers={"authorization": f"Bearer {KEY}"}).json()
     return {server["name"]: server for server in found["mcp_servers"]}
 
@@ -50,7 +52,7 @@ def test_a_stopped_server_leaves_the_others_listed_and_its_calls_fail_at_once(
     remote = FakeMcp("remote").start()
     gateway = GatewayProcess(tmp_path, doc_with({
         "remote": {"url": remote.url, "timeout": 5},
-        "local": {"command": STDIO}})).start()
+        "local": {"command": STDIO}})).start(timeout=60)
     try:
         assert "remote_echo" in run(tool_names(gateway.url))[0]
         remote.stop()
@@ -77,8 +79,8 @@ def test_a_stopped_server_leaves_the_others_listed_and_its_calls_fail_at_once(
 def test_a_server_that_does_not_answer_fails_the_call_within_its_timeout(
         tmp_path: Path) -> None:
     with FakeMcp("slow") as slow:
-        gateway = GatewayProcess(tmp_path, doc_with({"slow": {"url": slow.url,
-                                                              "timeout": 1}})).start()
+        doc = doc_with({"slow": {"url": slow.url, "timeout": 1}})
+        gateway = GatewayProcess(tmp_path, doc).start(timeout=60)
         try:
             async def story() -> MCPError:
                 async with connected(f"{gateway.url}/mcp", KEY) as client:
@@ -95,7 +97,8 @@ def test_a_server_that_does_not_answer_fails_the_call_within_its_timeout(
 
 
 def test_a_spawned_server_that_dies_is_started_again(tmp_path: Path) -> None:
-    gateway = GatewayProcess(tmp_path, doc_with({"local": {"command": STDIO}})).start()
+    doc = doc_with({"local": {"command": STDIO}})
+    gateway = GatewayProcess(tmp_path, doc).start(timeout=60)
     try:
         async def crash() -> int:
             async with connected(f"{gateway.url}/mcp", KEY) as client:
@@ -124,7 +127,8 @@ def test_a_spawned_server_that_dies_is_started_again(tmp_path: Path) -> None:
 def test_a_reload_adds_and_removes_servers_and_a_stop_stops_what_it_spawned(
         tmp_path: Path) -> None:
     with FakeMcp("added") as added:
-        gateway = GatewayProcess(tmp_path, doc_with({"local": {"command": STDIO}})).start()
+        doc = doc_with({"local": {"command": STDIO}})
+    gateway = GatewayProcess(tmp_path, doc).start(timeout=60)
         try:
             gateway.write_config(doc_with({"local": {"command": STDIO},
                                            "added": {"url": added.url}}))

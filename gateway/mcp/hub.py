@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,7 @@ class Hub:
         self.links: dict[str, Link] = {}
         self._applied: tuple[McpServer, ...] | None = None
         self._pending: set[asyncio.Future[Any]] = set()  # audit writes still running
+        self._applied_once = asyncio.Event()  # the first config's links exist
 
     @property
     def separator(self) -> str:
@@ -81,18 +83,19 @@ class Hub:
                      if n not in wanted or link.server.identity != wanted[n].identity]:
             await self.links.pop(name).stop()
         started = []
-        if wanted:
-            from gateway.mcp.upstream import Link
+        if wanted:  # the SDK's first import takes seconds: not on the event loop's time
+            upstream = await asyncio.to_thread(importlib.import_module, "gateway.mcp.upstream")
         for name, server in wanted.items():
             if name in self.links:
                 self.links[name].server = server  # its timeout, bounds and prices
                 continue
-            link = self.links[name] = Link(server)
+            link = self.links[name] = upstream.Link(server)
             link.start()
             started.append(link)
         if wait and started:
             await asyncio.gather(*(link.ready(wait) for link in started))
         self.links = {name: self.links[name] for name in wanted}  # in the file's order
+        self._applied_once.set()
 
     async def follow(self) -> None:
         """Forever: the links kept in step with the live config (a reload within a beat)."""
@@ -108,6 +111,13 @@ class Hub:
         if self._pending:
             await asyncio.wait(self._pending, timeout=5.0)
 
+    async def started(self) -> None:
+        """Once the links of the config the gateway started with exist (`follow` makes them
+        beside the start, not before it), or after `FIRST_CONNECT` seconds."""
+        if not self._applied_once.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied_once.wait(), FIRST_CONNECT)
+
     def _links(self, server: str | None) -> Iterable[Link]:
         if server is None:
             return self.links.values()
@@ -118,6 +128,7 @@ class Hub:
                          ) -> Listing:
         """The tools `identity` may call, of every server (or of `server` alone), listed now
         and in parallel; the servers that could not answer are named, not waited for."""
+        await self.started()
         lists = lists_of(identity)
         links = list(self._links(server))
         found = await asyncio.gather(*(self._listed(link) for link in links))
@@ -176,6 +187,7 @@ class Hub:
         GatewayError (429: the key's limit or budget)."""
         from mcp.shared.exceptions import MCPError
 
+        await self.started()
         starting = [link.ready(FIRST_CONNECT) for link in self._links(server)
                     if link.state == "starting"]
         if starting:  # just started or reloaded: their first connections, and their tools
