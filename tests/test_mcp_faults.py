@@ -128,7 +128,7 @@ def test_a_reload_adds_and_removes_servers_and_a_stop_stops_what_it_spawned(
         tmp_path: Path) -> None:
     with FakeMcp("added") as added:
         doc = doc_with({"local": {"command": STDIO}})
-    gateway = GatewayProcess(tmp_path, doc).start(timeout=60)
+        gateway = GatewayProcess(tmp_path, doc).start(timeout=60)
         try:
             gateway.write_config(doc_with({"local": {"command": STDIO},
                                            "added": {"url": added.url}}))
