@@ -30,7 +30,10 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   all under one key (first come first served), alternating rounds (queueing.py);
 - hedging: a provider slow to its first token one time in ten, through no hedging, a fixed
   `hedge_after` (short and long) and `"p90"` (with two budgets): p99 time to first token and
-  upstream requests per answer (hedging.py).
+  upstream requests per answer (hedging.py);
+- mcp: an MCP tool call through the gateway's `/mcp` against calling the upstream MCP server
+  directly, the SDK's client one call at a time: p50 and p99, alternating rounds
+  (mcp_tools.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -78,6 +81,7 @@ from harness import (
     wait_for_port,
 )
 from hedging import hedging
+from mcp_tools import mcp_cost
 from queueing import queueing
 from resume import resume
 
@@ -95,7 +99,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts")
+         "hedging", "accounts", "mcp")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -322,6 +326,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
                                                   _post_script(work))[0].rps),
         "queueing": lambda: queueing(work, 2 if quick else 4),
         "hedging": lambda: hedging(work, 200 if quick else 500),
+        "mcp": lambda: mcp_cost(work, 200 if quick else 1000, 2 if quick else 4),
         "accounts": lambda: accounts.accounts_cost(
             work, duration, 2 if quick else 5,
             lambda url, key, seconds: measure("accounts", url, [accounts.CLIENTS], seconds,

@@ -174,6 +174,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         supervisor.start("accounts", accounts.run)
         supervisor.start("batches", batches.run)
         supervisor.start("mcp_servers", hub.follow)  # their links made and kept in step
+        supervisor.start("mcp_audit", hub.run_audit)
         if redis is not None:
             supervisor.start("mcp_cancellations", cancels.listen)
         if ledger is not None:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.test_claude_code import cli as cli  # the fixture: the installed CLI, or a skip
+from tests.test_mcp_docs import claude_code_config
 from tests.upstream import FakeUpstream, ok, tool_call
 
 KEY = "team-key-mcp-000001"
@@ -43,13 +44,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, model: FakeUpstream
     process.stop()
 
 
-def mcp_config(gateway: GatewayProcess) -> str:
-    """docs/mcp.md's `--mcp-config` for Claude Code: the gateway's `/mcp`, the key as Bearer."""
-    return json.dumps({"mcpServers": {"gateway": {
-        "type": "http", "url": f"{gateway.url}/mcp",
-        "headers": {"Authorization": f"Bearer {KEY}"}}}})
-
-
 def test_claude_code_calls_a_gateway_tool_over_mcp(cli: Path,
                                                    gateway: GatewayProcess,
                                                    model: FakeUpstream, tmp_path: Path) -> None:
@@ -66,7 +60,7 @@ def test_claude_code_calls_a_gateway_tool_over_mcp(cli: Path,
 
     done = subprocess.run(
         [cli, "-p", "Add 40 and 2 with the gateway's tool", "--output-format", "json",
-         "--mcp-config", mcp_config(gateway), "--strict-mcp-config",
+         "--mcp-config", claude_code_config(gateway.url, KEY), "--strict-mcp-config",
          "--allowedTools", "mcp__gateway__local_add"],
         env=env, cwd=project, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=180, check=False)

@@ -4,7 +4,6 @@ against the key's budgets and charged through the accounts' ledger and spend, an
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -17,6 +16,7 @@ from gateway.core.errors import KeyRateLimited
 from gateway.core.limits import KeyLimits
 from gateway.core.record import Outcome, Record
 from gateway.mcp.allowed import key_of
+from gateway.mcp.audit import AuditRows
 from providers.contract.redact import mask_credentials
 
 if TYPE_CHECKING:
@@ -31,11 +31,11 @@ class Governed:
     """One tool call's passage: admitted (limit, budget), then ended once (charge, audit,
     metric); `span()` is where the call runs."""
 
-    def __init__(self, runtime: Runtime, pending: set[asyncio.Future[Any]],
-                 identity: Identity | None, server: str, tool: str, name: str, arguments: Any,
-                 price: float | None) -> None:
+    def __init__(self, runtime: Runtime, audited: AuditRows, identity: Identity | None,
+                 server: str, tool: str, name: str, arguments: Any, price: float | None
+                 ) -> None:
         self.runtime = runtime
-        self.pending = pending  # the audit writes still running, kept until done
+        self.audited = audited
         self.identity = identity
         self.server, self.tool, self.name = server, tool, name
         self.arguments = arguments
@@ -102,10 +102,8 @@ class Governed:
         change = {"server": self.server, "tool": self.tool, "name": self.name,
                   "arguments": self._redacted(), "latency_ms": round(seconds * 1000, 2),
                   "outcome": outcome}
-        task = asyncio.ensure_future(accounts.audit(key_of(self.identity), AUDIT_ACTION,
-                                                    f"{self.server}/{self.tool}", change))
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        self.audited.add(key_of(self.identity), AUDIT_ACTION, f"{self.server}/{self.tool}",
+                         change)
 
     def _redacted(self) -> str:
         text = json.dumps(self.arguments, ensure_ascii=False, default=str)

@@ -20,6 +20,7 @@ import msgspec
 from gateway.core.call import Identity
 from gateway.core.mcp_settings import McpServer
 from gateway.mcp.allowed import Lists, allows, lists_of
+from gateway.mcp.audit import AuditRows
 from gateway.mcp.governance import Governed
 from gateway.mcp.names import namespaced
 from gateway.mcp.unavailable import Unavailable
@@ -65,7 +66,8 @@ class Hub:
         self.runtime = runtime
         self.links: dict[str, Link] = {}
         self._applied: tuple[McpServer, ...] | None = None
-        self._pending: set[asyncio.Future[Any]] = set()  # audit writes still running
+        # Tool calls' audit rows, written in batches (`run_audit`).
+        self.audited = AuditRows(runtime.accounts.db.engine if runtime.accounts else None)
         self._applied_once = asyncio.Event()  # the first config's links exist
 
     @property
@@ -104,12 +106,15 @@ class Hub:
             await asyncio.sleep(self.runtime.live.snapshot.server.reload_interval)
 
     async def close(self) -> None:
-        """Stop every link (spawned servers with them) and finish the audit writes."""
+        """Stop every link (spawned servers with them) and write the audit rows left."""
         for link in self.links.values():
             await link.stop()
         self.links = {}
-        if self._pending:
-            await asyncio.wait(self._pending, timeout=5.0)
+        await self.audited.flush()
+
+    async def run_audit(self) -> None:
+        """Forever: tool calls' audit rows written once a second."""
+        await self.audited.run()
 
     async def started(self) -> None:
         """Once the links of the config the gateway started with exist (`follow` makes them
@@ -194,7 +199,7 @@ class Hub:
             await asyncio.gather(*starting)
         link, tool = self.find(identity, name, server)
         spec = link.server
-        governed = Governed(self.runtime, self._pending, identity, spec.name, tool, name,
+        governed = Governed(self.runtime, self.audited, identity, spec.name, tool, name,
                             arguments, spec.price_of(tool))
         try:
             await governed.admit()
