@@ -5,7 +5,6 @@ against the key's budgets and charged through the accounts' ledger and spend, an
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -17,13 +16,11 @@ from gateway.core.limits import KeyLimits
 from gateway.core.record import Outcome, Record
 from gateway.mcp.allowed import key_of
 from gateway.mcp.audit import AuditRows
-from providers.contract.redact import mask_credentials
 
 if TYPE_CHECKING:
     from gateway.accounts.service import Charge
     from gateway.state.runtime import Runtime
 
-MAX_AUDITED_ARGUMENTS = 4096  # characters of a call's arguments an audit row keeps
 AUDIT_ACTION = "mcp_tool_call"
 
 
@@ -100,14 +97,7 @@ class Governed:
             self.record.cost = self.price if answered and self.price else None
             self.record.end(Outcome.COMPLETED if answered else Outcome.ERROR)
         change = {"server": self.server, "tool": self.tool, "name": self.name,
-                  "arguments": self._redacted(), "latency_ms": round(seconds * 1000, 2),
-                  "outcome": outcome}
+                  "arguments": self.arguments, "latency_ms": round(seconds * 1000, 2),
+                  "outcome": outcome}  # its arguments redacted when written (`AuditRows`)
         self.audited.add(key_of(self.identity), AUDIT_ACTION, f"{self.server}/{self.tool}",
                          change)
-
-    def _redacted(self) -> str:
-        text = json.dumps(self.arguments, ensure_ascii=False, default=str)
-        text = mask_credentials(self.runtime.live.redactor.text(text))
-        return text if len(text) <= MAX_AUDITED_ARGUMENTS \
-            else text[:MAX_AUDITED_ARGUMENTS] + "…"
-

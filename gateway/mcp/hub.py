@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # the SDK is imported by a gateway that has MCP servers, only
     from gateway.mcp.upstream import Link, Progress
 
 UNAVAILABLE_META = "llms-gateway/unavailable"  # `_meta` of a listing: servers that could not say
-FIRST_CONNECT = 5.0  # seconds a start waits for each server's first connection
+FIRST_CONNECT = 10.0  # seconds a listing waits for a server's first connection (a call: its
+# server's timeout)
 
 
 class ToolUnknown(Exception):
@@ -67,7 +68,8 @@ class Hub:
         self.links: dict[str, Link] = {}
         self._applied: tuple[McpServer, ...] | None = None
         # Tool calls' audit rows, written in batches (`run_audit`).
-        self.audited = AuditRows(runtime.accounts.db.engine if runtime.accounts else None)
+        self.audited = AuditRows(runtime.accounts.db.engine if runtime.accounts else None,
+                                 lambda text: runtime.live.redactor.text(text))
         self._applied_once = asyncio.Event()  # the first config's links exist
 
     @property
@@ -169,8 +171,8 @@ class Hub:
     def find(self, identity: Identity | None, name: str, server: str | None = None
              ) -> tuple[Link, str]:
         """The link and upstream tool name behind `name` for `identity`; ToolUnknown when there
-        is none or its allow-list denies it (which a caller cannot tell apart). A server still
-        making its first connection is looked in once it is made."""
+        is none or its allow-list denies it (which a caller cannot tell apart); Unavailable when
+        the name is an allowed one of a server that is not connected."""
         if not allows(lists_of(identity), name):
             raise ToolUnknown(name)
         for link in self._links(server):
@@ -178,9 +180,9 @@ class Hub:
             for tool in link.known():
                 if namespaced(link.server.name, tool.name, self.separator) == name:
                     return link, tool.name
-            # A name that does not fit as it is, or a tool added since the last listing.
-            if name.startswith(prefix) and link.state == "ready" and not link.known():
-                return link, name.removeprefix(prefix)
+            if name.startswith(prefix) and link.state != "ready":  # its tools are not known
+                raise Unavailable(f"MCP server '{link.server.name}' is unavailable"
+                                  + (f": {link.error}" if link.error else ""))
         raise ToolUnknown(name)
 
     async def call_tool(self, identity: Identity | None, name: str,
@@ -193,7 +195,7 @@ class Hub:
         from mcp.shared.exceptions import MCPError
 
         await self.started()
-        starting = [link.ready(FIRST_CONNECT) for link in self._links(server)
+        starting = [link.ready(link.server.timeout) for link in self._links(server)
                     if link.state == "starting"]
         if starting:  # just started or reloaded: their first connections, and their tools
             await asyncio.gather(*starting)
