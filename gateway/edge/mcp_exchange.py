@@ -65,7 +65,7 @@ class Exchange:
         snapshot = self.runtime.live.snapshot
         identity = await auth.admitted(self.headers, snapshot, self.runtime.accounts)
         server = path[len(PREFIX) + 1:] or None if path != PREFIX else None
-        if server is not None and server not in self.hub.links:
+        if server is not None and server not in {s.name for s in snapshot.mcp_servers}:
             await reply(self.send, 404, protocol.error(None, INVALID_REQUEST,
                                                         f"No MCP server '{server[:64]}'"))
             return

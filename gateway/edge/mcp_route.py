@@ -41,9 +41,10 @@ class McpRoute:
         if path != PREFIX and not path.startswith(PREFIX + "/"):
             await self.inner(scope, receive, send)
             return
-        from gateway.edge import mcp_exchange  # the SDK, loaded by the first MCP request
-
         state = self.app.state
+        await state.mcp.loaded()  # the SDK, imported once, off the event loop
+        from gateway.edge import mcp_exchange
+
         await mcp_exchange.serve(scope, receive, send, state.runtime, state.mcp,
                                  state.mcp_sessions, state.mcp_cancels, path)
 

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # the SDK is imported by a gateway that has MCP servers, only
     from gateway.mcp.upstream import Link, Progress
 
 UNAVAILABLE_META = "llms-gateway/unavailable"  # `_meta` of a listing: servers that could not say
+STARTING = 30.0  # seconds a request waits for the MCP servers' links to be made at all
 FIRST_CONNECT = 10.0  # seconds a listing waits for a server's first connection (a call: its
 # server's timeout)
 
@@ -71,6 +73,8 @@ class Hub:
         self.audited = AuditRows(runtime.accounts.db.engine if runtime.accounts else None,
                                  lambda text: runtime.live.redactor.text(text))
         self._applied_once = asyncio.Event()  # the first config's links exist
+        self._loading = asyncio.Lock()
+        self._upstream: ModuleType | None = None  # `gateway.mcp.upstream`, once imported
 
     @property
     def separator(self) -> str:
@@ -81,25 +85,34 @@ class Hub:
         connected again (waiting up to `wait` seconds for the new ones' first connection)."""
         if servers is self._applied:
             return
-        self._applied = servers
         wanted = {server.name: server for server in servers}
         for name in [n for n, link in self.links.items()
                      if n not in wanted or link.server.identity != wanted[n].identity]:
             await self.links.pop(name).stop()
         started = []
-        if wanted:  # the SDK's first import takes seconds: not on the event loop's time
-            upstream = await asyncio.to_thread(importlib.import_module, "gateway.mcp.upstream")
+        upstream = await self.loaded() if wanted else None
         for name, server in wanted.items():
             if name in self.links:
                 self.links[name].server = server  # its timeout, bounds and prices
                 continue
+            assert upstream is not None
             link = self.links[name] = upstream.Link(server)
             link.start()
             started.append(link)
         if wait and started:
             await asyncio.gather(*(link.ready(wait) for link in started))
         self.links = {name: self.links[name] for name in wanted}  # in the file's order
+        self._applied = servers
         self._applied_once.set()
+
+    async def loaded(self) -> ModuleType:
+        """The SDK and the links' module, imported once, in a thread: their first import takes
+        seconds, which the event loop must not wait through, and one import at a time (two
+        threads importing the SDK at once can deadlock on its module locks)."""
+        async with self._loading:
+            if self._upstream is None:
+                self._upstream = await asyncio.to_thread(_import_sdk)
+            return self._upstream
 
     async def follow(self) -> None:
         """Forever: the links kept in step with the live config (a reload within a beat)."""
@@ -120,10 +133,13 @@ class Hub:
 
     async def started(self) -> None:
         """Once the links of the config the gateway started with exist (`follow` makes them
-        beside the start, not before it), or after `FIRST_CONNECT` seconds."""
+        beside the start, not before it: the SDK's first import takes seconds), or
+        Unavailable after `STARTING` seconds."""
         if not self._applied_once.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._applied_once.wait(), FIRST_CONNECT)
+                await asyncio.wait_for(self._applied_once.wait(), STARTING)
+        if not self._applied_once.is_set():
+            raise Unavailable("The gateway's MCP servers are still starting: retry shortly")
 
     def _links(self, server: str | None) -> Iterable[Link]:
         if server is None:
@@ -135,8 +151,12 @@ class Hub:
                          ) -> Listing:
         """The tools `identity` may call, of every server (or of `server` alone), listed now
         and in parallel; the servers that could not answer are named, not waited for."""
-        await self.started()
         lists = lists_of(identity)
+        try:
+            await self.started()
+        except Unavailable:  # none is connected yet: each is named, none waited for longer
+            return Listing(unavailable=[spec.name for spec in self.runtime.live.snapshot.
+                                        mcp_servers if server in (None, spec.name)])
         links = list(self._links(server))
         found = await asyncio.gather(*(self._listed(link) for link in links))
         listing = Listing()
@@ -234,6 +254,12 @@ class Hub:
     def view(self) -> list[dict[str, Any]]:
         """Each server's state and tool count (the status page, `/status.json`, `ls`)."""
         return [link.view() for link in self.links.values()]
+
+
+def _import_sdk() -> ModuleType:
+    """The links' module, and the SDK's parts the edge reads requests with."""
+    importlib.import_module("mcp.shared.inbound")
+    return importlib.import_module("gateway.mcp.upstream")
 
 
 def _failed(message: str) -> dict[str, Any]:
