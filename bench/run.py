@@ -37,6 +37,9 @@ core 1. Parts (`--only NAME`, repeatable; all by default):
   cache hits on the same gateway, req/s and p50 at 10 clients, alternating rounds (semantic.py).
 - request_log: req/s at 50 clients with the request log on (metadata) against off, paired
   rounds of two gateways (request_log.py).
+- mcp: an MCP tool call through the gateway's `/mcp` against calling the upstream MCP server
+  directly, the SDK's client one call at a time: p50 and p99, alternating rounds
+  (mcp_tools.py).
 
 Every target is a ratio or a comparison against references measured in the same run (the
 minimal proxy above all), never an absolute time: this machine is shared and noisy. The one
@@ -87,6 +90,7 @@ from harness import (
     wait_for_port,
 )
 from hedging import hedging
+from mcp_tools import mcp_cost
 from queueing import queueing
 from realtime import realtime
 from resume import resume
@@ -105,7 +109,7 @@ end
 """
 PARTS = ("throughput", "curve", "latency", "stages", "streaming", "capacity", "failover",
          "startup", "whole_streamed", "assembly", "chaos", "resume", "tracing", "queueing",
-         "hedging", "accounts", "realtime", "semantic", "guardrails", "request_log")
+         "hedging", "accounts", "realtime", "semantic", "guardrails", "request_log", "mcp")
 PAIRED_CLIENTS = 50
 CURVE_RATES = [250, 500, 1000, 1500, 2000, 2500, 3000]  # past ~3,000 req/s the load
 # generator (Python, on core 1 with the upstream) is the limit, not the targets.
@@ -351,6 +355,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
         "queueing": lambda: queueing(work, 2 if quick else 4),
         "hedging": lambda: hedging(work, 200 if quick else 500),
         "realtime": lambda: realtime(work, 2 if quick else 3),
+        "mcp": lambda: mcp_cost(work, 200 if quick else 1000, 2 if quick else 4),
         "accounts": lambda: accounts.accounts_cost(
             work, duration, 2 if quick else 5,
             lambda url, key, seconds: measure("accounts", url, [accounts.CLIENTS], seconds,

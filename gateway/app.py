@@ -53,8 +53,12 @@ from gateway.edge import (
 )
 from gateway.edge.front import Front
 from gateway.edge.guard import Guard
+from gateway.edge.mcp_route import McpRoute
 from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
+from gateway.mcp import sessions as mcp_sessions
+from gateway.mcp.cancels import Cancels
+from gateway.mcp.hub import Hub
 from gateway.observe import logs
 from gateway.pipeline import stack
 from gateway.realtime.limits import SessionCounts
@@ -181,6 +185,11 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.runtime = runtime
         app.state.realtime = SessionCounts()  # the Realtime sessions open, per key
         app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
+        # Upstream MCP servers behind `/mcp` (`gateway.mcp`), kept in step with reloads.
+        app.state.mcp = hub = Hub(runtime)
+        app.state.mcp_sessions = mcp_sessions.Sessions(
+            redis, state.prefix, snapshot.mcp.max_sessions, snapshot.mcp.session_ttl)
+        app.state.mcp_cancels = cancels = Cancels(redis, state.prefix)
         runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
         if snapshot.source is not None:
@@ -191,6 +200,10 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         supervisor.start("accounts", accounts.run)
         supervisor.start("request_log", journal.run)
         supervisor.start("batches", batches.run)
+        supervisor.start("mcp_servers", hub.follow)  # their links made and kept in step
+        supervisor.start("mcp_audit", hub.run_audit)
+        if redis is not None:
+            supervisor.start("mcp_cancellations", cancels.listen)
         if ledger is not None:
             supervisor.start("budget_settlements", ledger.run)
         if ledger is not None or machine is not None:
@@ -210,6 +223,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         finally:
             await supervisor.stop()
             try:  # the Redis client is closed after it, whatever it did
+                await hub.close()  # spawned MCP servers stopped
                 await runtime.close()
                 if ledger is not None:
                     await ledger.flush()
@@ -287,7 +301,7 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
     request_log = logs.configure()
     if snapshot is None:
         snapshot = config.load(config.discover())
-    guarded = Guard.around(Front(Litestar(
+    served = Litestar(
         # The Realtime API's WebSocket: its key is checked by its session (`gateway.realtime`).
         route_handlers=[*handlers(snapshot), realtime.realtime],
         lifespan=[lifespan],
@@ -302,7 +316,8 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
         debug=False,
         openapi_config=None,
         logging_config=None,
-    )), snapshot.server)
+    )
+    guarded = Guard.around(McpRoute(Front(served), served), snapshot.server)
     checked = Origins.around(guarded, snapshot.server,
                              os.environ.get(BIND_ENV) or snapshot.server.host)
     if not snapshot.server.cors_origins:

@@ -76,6 +76,11 @@ def parse_guardrails(text: str) -> list[str]:
     return names
 
 
+def parse_tools(text: str) -> list[str]:
+    """`docs_*,search_web` as MCP tool names or patterns; an empty text allows none."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def parse_count(text: str) -> int:
     """A positive whole number."""
     if not text.strip().isdigit() or int(text) < 1:
@@ -120,6 +125,9 @@ def _option(parse: Callable[[str], Any], clearable: bool) -> Callable[[str], Any
 # Options a key and a team share: (flags, destination in the API's body, how it is read, help).
 LIMITS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--models", "models", parse_models, "aliases it may use, comma-separated (default: any)"),
+    ("--mcp-tools", "mcp_tools", parse_tools, "MCP tools it may call, names or patterns "
+                                              "like docs_*, comma-separated; '' for none "
+                                              "(default: any)"),
     ("--budget", "budget", parse_budget, "dollars per period: 20/month, 5/day, 3/week, "
                                          "100/total; a bare number is per month"),
     ("--rpm", "rpm", parse_count, "requests per minute"),
@@ -166,8 +174,8 @@ def _add_fields(parser: argparse.ArgumentParser, update: bool, key: bool) -> Non
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
     """The body fields the options set (SUPPRESS: an option not given is absent)."""
-    names = ("team", "models", "guardrails", "budget", "rpm", "tpm", "max_parallel",
-             "expires_at", "logs")
+    names = ("team", "models", "guardrails", "mcp_tools", "budget", "rpm", "tpm",
+             "max_parallel", "expires_at", "logs")
     body = {name: getattr(args, name) for name in names if hasattr(args, name)}
     if hasattr(args, "metadata"):
         body["metadata"] = dict(args.metadata)

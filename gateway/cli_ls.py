@@ -91,6 +91,20 @@ def lines(snapshot: Snapshot, live: dict[str, Any] | None,
     for name, alias in names:
         yield f"       {name} -> {alias}"
     yield from unpriced_lines(snapshot, live)
+    yield from mcp_lines(snapshot, live)
+
+
+def mcp_lines(snapshot: Snapshot, live: dict[str, Any] | None) -> Iterator[str]:
+    """The MCP servers behind `/mcp`: each one's transport, and as the running gateway says,
+    its state and how many tools it has."""
+    if snapshot.mcp_servers:
+        yield "MCP servers (mcp_servers), behind /mcp:"
+    rows = {row["name"]: row for row in (live or {}).get("mcp_servers") or ()}
+    for server in snapshot.mcp_servers:
+        transport = "stdio" if server.command else "http"
+        row = rows.get(server.name)
+        said = f"{row['state']}, {row['tools']} tools" if row is not None else "configured"
+        yield f"       {server.name:<14} {transport:<6} {said}"
 
 
 def unpriced_lines(snapshot: Snapshot, live: dict[str, Any] | None) -> Iterator[str]:

@@ -99,7 +99,7 @@ LAYERS = {
     "adapters": 4,
     "accounts": 5, "queue": 5, "idempotency": 5, "cache": 5, "guardrails": 5,
     "state": 6, "requestlog": 6,
-    "pipeline": 7,
+    "pipeline": 7, "mcp": 7,
     "batches": 8, "realtime": 8,
     "edge": 9,
     "console": 10,

@@ -119,6 +119,8 @@ class Account:
     # team's (`gateway.guardrails`).
     guardrails: tuple[str, ...] = ()
     capture: str | None = None  # what the request log keeps of its requests (its `logs`)
+    # MCP tools it may call: each list (the key's, its team's) must match (`gateway.mcp`).
+    mcp_tools: tuple[tuple[str, ...], ...] = ()
 
     def allows(self, alias: str) -> bool:
         """Whether the key may use `alias`."""
@@ -155,7 +157,10 @@ def account_of(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> Accoun
         scopes=tuple(scopes), expires_at=key.get("expires_at"),
         slots=_slots(key, team), capture=(key.get("logs") or {}).get("capture"),
         guardrails=tuple(dict.fromkeys([*(key.get("guardrails") or ()),
-                                        *((team or {}).get("guardrails") or ())])))
+                                        *((team or {}).get("guardrails") or ())])),
+        mcp_tools=tuple(tuple(found) for found in (key.get("mcp_tools"),
+                                                   team and team.get("mcp_tools"))
+                        if isinstance(found, list)))
 
 
 def _slots(key: Mapping[str, Any], team: Mapping[str, Any] | None) -> tuple[Slots, ...]:

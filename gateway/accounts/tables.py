@@ -23,6 +23,7 @@ teams = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("guardrails", JSON, nullable=True),  # llms.json's guardrails its keys pass
+    Column("mcp_tools", JSON, nullable=True),  # MCP tools its keys may call; null: any
 )
 
 keys = Table(
@@ -47,6 +48,7 @@ keys = Table(
     Column("created_by", String(128), nullable=True),
     Column("guardrails", JSON, nullable=True),  # llms.json's guardrails it passes
     Column("logs", JSON, nullable=True),  # {"capture": ...}: the request log's, for its requests
+    Column("mcp_tools", JSON, nullable=True),  # MCP tools it may call (names, patterns)
 )
 
 spend = Table(

@@ -20,6 +20,7 @@ import msgspec
 import yaml
 
 from gateway.config.fields import did_you_mean, invalid, merge_over
+from gateway.config.mcp import servers as mcp_servers
 from gateway.config.providers import expand, provider
 from gateway.config.snapshots import routes
 from gateway.config.ui import ui
@@ -45,6 +46,7 @@ from gateway.core.settings import (
 )
 from gateway.core.settings.guardrails import GuardrailPolicy
 from gateway.core.settings.logs import LogCapture, LogsConfig
+from gateway.core.settings.mcp import McpServerEntry, McpSettings
 from gateway.core.settings.realtime import RealtimeConfig
 from providers.contract.spec import (
     DEFAULT_MAX_ANSWER_EVENTS,
@@ -115,6 +117,8 @@ class _File(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     guardrails: dict[str, GuardrailPolicy] = {}
     ui: dict[str, Any] = {}  # the web console's sign-in (`gateway.config.ui`)
     logs: LogsConfig | None = None
+    mcp_servers: dict[str, McpServerEntry] = {}  # upstream MCP servers (`gateway.mcp`)
+    mcp: McpSettings = McpSettings()
 
 
 def discover(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -199,7 +203,9 @@ def parse(text: str, path: Path, environ: Mapping[str, str]) -> Snapshot:
                     database=_database(file.database, path, environ), batches=file.batches,
                     unpriced=_unpriced(file.defaults.unpriced, where),
                     realtime=file.realtime, guardrails=file.guardrails,
-                    ui=ui(file.ui, where, environ), document=data, logs=file.logs)
+                    ui=ui(file.ui, where, environ), document=data, logs=file.logs,
+                    mcp_servers=mcp_servers(file.mcp_servers, file.mcp, environ, where),
+                    mcp=file.mcp)
     _judges(snapshot, where)
     return snapshot
 

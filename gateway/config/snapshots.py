@@ -10,6 +10,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
 
+from gateway.config.mcp import secrets as mcp_secrets
 from gateway.core.facts import Facts, Unpriced, facts, siblings_filled
 from gateway.core.settings import Route, Snapshot
 from providers.contract.redact import url_secrets
@@ -42,7 +43,7 @@ def secrets(snapshot: Snapshot) -> list[str]:
             found += url_secrets(spec.proxy)
         elif isinstance(spec.proxy, ProxyEnvironment):
             found += [secret for _, url, _ in spec.proxy.entries for secret in url_secrets(url)]
-    return found
+    return found + mcp_secrets(snapshot.mcp_servers)
 
 
 def is_loopback(host: str) -> bool:
@@ -60,7 +61,7 @@ def weakening(old: Snapshot, new: Snapshot, bind_host: str, allowed_open: bool =
     """Why reloading `new` over `old` would weaken the gateway, or None: a reload never turns
     authentication off (an unset or mistyped key variable resolves to no key), never leaves a
     reachable address open unless that is allowed (`allowed_open`: `--allow-unauthenticated`),
-    and never leaves no provider."""
+    and never leaves nothing to serve (no provider, no MCP server)."""
     if old.keys and not new.keys:
         return ("server.api_keys resolves to no key (is its variable unset or misspelt?) while "
                 "keys are in force")
@@ -70,7 +71,7 @@ def weakening(old: Snapshot, new: Snapshot, bind_host: str, allowed_open: bool =
     if not (new.keys or is_loopback(bind_host) or new.server.allow_unauthenticated
             or allowed_open):
         return f"it would serve {bind_host} without server.api_keys"
-    if not new.providers:
+    if not new.providers and not new.mcp_servers:  # a gateway of tools alone serves some
         return "providers is empty"
     return None
 

@@ -37,6 +37,9 @@ Alias = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
 Models = Annotated[list[Alias], msgspec.Meta(max_length=1000)]
 Guardrails = Annotated[list[Alias], msgspec.Meta(max_length=100)]
+# MCP tools a key or team may call: namespaced names or shell-style patterns (`gateway.mcp`).
+Tools = Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=128)]],
+                  msgspec.Meta(max_length=1000)]
 Metadata = Annotated[dict[str, Any], msgspec.Meta(max_length=100)]
 
 
@@ -54,6 +57,7 @@ class KeyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     team: Name | None = None
     models: Models | None = None
     guardrails: Guardrails | None = None
+    mcp_tools: Tools | None = None
     rpm: Count | None = None
     tpm: Count | None = None
     max_parallel: Count | None = None
@@ -70,6 +74,7 @@ class KeyPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     team: Name | msgspec.UnsetType | None = msgspec.UNSET
     models: Models | msgspec.UnsetType | None = msgspec.UNSET
     guardrails: Guardrails | msgspec.UnsetType | None = msgspec.UNSET
+    mcp_tools: Tools | msgspec.UnsetType | None = msgspec.UNSET
     rpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     tpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     max_parallel: Count | msgspec.UnsetType | None = msgspec.UNSET
@@ -85,6 +90,7 @@ class TeamBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Name
     models: Models | None = None
     guardrails: Guardrails | None = None
+    mcp_tools: Tools | None = None
     rpm: Count | None = None
     tpm: Count | None = None
     max_parallel: Count | None = None
@@ -97,6 +103,7 @@ class TeamPatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     models: Models | msgspec.UnsetType | None = msgspec.UNSET
     guardrails: Guardrails | msgspec.UnsetType | None = msgspec.UNSET
+    mcp_tools: Tools | msgspec.UnsetType | None = msgspec.UNSET
     rpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     tpm: Count | msgspec.UnsetType | None = msgspec.UNSET
     max_parallel: Count | msgspec.UnsetType | None = msgspec.UNSET
@@ -137,7 +144,8 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": row["id"], "object": "key", "name": row["name"],
         "key_hint": f"{row['prefix']}...{row['last4']}", "team": row["team"],
-        "models": row["models"], "guardrails": row.get("guardrails"), "rpm": row["rpm"],
+        "models": row["models"], "guardrails": row.get("guardrails"),
+        "mcp_tools": row.get("mcp_tools"), "rpm": row["rpm"],
         "tpm": row["tpm"], "max_parallel": row["max_parallel"], "budget": _budget(row),
         "expires_at": iso(row["expires_at"]), "metadata": row["metadata"] or {},
         "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"]),
@@ -148,8 +156,8 @@ def key_view(row: Mapping[str, Any]) -> dict[str, Any]:
 def team_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """A team as the admin API shows it."""
     return {"name": row["name"], "object": "team", "models": row["models"],
-            "guardrails": row.get("guardrails"), "rpm": row["rpm"], "tpm": row["tpm"],
-            "max_parallel": row["max_parallel"],
+            "guardrails": row.get("guardrails"), "mcp_tools": row.get("mcp_tools"),
+            "rpm": row["rpm"], "tpm": row["tpm"], "max_parallel": row["max_parallel"],
             "budget": _budget(row), "metadata": row["metadata"] or {},
             "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"])}
 
@@ -248,8 +256,8 @@ def warnings(snapshot: Snapshot, models: Any, expires_at: Any, now: float) -> li
 
 
 def _defaults(row: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("team", "models", "guardrails", "rpm", "tpm", "max_parallel", "budget_usd",
-            "budget_period", "expires_at", "metadata", "logs")
+    keys = ("team", "models", "guardrails", "mcp_tools", "rpm", "tpm", "max_parallel",
+            "budget_usd", "budget_period", "expires_at", "metadata", "logs")
     return {k: row.get(k) for k in keys}
 
 
@@ -325,8 +333,8 @@ async def create_team(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 def _team_defaults() -> dict[str, Any]:
-    return dict.fromkeys(("models", "guardrails", "rpm", "tpm", "max_parallel", "budget_usd",
-                          "budget_period", "metadata"))
+    return dict.fromkeys(("models", "guardrails", "mcp_tools", "rpm", "tpm", "max_parallel",
+                          "budget_usd", "budget_period", "metadata"))
 
 
 @get("/admin/teams")

@@ -95,6 +95,8 @@ async def status_json(request: Request[Any, Any, Any]) -> Response[bytes]:
     body = status_page.status(runtime, every_key, _id_of(key))
     body.update(await status_page.accounts_view(runtime, request.app.state.spend, every_key))
     body["request_log"] = request.app.state.journal.status()
+    if (hub := getattr(request.app.state, "mcp", None)) is not None:
+        body["mcp_servers"] = hub.view()  # each upstream MCP server's state and tools
     return _json(runtime, body)
 
 

@@ -89,8 +89,13 @@ QUEUE_DROPPED = Family("llms_queue_dropped", "Requests that left the queue witho
 GUARDRAIL_ACTIONS = Family("llms_guardrail_actions", "Values guardrails met, by guardrail, "
                            "category (EMAIL, SECRET, ...) and action taken",
                            ("guardrail", "category", "action"))
+MCP_CALLS = Family("llms_mcp_tool_calls", "MCP tool calls through the gateway, by server, tool "
+                   "(its upstream name) and outcome", ("server", "tool", "outcome"))
+MCP_LATENCY = Family("llms_mcp_tool_call_duration_seconds", "MCP tool calls' time, by server",
+                     ("server",), LATENCY_BUCKETS)
 FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
-            CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED, GUARDRAIL_ACTIONS)
+            CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED, GUARDRAIL_ACTIONS,
+            MCP_CALLS, MCP_LATENCY)
 # The families labelled by key: a key's id is shown only to who may read every key's.
 KEYED = frozenset(family.name for family in FAMILIES if "key" in family.labels)
 INFLIGHT = ("llms_inflight_requests", "Requests in the gateway: served, or queued for a slot")
@@ -242,6 +247,11 @@ class Metrics:
                 values.inc(TOKENS, (model, provider, "reasoning"), usage.reasoning_tokens)
         if cost:
             values.inc(COST, served, cost)
+
+    def tool_call(self, server: str, tool: str, outcome: str, seconds: float) -> None:
+        """An MCP tool call ended (`gateway.mcp.governance`)."""
+        self.values.inc(MCP_CALLS, (server, tool, outcome))
+        self.values.observe(MCP_LATENCY, (server,), seconds)
 
     def cache_lookup(self, model: str, result: str) -> None:
         """A response cache lookup: hit, miss or bypass."""

@@ -20,6 +20,7 @@ from gateway.core.limits import PRIORITY_BOUND, KeyLimits
 from gateway.core.settings.console import UiConfig
 from gateway.core.settings.guardrails import GuardrailPolicy
 from gateway.core.settings.logs import LogsConfig
+from gateway.core.settings.mcp import McpServer, McpSettings
 from gateway.core.settings.realtime import RealtimeConfig
 from providers.contract.spec import ProviderSpec, Secret
 from providers.contract.usage import Price
@@ -355,6 +356,9 @@ class Snapshot:
     # The file as written ("$NAME" unexpanded): what `/admin/config` shows, secrets hidden.
     document: Mapping[str, object] = field(default_factory=dict)
     logs: LogsConfig | None = None  # the request log (`gateway.requestlog`); None: off
+    # Upstream MCP servers (`mcp_servers`) and how they are served (`mcp`): `gateway.mcp`.
+    mcp_servers: tuple[McpServer, ...] = ()
+    mcp: McpSettings = field(default_factory=McpSettings)
 
     def policy(self, alias: str) -> AliasPolicy:
         """The routing and cache policy of `alias`: its own in `models`, else the defaults."""

@@ -1,0 +1,169 @@
+"""JSON-RPC for MCP clients of both revisions in use, framework-free: one message in, its answer
+out (`answer`), the hub behind it. The SDK's wire types and version tables are the reference:
+methods, error codes and result shapes are theirs.
+
+2025-11-25 clients `initialize` (the edge opens their session) and send the version in a
+header; 2026-07-28 clients send version and capabilities in each request's `_meta`, ask
+`server/discover`, and read `resultType`, `ttlMs` and `cacheScope` on results (a listing is
+`private`: what a key may see is its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import mcp_types as types
+from mcp_types.version import (
+    HANDSHAKE_PROTOCOL_VERSIONS,
+    LATEST_HANDSHAKE_VERSION,
+    MODERN_PROTOCOL_VERSIONS,
+)
+
+from gateway.core.call import Identity
+from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown, UpstreamError
+from gateway.mcp.unavailable import Unavailable
+from gateway.mcp.upstream import Progress
+
+# The JSON-RPC code a refused call (a key's limit or budget) carries beside its HTTP 429.
+REFUSED = -32029
+Notify = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _version() -> str:
+    try:
+        return metadata.version("llms-gateway")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+SERVER_INFO = {"name": "llms-gateway", "version": _version()}
+CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": False}}
+
+
+@dataclass(frozen=True, slots=True)
+class Asking:
+    """Who asks, through which path, on which revision."""
+
+    identity: Identity | None
+    server: str | None  # `/mcp/{server}`; None: every server
+    version: str
+    notify: Notify | None = None  # where a call's progress goes (an SSE answer), if anywhere
+
+    @property
+    def modern(self) -> bool:
+        return self.version in MODERN_PROTOCOL_VERSIONS
+
+
+def agreed(requested: object) -> str:
+    """The revision `initialize` agrees on: the client's when it is one we speak, else ours."""
+    if isinstance(requested, str) and requested in HANDSHAKE_PROTOCOL_VERSIONS:
+        return requested
+    return LATEST_HANDSHAKE_VERSION
+
+
+def initialized(version: str) -> dict[str, Any]:
+    """The `initialize` result."""
+    return {"protocolVersion": version, "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO,
+            "instructions": "Tools of every MCP server this gateway key may use, named "
+                            "{server}_{tool}."}
+
+
+def error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error answer."""
+    body: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        body["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": body}
+
+
+async def answer(hub: Hub, asking: Asking, message: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-RPC answer to the request `message`; a GatewayError (a refusal the HTTP answer
+    carries: 429) is raised for the edge to shape."""
+    request_id = message.get("id")
+    method = message.get("method")
+    params = message.get("params")
+    if params is not None and not isinstance(params, dict):
+        return error(request_id, types.INVALID_PARAMS, "params must be an object")
+    params = params or {}
+    try:
+        result = await _dispatch(hub, asking, str(method), params)
+    except ToolUnknown as exc:
+        return error(request_id, types.INVALID_PARAMS, str(exc))
+    except Unavailable as exc:
+        code = types.REQUEST_TIMEOUT if "did not answer" in str(exc) else types.INTERNAL_ERROR
+        return error(request_id, code, str(exc))
+    except UpstreamError as exc:
+        return error(request_id, exc.code, str(exc))
+    except _NoMethod:
+        return error(request_id, types.METHOD_NOT_FOUND, f"Method not found: {str(method)[:64]}")
+    except _BadParams as exc:
+        return error(request_id, types.INVALID_PARAMS, str(exc))
+    if asking.modern:
+        result.setdefault("resultType", "complete")
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+class _NoMethod(Exception):
+    pass
+
+
+class _BadParams(Exception):
+    pass
+
+
+async def _dispatch(hub: Hub, asking: Asking, method: str, params: dict[str, Any]
+                    ) -> dict[str, Any]:
+    if method == "tools/list":
+        listing = await hub.list_tools(asking.identity, asking.server)
+        result: dict[str, Any] = {"tools": listing.tools}
+        if listing.unavailable:
+            result["_meta"] = {UNAVAILABLE_META: listing.unavailable}
+        if asking.modern:  # what a key may see is its own: never cached for another
+            result.update(ttlMs=0, cacheScope="private")
+        return result
+    if method == "tools/call":
+        return await _call(hub, asking, params)
+    if method == "ping" or method == "logging/setLevel":
+        return {}
+    if method == "server/discover":
+        result = {"supportedVersions": [*MODERN_PROTOCOL_VERSIONS, *HANDSHAKE_PROTOCOL_VERSIONS],
+                  "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO,
+                  "ttlMs": 0, "cacheScope": "private"}
+        return result
+    if method in ("prompts/list", "resources/list", "resources/templates/list"):
+        field = {"prompts/list": "prompts", "resources/list": "resources",
+                 "resources/templates/list": "resourceTemplates"}[method]
+        empty: dict[str, Any] = {field: []}
+        if asking.modern:
+            empty.update(ttlMs=0, cacheScope="private")
+        return empty
+    raise _NoMethod
+
+
+async def _call(hub: Hub, asking: Asking, params: dict[str, Any]) -> dict[str, Any]:
+    name, arguments = params.get("name"), params.get("arguments")
+    if not isinstance(name, str):
+        raise _BadParams("params.name must be the tool's name")
+    if arguments is not None and not isinstance(arguments, dict):
+        raise _BadParams("params.arguments must be an object")
+    meta = params.get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    relay: Progress | None = None
+    if token is not None and asking.notify is not None:
+        notify = asking.notify
+
+        async def relayed(progress: float, total: float | None, message: str | None) -> None:
+            sent: dict[str, Any] = {"progressToken": token, "progress": progress}
+            if total is not None:
+                sent["total"] = total
+            if message is not None:
+                sent["message"] = message
+            await notify({"jsonrpc": "2.0", "method": "notifications/progress",
+                          "params": sent})
+
+        relay = relayed
+    return await hub.call_tool(asking.identity, name, arguments, progress=relay,
+                               server=asking.server)
