@@ -280,6 +280,59 @@ async def team_story(url: str, port: int, teams: dict[str, Any]) -> dict[str, An
         return seen
 
 
+
+# -- the request log, read by each role ---------------------------------------------------------
+
+
+def test_each_role_reads_the_request_log_a_team_admin_only_their_team_s_requests(
+        start_gateway: Callable[..., GatewayProcess],
+        upstream_factory: Callable[[str], FakeUpstream], issuer: FakeIssuer) -> None:
+    doc = sso(upstream_factory("logged"), issuer)
+    doc["logs"] = {"capture": "bodies"}
+    gateway = start_gateway(doc, env={"CONSOLE_CLIENT_SECRET": CLIENT_SECRET})
+    admin = Admin(gateway, KEY)
+    sent: dict[str, list[str]] = {}
+    for team, requests in (("red", 2), ("blue", 1)):
+        admin.team(name=team)
+        made = admin.key(name=f"{team}-service", team=team)
+        sent[team] = [teams_chat(gateway, made["key"]).headers["x-request-id"]
+                      for _ in range(requests)]
+    everything = {*sent["red"], *sent["blue"]}
+
+    def listed(client: httpx.Client | None, **params: str) -> set[str]:
+        answer = (client.get("/admin/logs", params=params) if client else
+                  admin.call("GET", "/admin/logs", params=params))
+        assert answer.status_code == 200, answer.text
+        return {row["request_id"] for row in answer.json()["data"]}
+
+    def one(client: httpx.Client, request_id: str) -> httpx.Response:
+        return client.get(f"/admin/logs/{request_id}")
+
+    def session(sub: str, email: str, groups: list[str]) -> httpx.Client:
+        issuer.sign_in_as(sub, email, groups)
+        signed = sign_in(gateway)
+        assert signed.status_code == 303, signed.text
+        client: httpx.Client = signed.extensions["client"]
+        return client
+
+    assert listed(None) == everything, "an admin key, as before"
+    ada = session("u-1", "ada@example.com", ["llms-admins"])
+    grace = session("u-2", "grace@example.com", ["llms-viewers"])
+    linus = session("u-3", "linus@example.com", ["red-admins"])
+    assert listed(ada) == listed(grace) == everything
+    assert one(grace, sent["blue"][0]).json()["request_body"] is not None, "bodies: stored"
+    assert listed(linus) == set(sent["red"]), "a team admin: their team's rows alone"
+    assert listed(linus, team="blue") == set() and listed(linus, team="red") == set(sent["red"])
+    red = one(linus, sent["red"][0])
+    assert red.status_code == 200 and red.json()["team"] == "red"
+    assert "hello" in red.json()["request_body"], "their team's bodies included"
+    other = one(linus, sent["blue"][0])
+    assert other.status_code == 404 and sent["blue"][0] in other.json()["error"]["message"]
+    exported = linus.get("/admin/logs", params={"format": "ndjson"})
+    assert {json.loads(line)["request_id"] for line in exported.text.splitlines()} == \
+        set(sent["red"])
+
+
 # -- what is refused: each a 401 page, never a session -----------------------------------------
 
 
