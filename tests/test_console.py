@@ -8,18 +8,20 @@ import asyncio
 import base64
 import json
 import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests import browser
 from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
-from tests.test_teams import Admin, priced
+from tests.test_teams import PRICE, Admin, priced
 from tests.test_teams import chat as teams_chat
-from tests.upstream import FakeUpstream
+from tests.upstream import FakeUpstream, status
 
 KEY = "admin-console-key-0001"
 CHROMIUM = browser.CHROMIUM
@@ -96,7 +98,7 @@ def test_an_admin_key_signs_in_once_is_kept_nowhere_and_user_data_stays_text(
     assert seen["cookie_seen_by_script"] == "", "the session cookie is HttpOnly"
     assert seen["hostile_shown"] == HOSTILE, "the name is shown as the text it is"
     assert seen["images"] == 0 and seen["pwned"] is None
-    assert "/admin/logs answered 404" in seen["logs"], "no request log yet: said, not failed"
+    assert "No request logged yet" in seen["logs"], "no request log: said, not failed"
     assert seen["after_sign_out"] == "login" and seen["session_after"] is False
     assert KEY not in gateway.logs()
 
@@ -129,7 +131,7 @@ async def sign_in_with_keys(url: str, port: int) -> dict[str, Any]:
         seen["pwned"] = await page.evaluate("document.body.dataset.pwned ?? null")
         await show(page, url, "logs")
         seen["logs"] = await page.wait_for(
-            "document.getElementById('logs-missing')?.textContent")
+            "document.getElementById('logs-empty')?.textContent")
         await page.click("#logout")
         await page.wait_for("document.body.dataset.page === 'login'")
         seen["after_sign_out"] = await page.evaluate("document.body.dataset.page")
@@ -257,64 +259,86 @@ def test_without_an_admin_key_this_machine_is_the_console_s_admin(
     assert forwarded["signed_in"] is False, "a proxy's request is not this machine"
 
 
-# The request log's answers as issue 45 documents them (`/admin/logs`, `/admin/logs/{id}`),
-# served to the page in place of a gateway that has no request log yet: what the logs page
-# draws of that shape, and that a body full of markup stays text.
-ROWS = [{"request_id": f"req-{n}", "time": "2026-12-07T10:00:0{n}+00:00", "key": "key_a",
-         "team": "red", "endpoint": "chat", "alias": "m", "model": "m-upstream",
-         "provider": "backup", "status": 200, "duration_ms": 120, "cost": 0.0021}
-        for n in range(3)]
-DETAILS = {
-    "req-0": {**ROWS[0], "payload": "stored", "attempts": [
-        {"provider": "primary", "model": "m-upstream", "outcome": "error",
-         "error_code": "upstream_error", "start_ms": 0, "duration_ms": 40},
-        {"provider": "backup", "model": "m-upstream", "outcome": "ok", "start_ms": 41,
-         "duration_ms": 79}],
-        "request_body": '{"messages": [{"content": "' + HOSTILE + '"}]}',
-        "response_body": "<script>document.body.dataset.pwned=1</script>"},
-    "req-1": {**ROWS[1], "payload": "disabled", "attempts": []},
-    "req-2": {**ROWS[2], "payload": "not_captured", "attempts": []},
-}
-STUB = """(() => {
-  const rows = %s, details = %s, real = window.fetch;
-  const json = (body, status = 200) => new Response(JSON.stringify(body),
-    {status, headers: {"content-type": "application/json"}});
-  window.fetch = async (input, init) => {
-    const path = new URL(String(input), location.href).pathname;
-    if (path === "/admin/logs") return json({data: rows, next_cursor: null});
-    if (path.startsWith("/admin/logs/")) {
-      const found = details[decodeURIComponent(path.slice("/admin/logs/".length))];
-      return found ? json(found) : json({error: {message: "No such request"}}, 404);
-    }
-    return real(input, init);
-  };
-})();"""
+# -- the logs page, on the real request log ------------------------------------------------------
+
+CLIENT_KEY, PRIVATE_KEY = "client-console-key-0001", "private-console-key-0001"
+
+
+def logging_gateway(first: FakeUpstream, second: FakeUpstream, tmp_path: Path
+                    ) -> dict[str, Any]:
+    """Alias `m` served by `first` then `second`, `kept` by `second` with its bodies captured;
+    the request log on (metadata), in a SQLite file of the test's own; a client key and a
+    `private` one."""
+    models = {"m": {"id": "m-upstream", "price": PRICE}}
+    doc = config({"first": provider(first.base_url, models),
+                  "second": provider(second.base_url, {
+                      **models, "kept": {"id": "kept-upstream", "price": PRICE}})},
+                 defaults={"circuit": {"enabled": False}},
+                 database={"url": f"sqlite:///{tmp_path / 'accounts.db'}"},
+                 server={"admin_keys": [{"key": KEY, "id": "ops"}],
+                         "api_keys": [{"key": CLIENT_KEY, "id": "notebook"},
+                                      {"key": PRIVATE_KEY, "id": "hr-bot", "private": True}]})
+    doc["logs"] = {"capture": "metadata"}
+    doc["models"] = {"kept": {"logs": {"capture": "bodies"}}}
+    return doc
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
-def test_the_logs_page_draws_the_documented_shape_with_attempts_and_bodies_as_text(
+def test_a_request_made_with_the_openai_sdk_is_found_in_the_console_by_its_request_id(
         start_gateway: Callable[..., GatewayProcess],
         upstream_factory: Callable[[str], FakeUpstream], tmp_path: Path) -> None:
-    gateway = start_gateway(keyed(upstream_factory("logs")))
+    """Issue 45's "done when": a failover found in the UI with its two attempts, its tokens and
+    cost as the answer and the spend table say; bodies disabled, not captured and stored, each
+    shown as such, and a body full of markup shown as text."""
+    first, second = upstream_factory("first"), upstream_factory("second")
+    gateway = start_gateway(logging_gateway(first, second, tmp_path))
+    first.set_mode(status(500, "first is down"))
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=CLIENT_KEY, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "why is the sky blue?"}])
+    answer, failover = raw.parse(), raw.headers["x-request-id"]
+    stored = teams_chat(gateway, CLIENT_KEY, "kept", messages=[
+        {"role": "user", "content": HOSTILE}]).headers["x-request-id"]
+    private = teams_chat(gateway, PRIVATE_KEY, "kept").headers["x-request-id"]
+    assert raw.headers["x-llms-attempts"] == "2" and answer.usage is not None
 
     with browser.launched(tmp_path) as port:
-        seen = asyncio.run(read_logs(gateway.url, port))
+        seen = asyncio.run(find_requests(gateway.url, port, failover,
+                                         {"disabled": failover, "stored": stored,
+                                          "not_captured": private}, tmp_path))
 
-    assert seen["listed"] == ["req-0", "req-1", "req-2"]
-    assert seen["attempts"] == [["1. primary m-upstream", "error"], ["2. backup m-upstream", "ok"]]
-    assert seen["payload"] == {"req-0": "stored", "req-1": "disabled", "req-2": "not_captured"}
-    assert "capture is off" in seen["said"]["req-1"]
-    assert "private key" in seen["said"]["req-2"]
-    assert HOSTILE in seen["request_body"] and "<script>" in seen["response_body"]
+    assert seen["listed"] == [private, stored, failover], "newest first"
+    assert seen["opened"] == f"Request {failover}", "found by its x-request-id"
+    assert seen["attempts"] == [["1. first", "failed", "failed · 500 · unavailable"],
+                                ["2. second", "answered", "answered"]]
+    facts = seen["facts"]
+    assert (facts["provider"], facts["alias"], facts["key"]) == ("second", "m", "notebook")
+    assert (int(facts["prompt_tokens"]), int(facts["completion_tokens"])) == (
+        answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    assert facts["cost"] == f"${raw.headers['x-llms-cost']}", "to the millionth, as the header"
+    assert httpx.get(f"{gateway.url}/admin/spend", timeout=10,
+                     headers={"Authorization": f"Bearer {KEY}"}).status_code == 200  # written
+    with sqlite3.connect(tmp_path / "accounts.db") as db:
+        spent = db.execute("SELECT prompt_tokens, completion_tokens, cost FROM spend "
+                           "WHERE request_id = ?", (failover,)).fetchall()
+    assert len(spent) == 1 and spent[0][:2] == (answer.usage.prompt_tokens,
+                                                answer.usage.completion_tokens)
+    assert f"${spent[0][2]:.6f}" == facts["cost"], "the spend table's dollars"
+    assert seen["payload"] == {"disabled": "disabled", "stored": "stored",
+                               "not_captured": "not_captured"}
+    assert "capture is off" in seen["said"]["disabled"]
+    assert "private key" in seen["said"]["not_captured"]
+    assert seen["bodies"]["disabled"] == seen["bodies"]["not_captured"] == []
+    assert seen["bodies"]["stored"] == ["request", "response"]
+    sent = json.loads(seen["request_body"])  # laid out to be read, as the JSON it is
+    assert sent["messages"][0]["content"] == HOSTILE, "markup shown as the text it is"
     assert seen["injected"] == 0 and seen["pwned"] is None
     assert seen["unknown"] == "No request nope in the log."
 
 
-async def read_logs(url: str, port: int) -> dict[str, Any]:
+async def find_requests(url: str, port: int, failover: str, payloads: dict[str, str],
+                        tmp_path: Path) -> dict[str, Any]:
     async with browser.open_page(port) as page:
-        await page.send("Page.enable")
-        await page.send("Page.addScriptToEvaluateOnNewDocument",
-                        source=STUB % (json.dumps(ROWS), json.dumps(DETAILS)))
         await page.goto(f"{url}/ui")
         await page.wait_for("document.body.dataset.page === 'login'")
         await page.type("#key", KEY)
@@ -323,18 +347,30 @@ async def read_logs(url: str, port: int) -> dict[str, Any]:
         await show(page, url, "logs")
         seen: dict[str, Any] = {"listed": await page.wait_for(
             "[...document.querySelectorAll('tr.row')].map(r => r.dataset.requestId)")}
-        seen["payload"], seen["said"] = {}, {}
-        for request_id in DETAILS:
+        shoot(await picture(page), "logs", tmp_path)
+        await page.type("#request-id", failover)
+        await page.click("#jump button")
+        await page.wait_for("document.body.dataset.ready === 'true' && "
+                            "Boolean(document.getElementById('attempts'))")
+        seen["opened"] = await page.text("main h2")
+        seen["attempts"] = await page.evaluate(
+            "[...document.querySelectorAll('#attempts li')].map(li => ["
+            "li.querySelector('.what').textContent.trim(), li.dataset.outcome, "
+            "li.querySelector('.outcome').textContent])")
+        seen["facts"] = await page.evaluate(
+            "Object.fromEntries([...document.querySelectorAll('#log-facts dd')]"
+            ".map(dd => [dd.dataset.field, dd.textContent]))")
+        shoot(await picture(page), "log", tmp_path)
+        seen["payload"], seen["said"], seen["bodies"] = {}, {}, {}
+        for payload, request_id in payloads.items():
             await show(page, url, f"logs/{request_id}")
-            seen["payload"][request_id] = await page.evaluate(
+            seen["payload"][payload] = await page.evaluate(
                 "document.getElementById('payload').dataset.payload")
-            seen["said"][request_id] = await page.text("#payload")
-            if request_id == "req-0":
-                seen["attempts"] = await page.evaluate(
-                    "[...document.querySelectorAll('#attempts li')].map(li => "
-                    "[li.querySelector('.what').textContent.trim(), li.dataset.outcome])")
+            seen["said"][payload] = await page.text("#payload")
+            seen["bodies"][payload] = await page.evaluate(
+                "[...document.querySelectorAll('pre[data-body]')].map(p => p.dataset.body)")
+            if payload == "stored":
                 seen["request_body"] = await page.text("pre[data-body=request]")
-                seen["response_body"] = await page.text("pre[data-body=response]")
                 seen["injected"] = await page.evaluate(
                     "document.querySelectorAll('main img, main script').length")
                 seen["pwned"] = await page.evaluate("document.body.dataset.pwned ?? null")

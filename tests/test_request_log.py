@@ -29,7 +29,7 @@ from gateway.accounts.database import engine_url
 from tests.gateway_process import GatewayProcess, config, provider, wait_until
 from tests.postgres_server import PostgresServer
 from tests.test_cli import run
-from tests.upstream import FakeUpstream, ok, status
+from tests.upstream import FakeUpstream, echo_prompt, ok, status
 
 PRICE = {"input": 20.0, "output": 40.0}
 KEY, PRIVATE_KEY = "gw-log-key-12345678", "gw-log-private-87654321"
@@ -357,6 +357,58 @@ def test_the_admin_logs_need_an_admin_key(
     seen = httpx.get(f"{gateway.url}/admin/logs", timeout=10,
                      headers={"Authorization": "Bearer gw-admin-key-000000"})
     assert seen.status_code == 200 and len(seen.json()["data"]) == 1
+
+
+
+EMAIL, PHONE = "alice@example.com", "+1 415 555 2671"
+API_SECRET = "sk-proj-Zq8d7Xc2Vb9Nm4Lk1Jh6Gf3Ds5Aa0Pp"
+
+
+def test_a_guarded_request_s_row_lists_the_guardrails_actions_and_keeps_only_placeholders(
+        start_gateway: Callable[..., GatewayProcess], first: FakeUpstream,
+        second: FakeUpstream, tmp_path: Path) -> None:
+    """Issue 44 items 6 and 7: the request log records what guardrails did, and what it keeps
+    of bodies is what providers saw (placeholders), never the values they replaced."""
+    doc = logged(first, second, tmp_path, logs={"capture": "bodies"})
+    doc["guardrails"] = {"pii": {"detect": ["email", "phone"], "action": "pseudonymize"},
+                         "no-secrets": {"detect": ["secrets"], "action": "block"}}
+    doc["models"] = {"plain": {"guardrails": ["pii", "no-secrets"]}}
+    gateway = start_gateway(doc)
+    admin = Admin(gateway)
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    second.set_mode(echo_prompt())
+    prompt = f"Mail {EMAIL} or call {PHONE}"
+
+    whole = client.chat.completions.with_raw_response.create(
+        model="plain", messages=[{"role": "user", "content": prompt}])
+    streamed = client.chat.completions.with_raw_response.create(
+        model="plain", messages=[{"role": "user", "content": prompt}], stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed.parse() if c.choices)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="plain", messages=[
+            {"role": "user", "content": f"deploy with {API_SECRET}"}])
+
+    assert whole.parse().choices[0].message.content == text == prompt  # the client's own
+    assert whole.headers["x-llms-guardrails"] == "pseudonymize:pii=2"
+    for answer in (whole, streamed):
+        row = admin.log(answer.headers["x-request-id"])
+        assert row["guardrails"] == ["pseudonymize:pii=2"]
+        assert row["payload"] == "stored"
+        for body in (row["request_body"], row["response_body"]):
+            assert "[EMAIL_1]" in body and "[PHONE_1]" in body, body
+            assert EMAIL not in body and PHONE not in body, body
+    blocked = admin.log(refused.value.response.headers["x-request-id"])
+    assert (blocked["status"], blocked["error_code"]) == (400, "guardrail_violation")
+    assert blocked["guardrails"] == ["block:no-secrets"] and blocked["attempts"] == []
+    assert blocked["payload"] == "not_captured" and blocked["request_body"] is None
+    listed = admin.logs(alias="plain")["data"]
+    assert [row["guardrails"] for row in listed] == [
+        ["block:no-secrets"], ["pseudonymize:pii=2"], ["pseudonymize:pii=2"]]
+    # Nothing the guardrails took out is in the database file itself.
+    stored = b"".join(path.read_bytes() for path in tmp_path.glob("accounts.db*"))  # WAL too
+    assert b"[EMAIL_1]" in stored
+    for value in (EMAIL, PHONE, API_SECRET):
+        assert value.encode() not in stored, value
 
 
 # --- retention: a million rows -----------------------------------------------------------------

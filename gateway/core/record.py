@@ -69,7 +69,8 @@ class Record:
     hedged: bool = False
     hedge_won: bool = False
     lost: tuple[str, ...] = ()  # the providers of tries that lost a hedge race
-    # What guardrails did to it ("pii_masked", "blocked:toxicity", ...), for the request log.
+    # The actions guardrails took on it, as `x-llms-guardrails` lists them ("pseudonymize:pii=2",
+    # "block:no-secrets"), for the request log.
     guardrails: list[str] | None = None
     # What the request log keeps of its bodies (`gateway.requestlog.capture`); None: nothing.
     bodies: object | None = None

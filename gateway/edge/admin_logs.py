@@ -1,6 +1,8 @@
 """`/admin/logs`: the request log (`gateway.requestlog`), found by filters or by request id.
 
-Admin routes like every other (`auth.check_admin`). A listing is a page of rows, newest first,
+Admin routes like every other (`access.caller`): an admin key, or a console session; a viewer
+reads every row, a team admin their own teams' rows only, narrowed in the query (another team's
+request is not found, as another team's key is). A listing is a page of rows, newest first,
 without bodies, and the opaque cursor of the next page; `format=ndjson` streams every matching
 row instead, a page at a time. One request (`/admin/logs/{request_id}`, the answer's
 `x-request-id`) shows its attempts and whether its bodies were kept: `payload` is `disabled`
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -21,8 +24,8 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.response import Stream
 
-from gateway.accounts import auth
 from gateway.core.errors import DatabaseUnavailable
+from gateway.edge.access import Caller, caller
 from gateway.requestlog.journal import Journal
 from gateway.requestlog.store import Filters
 from gateway.state.runtime import Runtime
@@ -39,16 +42,22 @@ PARAMS = frozenset(("key", "team", "alias", "model", "provider", "status", "sinc
 _BOOLEAN = ("stream", "hedged", "hedge_won", "cache_hit", "replayed")
 
 
-async def _journal(request: Request[Any, Any, Any]) -> Journal:
-    """The request log, once the caller is an admin and the database is migrated."""
+async def _journal(request: Request[Any, Any, Any]) -> tuple[Journal, Caller]:
+    """The request log and who reads it, once the caller may read it (an admin, a viewer, a
+    team admin) and the database is migrated."""
     runtime: Runtime = request.app.state.runtime
-    auth.check_admin(request.headers, runtime.live.snapshot,
-                     request.client.host if request.client else "", runtime.accounts)
+    who = await caller(request, team_scoped=True)
     if runtime.accounts is None or not runtime.accounts.migrated:
         raise DatabaseUnavailable("The accounts database is unavailable")
     journal: Journal = request.app.state.journal
     await journal.flush()
-    return journal
+    return journal, who
+
+
+def _scoped(found: Filters, who: Caller) -> Filters:
+    """The filters narrowed to the caller's teams when they are a team admin (in the query:
+    pages and the export stay whole)."""
+    return dataclasses.replace(found, teams=who.teams) if who.role == "team_admin" else found
 
 
 def filters(query: Mapping[str, str]) -> tuple[Filters, int | None, tuple[float, int] | None,
@@ -72,7 +81,9 @@ def filters(query: Mapping[str, str]) -> tuple[Filters, int | None, tuple[float,
     form = query.get("format", "json")
     if form not in ("json", "ndjson"):
         raise InvalidRequest("format must be json or ndjson", param="format")
-    found = Filters(**text, status=int(status) if status is not None else None,
+    found = Filters(key=text["key"], team=text["team"], alias=text["alias"],
+                    model=text["model"], provider=text["provider"],
+                    status=int(status) if status is not None else None,
                     since=_when(query, "since"), until=_when(query, "until"), q=q)
     return found, int(limit) if limit is not None else None, _position(query.get("cursor")), \
         form == "ndjson"
@@ -135,8 +146,9 @@ def view(row: Mapping[str, Any]) -> dict[str, Any]:
 async def list_logs(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
     """Logged requests matching the filters, newest first, a page at a time (or all of them,
     as ndjson)."""
-    journal = await _journal(request)
+    journal, who = await _journal(request)
     found, limit, after, ndjson = filters(request.query_params)
+    found = _scoped(found, who)
     if ndjson:
         return Stream(_export(journal, found, limit, after), media_type=NDJSON)
     wanted = limit or DEFAULT_LIMIT
@@ -172,9 +184,9 @@ async def _export(journal: Journal, found: Filters, limit: int | None,
 @get("/admin/logs/{request_id:str}")
 async def get_log(request: Request[Any, Any, Any], request_id: str) -> Response[bytes]:
     """One logged request: its attempts, and its bodies when they were kept."""
-    journal = await _journal(request)
+    journal, who = await _journal(request)
     row = await journal.store.one(request_id)
-    if row is None:
+    if row is None or not who.owns(row["team"]):  # another team's request: none to them
         off = "" if journal.settings() is not None else \
             " (the request log is off: add a `logs` section to llms.json)"
         raise NotFound(f"No logged request with id '{request_id[:128]}'{off}")

@@ -130,15 +130,18 @@ class Screening:
             self.screened(text, guardrails, "output") if guardrails else text,
             key in _JSON_TEXT))
 
-    def header(self) -> str:
-        """`x-llms-guardrails`: each action taken, with its guardrail and the values it
-        replaced (`pseudonymize:pii=2`, `block:no-secrets`, `log:audit=1`)."""
+    def actions(self) -> list[str]:
+        """Each action taken, with its guardrail and the values it replaced
+        (`pseudonymize:pii=2`, `block:no-secrets`, `log:audit=1`): the request log's."""
         counts: dict[tuple[str, str], int] = {}
         for (guardrail, _, action), count in self.taken.items():
             counts[(action, guardrail)] = counts.get((action, guardrail), 0) + count
-        return ", ".join(f"{action}:{guardrail}" if action == "block"
-                         else f"{action}:{guardrail}={count}"
-                         for (action, guardrail), count in counts.items())
+        return [f"{action}:{guardrail}" if action == "block" else f"{action}:{guardrail}={count}"
+                for (action, guardrail), count in counts.items()]
+
+    def header(self) -> str:
+        """`x-llms-guardrails`: the actions taken, comma-separated."""
+        return ", ".join(self.actions())
 
 
 def _replaced(text: str, found: Sequence[Found], by: Callable[[str, str], str]) -> str:

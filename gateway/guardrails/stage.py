@@ -68,7 +68,7 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
             raise
         if screening.taken:
             call.record.mark(HEADER, screening.header())
-            call.record.detail["guardrails"] = screening.header()
+            _told(call.record, screening)
         judges = () if call.state.get(ASKING) else tuple(
             g for g in in_force if g.judge is not None and g.on_input)
         if judges:
@@ -198,7 +198,7 @@ def _whole(delivery: Whole, screening: Screening, output: list[Guardrail],
     headers = {**delivery.headers, HEADER: screening.header()} if screening.taken \
         else delivery.headers
     if screening.taken:
-        delivery.record.detail["guardrails"] = screening.header()
+        _told(delivery.record, screening)
     if screened is body:
         return dataclasses.replace(delivery, headers=headers)
     return dataclasses.replace(delivery, body=msgspec.json.encode(screened), headers=headers)
@@ -216,12 +216,12 @@ async def _screened(chunks: AsyncGenerator[bytes, None], screen: StreamScreen,
                 yield written
             if len(screening.taken) != taken:  # before the stream's record ends
                 taken = len(screening.taken)
-                record.detail["guardrails"] = screening.header()
+                _told(record, screening)
         if rest := screen.end():
             yield rest
     except GuardrailViolation as exc:
         record.overruled(exc.status, exc.code)  # ends as the block, not as the close
-        record.detail["guardrails"] = screening.header()
+        _told(record, screening)
         await close_quietly(chunks)
         yield error_event(exc, record.dialect)
     finally:
@@ -233,8 +233,15 @@ def _publish(screening: Screening, record: Record, metrics: Metrics, tally: Tall
     """The actions taken, told once: Prometheus, the status page's counts, the log line."""
     if not screening.taken:
         return
-    record.detail["guardrails"] = screening.header()
+    _told(record, screening)
     for (guardrail, category, action), count in screening.taken.items():
         metrics.guardrail(guardrail, category, action, count)
         tally.add(guardrail, category, action, count)
     screening.taken = {}
+
+
+def _told(record: Record, screening: Screening) -> None:
+    """The actions taken so far on the record, for the log line and the request log's row (a
+    stream's record may end before the stream's last chunk is screened: told as they come)."""
+    record.guardrails = screening.actions()
+    record.detail["guardrails"] = ", ".join(record.guardrails)

@@ -42,6 +42,7 @@ class Filters:
     since: float | None = None
     until: float | None = None
     q: str | None = None  # text in the captured bodies
+    teams: tuple[str, ...] | None = None  # only rows of these teams (a team admin's)
 
 
 class Store:
@@ -134,6 +135,8 @@ def _where(query: sa.Select[Any], filters: Filters) -> sa.Select[Any]:
                           (table.status, filters.status)):
         if value is not None:
             query = query.where(column == value)
+    if filters.teams is not None:  # a row without a team is no team admin's
+        query = query.where(table.team.in_(filters.teams))
     if filters.model is not None:  # the upstream model that served, or the name sent
         query = query.where(sa.or_(table.model == filters.model,
                                    table.requested == filters.model))

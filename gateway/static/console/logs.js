@@ -1,7 +1,7 @@
 // Logs: search the request log (/admin/logs) and open one request (/admin/logs/{id}) with its
-// attempts as a timeline and its bodies as text. On a gateway without the request log the
-// page says so instead of failing.
-import {card, dollars, el, field, table, when} from "./dom.js";
+// attempts as a timeline and its bodies as text. A gateway that logs nothing (no `logs` section
+// in llms.json, or one older than the request log) is said to, instead of failing.
+import {card, el, table, when} from "./dom.js";
 
 const FILTERS = [["q", "text in bodies"], ["key", "key id"], ["team", "team"],
                  ["alias", "alias"], ["model", "model"], ["provider", "provider"],
@@ -23,7 +23,11 @@ function missing() {
             "(a gateway older than the request log, or one built without it).");
 }
 
-const pick = (row, ...names) => names.map((n) => row[n]).find((v) => v !== undefined && v !== null);
+function empty() {
+  return el("p", {class: "notice", id: "logs-empty"},
+            "No request logged yet. The gateway logs requests when llms.json has a `logs` " +
+            "section (docs/request-logs.md).");
+}
 
 export async function render(main, context) {
   const [id] = context.route;
@@ -35,11 +39,13 @@ export async function render(main, context) {
   const jump = el("input", {id: "request-id", placeholder: "x-request-id",
                             "aria-label": "request id"});
   let cursor = null;
+  let shown = [];
   async function search(append) {
     const query = new URLSearchParams();
     for (const [name, input] of Object.entries(inputs)) {
       if (input.value.trim()) query.set(name, input.value.trim());
     }
+    const filtered = [...query.keys()].length > 0;
     query.set("limit", "50");
     if (append && cursor) query.set("cursor", cursor);
     let page;
@@ -51,8 +57,8 @@ export async function render(main, context) {
     }
     cursor = page.next_cursor || null;
     more.hidden = !cursor;
-    const rows = append ? [...results.querySelectorAll("tbody tr.row")] : [];
-    results.replaceChildren(listed(page.data, rows.length));
+    shown = append ? [...shown, ...page.data] : page.data;
+    results.replaceChildren(shown.length || filtered ? listed(shown) : empty());
   }
   main.append(
     card("Find a request",
@@ -72,18 +78,26 @@ export async function render(main, context) {
 
 function listed(rows) {
   return table([
-    ["time", (r) => when(pick(r, "time", "created_at"))],
+    ["time", (r) => when(r.time)],
     ["request", (r) => el("a", {href: `#logs/${encodeURIComponent(r.request_id)}`},
                           r.request_id)],
-    ["key", (r) => pick(r, "key", "key_id") || "–"],
+    ["key", (r) => r.key || "–"],
     ["team", (r) => r.team || "–"],
-    ["alias", (r) => pick(r, "alias", "model") || "–"],
+    ["alias", (r) => r.alias || r.requested || "–"],
     ["provider", (r) => r.provider || "–"],
-    ["status", (r) => String(pick(r, "status") ?? "–")],
-    ["ms", (r) => String(pick(r, "duration_ms", "latency_ms") ?? "–")],
-    ["cost", (r) => dollars(r.cost)],
+    ["tries", (r) => String(r.attempts.length)],
+    ["status", (r) => String(r.status)],
+    ["tokens", (r) => tokens(r)],
+    ["ms", (r) => milliseconds(r.duration_ms)],
+    ["cost", (r) => cost(r.cost)],
   ], rows, (r) => ({class: "row", dataset: {requestId: r.request_id}}));
 }
+
+const tokens = (r) => r.prompt_tokens === null && r.completion_tokens === null ? "–" :
+  `${r.prompt_tokens ?? 0} → ${r.completion_tokens ?? 0}`;
+const milliseconds = (value) => value === null ? "–" : `${Math.round(value * 10) / 10}`;
+// To the millionth of a dollar, as `x-llms-cost` says it.
+const cost = (value) => value === null ? "–" : `$${Number(value).toFixed(6)}`;
 
 async function detail(main, {api}, id) {
   main.append(el("p", {}, el("a", {href: "#logs"}, "← all requests")));
@@ -98,55 +112,84 @@ async function detail(main, {api}, id) {
     }
     throw error;
   }
-  const facts = Object.entries(row).filter(([, v]) => v === null || typeof v !== "object");
   main.append(
-    card(`Request ${row.request_id}`,
-         el("dl", {class: "facts", id: "log-facts"}, facts.map(([name, value]) =>
-           [el("dt", {}, name), el("dd", {dataset: {field: name}}, String(value ?? "–"))]))),
-    card("Attempts", timeline(row.attempts || [])),
-    card("Bodies", el("p", {id: "payload", dataset: {payload: row.payload || ""}},
-                      PAYLOAD[row.payload] || `payload: ${row.payload ?? "unknown"}`),
+    card(`Request ${row.request_id}`, facts(row)),
+    card("Attempts", timeline(row.attempts)),
+    card("Bodies", el("p", {id: "payload", dataset: {payload: row.payload}},
+                      PAYLOAD[row.payload] || `payload: ${row.payload}`),
          bodies(row)));
 }
 
-// Each attempt a bar on one time axis: where it started and how long it ran, its outcome.
+// Every field of the row but its bodies and attempts (shown below), each as a person reads it.
+const OWN_CARD = new Set(["request_id", "attempts", "request_body", "response_body"]);
+
+function facts(row) {
+  const shown = {
+    ...row,
+    guardrails: row.guardrails.length ? row.guardrails.join(", ") : "none",
+    hedge: row.hedge ? `${row.hedge.winner} won (the ${row.hedge.won_by} try)` : "no",
+  };
+  return el("dl", {class: "facts", id: "log-facts"},
+    Object.entries(shown).filter(([name]) => !OWN_CARD.has(name)).flatMap(([name, value]) =>
+      [el("dt", {}, name), el("dd", {dataset: {field: name}}, fact(name, value))]));
+}
+
+function fact(name, value) {
+  if (value === null || value === undefined) return "–";
+  if (name === "cost") return cost(value);
+  if (name.endsWith("_ms")) return `${milliseconds(value)} ms`;
+  if (name === "time") return when(value);
+  return String(value);
+}
+
+// The tries in the order they were made, each a step on one track: the request log keeps
+// their order and outcome (the request's own duration is among its facts).
 function timeline(attempts) {
-  if (!attempts.length) return el("p", {class: "dim"}, "No attempt reached a provider.");
-  let offset = 0;
-  const spans = attempts.map((a) => {
-    const start = pick(a, "start_ms", "started_ms", "offset_ms") ?? offset;
-    const length = pick(a, "duration_ms", "ms") ?? 0;
-    offset = start + length;
-    return {a, start, length};
-  });
-  const total = Math.max(1, ...spans.map((s) => s.start + s.length));
-  return el("ol", {class: "timeline", id: "attempts"}, spans.map(({a, start, length}, i) => {
-    const outcome = String(pick(a, "outcome", "status", "result") ?? "–");
-    return el("li", {dataset: {outcome}},
-      el("span", {class: "what"}, `${i + 1}. ${pick(a, "provider") || "–"}`,
-         el("span", {class: "dim"}, ` ${pick(a, "model") || ""}`)),
-      el("span", {class: "track"}, bar(start / total, length / total, outcome)),
-      el("span", {class: "outcome"}, `${outcome} · ${length} ms`,
-         pick(a, "error", "error_code") ? ` · ${pick(a, "error", "error_code")}` : ""));
-  }));
+  if (!attempts.length) {
+    return el("p", {class: "dim", id: "attempts-none"},
+              "No try of its own: refused before any provider, or answered from the cache " +
+              "or a replay.");
+  }
+  return el("ol", {class: "timeline", id: "attempts"}, attempts.map((a, i) =>
+    el("li", {dataset: {outcome: a.outcome}},
+      el("span", {class: "what"}, `${i + 1}. ${a.provider}`,
+         a.hedge ? el("span", {class: "dim"}, " (hedge)") : null),
+      el("span", {class: "track"}, bar(i / attempts.length, 1 / attempts.length, a.outcome)),
+      el("span", {class: "outcome"}, said(a)))));
+}
+
+function said(a) {
+  if (a.outcome === "failed") {
+    return ["failed", a.status, a.reason].filter((part) => part !== null && part !== undefined)
+      .join(" · ");
+  }
+  if (a.outcome === "lost") return "lost the hedge race";
+  return a.outcome;
 }
 
 // Placed through the style object (the console's policy forbids style attributes).
 function bar(start, share, outcome) {
-  const span = el("span", {class: `span ${/^(ok|success|answered|2)/.test(outcome) ? "good" : "bad"}`});
+  const kind = {answered: "good", resumed: "good", lost: "lost"}[outcome] || "bad";
+  const span = el("span", {class: `span ${kind}`});
   span.style.marginLeft = `${start * 100}%`;
-  span.style.width = `${Math.max(1, share * 100)}%`;
+  span.style.width = `${share * 100}%`;
   return span;
 }
 
 function bodies(row) {
-  const kept = row.bodies || {};
-  const shown = [["request", pick(row, "request_body") ?? kept.request ?? row.request],
-                 ["response", pick(row, "response_body") ?? kept.response ?? row.response]]
-    .filter(([, body]) => body !== undefined && body !== null);
-  return shown.map(([name, body]) => el("div", {},
-    el("h3", {}, name),
-    // textContent: a body is shown as the text it is, whatever markup it holds.
-    el("pre", {class: "body", dataset: {body: name}},
-       typeof body === "string" ? body : JSON.stringify(body, null, 2))));
+  return [["request", row.request_body], ["response", row.response_body]]
+    .filter(([, body]) => body !== null && body !== undefined)
+    .map(([name, body]) => el("div", {},
+      el("h3", {}, name),
+      // textContent: a body is shown as the text it is, whatever markup it holds.
+      el("pre", {class: "body", dataset: {body: name}}, readable(body))));
+}
+
+// A JSON body laid out to be read; a stream's text, or a body cut at max_body_bytes, as kept.
+function readable(body) {
+  try {
+    return JSON.stringify(JSON.parse(body), null, 2);
+  } catch (error) {
+    return body;
+  }
 }

@@ -1,9 +1,12 @@
 // Overview: requests, errors, latency (the last five minutes, from /status.json) and spend per
-// day (the last 30 days, from /admin/spend), as charts; refreshed while shown.
-import {chart, dayOf, number} from "./chart.js";
+// day (the last 30 days, from /admin/spend), as charts; refreshed while shown. A team admin,
+// who may not read the gateway's traffic, sees their teams' requests, errors and latency per
+// hour over the last day, from the request log (/admin/logs), and their spend.
+import {chart, clockTime, dayOf, number} from "./chart.js";
 import {card, count, dollars, el} from "./dom.js";
 
-const DAY = 86400;
+const DAY = 86400, HOUR = 3600;
+const MOST_ROWS = 1000;  // one page of the request log: the newest requests of the day
 
 function svg(id, label) {
   return el("svg", {class: "chart", id, role: "img", "aria-label": label});
@@ -16,8 +19,8 @@ function tile(label, id) {
 export async function render(main, {api, session, onLeave}) {
   const team = session.role === "team_admin";
   main.append(
-    team ? el("p", {class: "dim"}, `Spend of ${session.teams.join(", ")}; the gateway's ` +
-                                   "traffic is shown to admins and viewers.") :
+    team ? el("p", {class: "dim", id: "team-traffic"}, `Requests and spend of ` +
+                                   `${session.teams.join(", ")}.`) :
       el("section", {class: "tiles"}, tile("requests/s", "rps"), tile("error rate", "errors"),
          tile("p50 latency", "p50"), tile("p99 latency", "p99"), tile("in flight", "inflight"),
          tile("spend today", "today"), tile("spend this month", "month")),
@@ -27,10 +30,17 @@ export async function render(main, {api, session, onLeave}) {
        team ? null : el("section", {class: "card wide"},
          el("h2", {}, "Latency p50 / ", el("span", {class: "second"}, "p99")),
          svg("chart-latency", "latency p50 and p99")),
+       team ? el("section", {class: "card"},
+         el("h2", {}, "Requests / ", el("span", {class: "second"}, "errors"), " per hour"),
+         svg("chart-team-requests", "requests and errors per hour")) : null,
+       team ? card("Latency p50 per hour", svg("chart-team-latency", "latency per hour")) : null,
        el("section", {class: "card wide"}, el("h2", {}, "Spend per day, last 30 days"),
           svg("chart-spend", "spend per day"), el("p", {class: "dim", id: "spend-total"}))));
   await spendChart(api);
-  if (team) return;
+  if (team) {
+    await teamTraffic(api, session.teams);
+    return;
+  }
   try {
     await traffic(api);
   } catch (error) {
@@ -83,4 +93,34 @@ async function spendChart(api) {
   const requests = report.data.reduce((sum, row) => sum + row.requests, 0);
   document.getElementById("spend-total").textContent =
     `${dollars(total)} over ${count(requests)} requests in 30 days`;
+}
+
+// The last 24 hours of the request log (a team admin's reads hold their teams' rows only), per
+// hour: requests, errors (status 400 and above), the median duration.
+async function teamTraffic(api, teams) {
+  const first = Math.floor(Date.now() / 1000 / HOUR) * HOUR - 23 * HOUR;
+  const since = new Date(first * 1000).toISOString();
+  const page = await api(`/admin/logs?limit=${MOST_ROWS}&since=${since}`);
+  const hours = Array.from({length: 24}, (_, i) => first + i * HOUR);
+  const rows = hours.map(() => []);
+  for (const row of page.data) {
+    const at = Math.floor((Date.parse(row.time) / 1000 - first) / HOUR);
+    if (at >= 0 && at < 24) rows[at].push(row);
+  }
+  const requests = rows.map((hour) => hour.length);
+  const errors = rows.map((hour) => hour.filter((row) => row.status >= 400).length);
+  const median = rows.map((hour) => {
+    const sorted = hour.map((row) => row.duration_ms).sort((a, b) => a - b);
+    return sorted.length ? sorted[Math.floor((sorted.length - 1) / 2)] : null;
+  });
+  const axis = {step: HOUR, label: clockTime, every: 6};
+  const drawn = document.getElementById("chart-team-requests");
+  drawn.dataset.requests = String(requests.reduce((sum, n) => sum + n, 0));
+  chart(drawn, hours, [requests, errors], (v) => number(v), 1, axis);
+  chart(document.getElementById("chart-team-latency"), hours, [median],
+        (v) => `${number(v)} ms`, 10, axis);
+  document.getElementById("team-traffic").textContent = `Requests and spend of ` +
+    `${teams.join(", ")}` + (page.next_cursor ? `: the newest ${MOST_ROWS} requests of the day.` :
+      page.data.length ? "." : ": no request in the request log for the last day (it logs " +
+                               "requests when llms.json has a `logs` section).");
 }
