@@ -3,9 +3,10 @@
 
 Its tools: `echo`, `progress` (reports each step before answering), `wait_until_cancelled`
 (answers only when cancelled, and says so in `cancelled`), `big` (a result of n bytes). It
-records the headers of every HTTP request it gets (`headers_seen`). With `token_url`, it is its
-own OAuth server too: `/token` trades client credentials for a token, and `/mcp` refuses
-(401) any other bearer, so a test can revoke the current one (`revoke`).
+records what `echo` was given (`echoed`) and the headers of every HTTP request it gets
+(`headers_seen`). With `token_url`, it is its own OAuth server too: `/token` trades client
+credentials for a token, and `/mcp` refuses (401) any other bearer, so a test can revoke the
+current one (`revoke`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class FakeMcp:
         self.cancelled = threading.Event()
         self.started_waiting = threading.Event()
         self.calls: list[str] = []
+        self.echoed: list[str] = []  # every `text` the echo tool was given
         self.tokens_issued = 0
         self._token: str | None = None
         self._server: uvicorn.Server | None = None
@@ -55,6 +57,7 @@ class FakeMcp:
         def echo(text: str) -> str:
             """Say `text` back."""
             calls.append("echo")
+            self.echoed.append(text)
             return f"echo: {text}"
 
         @server.tool()

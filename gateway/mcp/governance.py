@@ -82,6 +82,11 @@ class Governed:
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 raise
 
+    def guarded(self, header: str) -> None:
+        """The guardrails' actions on the call (`x-llms-guardrails`), kept on its spend row."""
+        if header and self.record is not None:
+            self.record.detail["guardrails"] = header
+
     def end(self, outcome: str, status: int = 200) -> None:
         """The call is over (`status`: as a spend row tells it): its price charged when the
         upstream answered (given back otherwise), its audit row written off the request's

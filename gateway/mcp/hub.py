@@ -20,9 +20,11 @@ import msgspec
 
 from gateway.core.call import Identity
 from gateway.core.settings.mcp import McpServer
+from gateway.guardrails.screening import GuardrailViolation
 from gateway.mcp.allowed import Lists, allows, lists_of
 from gateway.mcp.audit import AuditRows
 from gateway.mcp.governance import Governed
+from gateway.mcp.guarding import ToolGuard, ToolScreen
 from gateway.mcp.names import namespaced
 from gateway.mcp.unavailable import Unavailable
 from gateway.state.runtime import Runtime
@@ -75,6 +77,7 @@ class Hub:
         self._applied_once = asyncio.Event()  # the first config's links exist
         self._loading = asyncio.Lock()
         self._upstream: ModuleType | None = None  # `gateway.mcp.upstream`, once imported
+        self.guard = ToolGuard()  # the guardrails of tool calls, compiled per snapshot
 
     @property
     def separator(self) -> str:
@@ -209,9 +212,10 @@ class Hub:
                         arguments: dict[str, Any] | None = None, *,
                         progress: Progress | None = None, server: str | None = None
                         ) -> dict[str, Any]:
-        """Call the tool `name` as `identity`: the `CallToolResult` as JSON. Raises ToolUnknown,
-        Unavailable (down, failed, or past the server's timeout), UpstreamError, or a
-        GatewayError (429: the key's limit or budget)."""
+        """Call the tool `name` as `identity`: the `CallToolResult` as JSON, its arguments and
+        result screened by the key's guardrails. Raises ToolUnknown, Unavailable (down, failed,
+        or past the server's timeout), UpstreamError, GuardrailViolation, or a GatewayError
+        (429: the key's limit or budget)."""
         from mcp.shared.exceptions import MCPError
 
         await self.started()
@@ -229,7 +233,12 @@ class Hub:
             governed.end(exc.code, exc.status)
             raise
         outcome, status = "error", 502
+        in_force = self.guard.in_force(self.runtime.live.snapshot, identity)
+        screen = ToolScreen(in_force) if in_force else None
         try:
+            if screen is not None:
+                governed.arguments = None  # until screened: a blocked value is never kept
+                arguments = governed.arguments = screen.arguments(arguments)
             with governed.span():
                 result = await link.call(tool, arguments, progress)
             shown = result.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -238,8 +247,13 @@ class Hub:
                 outcome = "too_large"
                 return _failed(f"The result of {name} is {size} bytes, over the "
                                f"{spec.max_result_bytes} its server may return")
+            if screen is not None:
+                shown = screen.result(shown)
             outcome, status = ("tool_error" if result.is_error else "completed"), 200
             return shown
+        except GuardrailViolation:
+            outcome, status = GuardrailViolation.code, 400
+            raise
         except Unavailable as exc:
             outcome = "timeout" if "did not answer" in str(exc) else "unavailable"
             raise
@@ -249,6 +263,9 @@ class Hub:
             outcome, status = "cancelled", 499
             raise
         finally:
+            if screen is not None:
+                governed.guarded(screen.header())
+                screen.publish(self.runtime.metrics, self.runtime.guardrails)
             governed.end(outcome, status)
 
     def view(self) -> list[dict[str, Any]]:

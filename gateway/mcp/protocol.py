@@ -23,12 +23,15 @@ from mcp_types.version import (
 )
 
 from gateway.core.call import Identity
+from gateway.guardrails.screening import GuardrailViolation
 from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown, UpstreamError
 from gateway.mcp.unavailable import Unavailable
 from gateway.mcp.upstream import Progress
 
 # The JSON-RPC code a refused call (a key's limit or budget) carries beside its HTTP 429.
 REFUSED = -32029
+# ... and the one a call a guardrail blocked carries (its arguments, or its result).
+BLOCKED = -32030
 Notify = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -97,6 +100,9 @@ async def answer(hub: Hub, asking: Asking, message: dict[str, Any]) -> dict[str,
         return error(request_id, code, str(exc))
     except UpstreamError as exc:
         return error(request_id, exc.code, str(exc))
+    except GuardrailViolation as exc:  # names the guardrail and category, never the text
+        return error(request_id, BLOCKED, f"{exc.code}: {exc}",
+                     {"code": exc.code, "guardrail": exc.guardrail, "category": exc.category})
     except _NoMethod:
         return error(request_id, types.METHOD_NOT_FOUND, f"Method not found: {str(method)[:64]}")
     except _BadParams as exc:
