@@ -20,11 +20,13 @@ import pytest
 from tests.fake_mcp import FakeMcp
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.openapi import validate
+from tests.test_charged_tries import charged
 from tests.test_mcp_docs import block
 from tests.test_teams import Admin
 from tests.upstream import FakeUpstream, echo_prompt, tool_call
 
 ADMIN_KEY = "admin-mcp-loop-0001"
+PRICE = {"input": 20.0, "output": 40.0}  # dollars per million tokens
 MCP_TOOL = {"type": "mcp", "server_label": "remote", "allowed_tools": ["echo"],
             "require_approval": "never"}
 
@@ -44,11 +46,13 @@ def remote() -> Iterator[FakeMcp]:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, model: FakeUpstream, remote: FakeMcp
             ) -> Iterator[GatewayProcess]:
-    doc = config({"chat": provider(model.base_url, {"kimi": "kimi-k2"})},
-                 server={"admin_keys": [ADMIN_KEY]}, mcp={"max_tool_rounds": 2})
+    workdir = tmp_path_factory.mktemp("mcp-loop")
+    doc = config({"chat": provider(model.base_url, {"kimi": {"id": "kimi-k2", "price": PRICE}})},
+                 server={"admin_keys": [ADMIN_KEY]}, mcp={"max_tool_rounds": 2},
+                 database={"url": f"sqlite:///{workdir / 'spend.db'}"})
     doc["mcp_servers"] = {"remote": {"url": remote.url},
                           "local": {"command": [sys.executable, "tests/mcp_stdio_server.py"]}}
-    gateway = GatewayProcess(tmp_path_factory.mktemp("mcp-loop"), doc).start(timeout=60)
+    gateway = GatewayProcess(workdir, doc).start(timeout=60)
     yield gateway
     gateway.stop()
 
@@ -197,3 +201,25 @@ def test_a_keyed_request_s_retry_replays_the_model_s_rounds(
 
     assert first.output_text == again.output_text == "echo: once"
     assert len(model.requests) == 2  # each round answered once, replayed to the retry
+
+
+def test_a_budgeted_key_is_charged_every_round_of_the_loop(
+        gateway: GatewayProcess, model: FakeUpstream, remote: FakeMcp) -> None:
+    admin = Admin(gateway, ADMIN_KEY)
+    made = admin.key(name="budgeted", budget={"usd": 5.0, "period": "total"})
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=made["key"], max_retries=0,
+                           timeout=60)
+    model.reset()
+    model.set_mode(tool_call("remote_echo", json.dumps({"text": "paid"})), echo_prompt())
+
+    response = client.responses.create(model="kimi", tools=[MCP_TOOL],  # type: ignore[list-item]
+                                       input="Echo paid")
+
+    assert response.usage is not None and len(model.requests) == 2
+    rounds = [request.json for request in model.requests]
+    assert response.usage.input_tokens > 0
+    expected = (response.usage.input_tokens * PRICE["input"]
+                + response.usage.output_tokens * PRICE["output"]) / 1e6
+    # Two rows: the request, and its tool call (free here: the server has no price).
+    assert charged(admin, made["id"], 2) == pytest.approx(expected, rel=1e-6)
+    assert rounds[0]["messages"] != rounds[1]["messages"]

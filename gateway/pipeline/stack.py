@@ -8,8 +8,8 @@ In order, outermost first (each owned by its folder):
     guardrails  gateway/guardrails/stage.py      text screened; the answer's values given back
     capture     gateway/requestlog/capture.py    what the request log keeps of its bodies
     previous    gateway/adapters/responses/      a Responses `previous_response_id` known
-    mcp tools   gateway/adapters/responses/      a Responses request's `mcp` tools run as a loop
     budget      gateway/accounts/stage.py        the worst case held, as it goes upstream
+    mcp tools   gateway/adapters/responses/      a Responses request's `mcp` tools run as a loop
     turn        gateway/queue/stage.py           the wait for a slot
     idempotency gateway/idempotency/stage.py     an `Idempotency-Key` answered once
     cache       gateway/cache/stage.py           a hit answered, an answer kept
@@ -71,12 +71,12 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
         built.append(capture(snapshot))
     if endpoint == "responses":  # before the budget: the hold prices the whole conversation
         built.append(previous(runtime.responses))
-        if snapshot.mcp_servers:  # each round of its loop passes the stages below, as a request
-            built.append(tool_loop(lambda: runtime.tools, snapshot.mcp,
-                                   {server.name for server in snapshot.mcp_servers}))
     if accounting is not None:
         built.append(accounts.budget(accounting, live.prices, snapshot.chains,
                                      lambda alias: able(runtime, endpoint, alias)))
+    if endpoint == "responses" and snapshot.mcp_servers:  # one hold; each round waits its turn
+        built.append(tool_loop(lambda: runtime.tools, snapshot.mcp,
+                               {server.name for server in snapshot.mcp_servers}))
     built.append(queue.turn(runtime.queue))
     if endpoint in flight.ENDPOINTS:
         built.append(idempotency(runtime.idempotency, snapshot.idempotency))

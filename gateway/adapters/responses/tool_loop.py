@@ -113,6 +113,7 @@ class _Loop:
                     and item.get("name") in self.named]
             if not ours or number == self.rounds:
                 break
+            _billed_beside(self.call)
             yield "round", None
             for item in output:
                 if item.get("type") == "message":
@@ -218,3 +219,10 @@ class _Rekeyed(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self.headers)
+
+
+def _billed_beside(call: Call) -> None:
+    """A round that asked for tools is billed beside the answer: the next round's cost, and so
+    the request's, includes it (`Record.used`), and the request's hold is settled with all."""
+    record = call.record
+    record.aside += max((record.cost or 0.0) - record.billed_aside(), 0.0)
