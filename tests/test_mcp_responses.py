@@ -223,3 +223,19 @@ def test_a_budgeted_key_is_charged_every_round_of_the_loop(
     # Two rows: the request, and its tool call (free here: the server has no price).
     assert charged(admin, made["id"], 2) == pytest.approx(expected, rel=1e-6)
     assert rounds[0]["messages"] != rounds[1]["messages"]
+
+
+def test_a_tool_that_fails_is_a_failed_mcp_call_and_the_model_is_told(
+        client: openai.OpenAI, model: FakeUpstream) -> None:
+    model.set_mode(tool_call("remote_echo", "{}"), echo_prompt())  # `text` is required
+
+    response = client.responses.create(model="kimi", tools=[MCP_TOOL],  # type: ignore[list-item]
+                                       input="Echo nothing")
+
+    called = response.model_dump(mode="json", exclude_none=True, warnings=False)["output"][1]
+    validate(called, "MCPToolCall")
+    assert called["status"] == "failed"
+    assert called["error"]["type"] == "mcp_tool_execution_error"
+    told = model.requests[1].json["messages"][-1]
+    assert told["role"] == "tool" and "text" in told["content"]
+    assert response.output_text == told["content"]
