@@ -187,6 +187,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.batches = batches = Runner(Store(accounts.db.engine), runtime)
         # Upstream MCP servers behind `/mcp` (`gateway.mcp`), kept in step with reloads.
         app.state.mcp = hub = Hub(runtime)
+        runtime.tools = hub  # the Responses API's `mcp` tools run through it too
         app.state.mcp_sessions = mcp_sessions.Sessions(
             redis, state.prefix, snapshot.mcp.max_sessions, snapshot.mcp.session_ttl)
         app.state.mcp_cancels = cancels = Cancels(redis, state.prefix)

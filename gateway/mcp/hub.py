@@ -83,6 +83,10 @@ class Hub:
     def separator(self) -> str:
         return self.runtime.live.snapshot.mcp.separator
 
+    def tool_name(self, server: str, tool: str) -> str:
+        """The namespaced name of `server`'s tool `tool` (`gateway.mcp.names`)."""
+        return namespaced(server, tool, self.separator)
+
     async def apply(self, servers: tuple[McpServer, ...], wait: float = 0.0) -> None:
         """Links for exactly `servers`: new ones started, gone ones stopped, changed ones
         connected again (waiting up to `wait` seconds for the new ones' first connection)."""

@@ -9,6 +9,7 @@ In order, outermost first (each owned by its folder):
     capture     gateway/requestlog/capture.py    what the request log keeps of its bodies
     previous    gateway/adapters/responses/      a Responses `previous_response_id` known
     budget      gateway/accounts/stage.py        the worst case held, as it goes upstream
+    mcp tools   gateway/adapters/responses/      a Responses request's `mcp` tools run as a loop
     turn        gateway/queue/stage.py           the wait for a slot
     idempotency gateway/idempotency/stage.py     an `Idempotency-Key` answered once
     cache       gateway/cache/stage.py           a hit answered, an answer kept
@@ -19,6 +20,7 @@ In order, outermost first (each owned by its folder):
 A stage is built only when something in force can use it: `guardrails` when llms.json has
 one, on the endpoints that carry text; `capture` with `logs` in llms.json; `budget` with
 accounts, `previous` on `/v1/responses`, `idempotency` on the endpoints that generate,
+`mcp tools` on `/v1/responses` when llms.json has an MCP server,
 `cache` on those it serves when some alias caches, `semantic` on chat when some alias has
 `cache.semantic`, `finishing` with accounts. Tracing's span is what the edge serves the
 whole call within (`Runtime.serving`), so it also covers writing the answer.
@@ -30,6 +32,7 @@ from collections.abc import Mapping
 
 from gateway.accounts import stage as accounts
 from gateway.adapters.responses.previous import previous
+from gateway.adapters.responses.tool_loop import tool_loop
 from gateway.cache import semantic_stage as semantic
 from gateway.cache import stage as cache
 from gateway.cache.embedding import Embedder
@@ -71,6 +74,9 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
     if accounting is not None:
         built.append(accounts.budget(accounting, live.prices, snapshot.chains,
                                      lambda alias: able(runtime, endpoint, alias)))
+    if endpoint == "responses" and snapshot.mcp_servers:  # one hold; each round waits its turn
+        built.append(tool_loop(lambda: runtime.tools, snapshot.mcp,
+                               {server.name for server in snapshot.mcp_servers}))
     built.append(queue.turn(runtime.queue))
     if endpoint in flight.ENDPOINTS:
         built.append(idempotency(runtime.idempotency, snapshot.idempotency))

@@ -32,6 +32,7 @@ from gateway.core.facts import Unpriced
 from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener
 from gateway.core.settings import ADMIN_DISABLED, CachePolicy, ConfigError, Route, Snapshot
+from gateway.core.tools import ToolHub
 from gateway.guardrails.tally import Tally
 from gateway.idempotency.flight import Idempotency
 from gateway.idempotency.store import IdempotencyStore
@@ -232,6 +233,8 @@ class Runtime:
         # What composes each snapshot's stages (`gateway.pipeline.stack.stacks`, given by the
         # app: the runtime holds state, the pipeline above it decides what a request passes).
         self.stacks = stacks
+        # The MCP servers' tools, for a model's tool loop (`gateway.mcp.hub.Hub`, set by the app).
+        self.tools: ToolHub | None = None
         self._live: Live | None = None
 
     @property

@@ -50,6 +50,9 @@ class McpSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     separator: Annotated[str, msgspec.Meta(pattern=r"^[_-]{1,2}$")] = "_"
     # Tool calls one key may make per minute (None: no limit); a 429 with Retry-After past it.
     tool_calls_per_minute: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # Rounds of tool calls the gateway runs for one Responses request naming `mcp` tools;
+    # then the model is asked to answer without tools.
+    max_tool_rounds: Annotated[int, msgspec.Meta(ge=1, le=64)] = 8
     # Old-revision sessions kept in memory (without Redis), and how long one lasts unused.
     max_sessions: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     session_ttl: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
