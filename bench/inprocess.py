@@ -1,7 +1,7 @@
 """The gateway's own code per request, driven in-process: no server, no upstream, no load noise.
 
-    .venv/bin/python bench/inprocess.py [--stream [--chunks 2]] [--requests 10000] [--profile]
-                                        [--key none|static|virtual]
+    .venv/bin/python bench/inprocess.py [--stream | --assembled] [--chunks 2] [--requests 10000]
+                                        [--profile] [--key none|static|virtual]
                                         [--logs metadata|bodies]
 
 The app `gateway serve` runs (`gateway.app.create_app()`) is called as a plain ASGI app with
@@ -18,7 +18,9 @@ five rounds; `--profile` adds cProfile's top functions. On this shared machine w
 with a monthly budget, so each request is looked up, held against its budget and settled: the
 accounts part's A/B, by CPU. `--logs` turns the request log on (`"logs": {"capture": …}`): its
 rows are written by the app's own task meanwhile, their CPU counted (the request_log part's A/B,
-by CPU).
+by CPU). `--assembled` asks for whole answers from a provider with
+`stream_upstream`: the upstream streams `--chunks` events, the gateway assembles them
+(`gateway/adapters/assemble.py`), the `whole_streamed` part of `bench/run.py` by CPU.
 """
 
 from __future__ import annotations
@@ -210,7 +212,8 @@ async def measure(app: App, body: bytes, transport: CannedTransport, requests: i
               + ", ".join(f"{r:.1f}" for r in rounds)
               + f" ({client.messages / client.statuses[200]:.1f} ASGI messages sent each)")
         if profile:
-            profiler = cProfile.Profile()
+            # Timed by this thread's CPU time: another process taking the core does not count.
+            profiler = cProfile.Profile(time.thread_time)
             profiler.enable()
             for _ in range(requests):
                 await client.request()
@@ -222,7 +225,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stream", action="store_true")
-    parser.add_argument("--chunks", type=int, default=2, help="events per stream (--stream)")
+    parser.add_argument("--assembled", action="store_true",
+                        help="whole answers asked upstream as streams and assembled")
+    parser.add_argument("--chunks", type=int, default=2,
+                        help="events per stream (--stream, --assembled)")
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--key", choices=("none", "static", "virtual"), default="none")
@@ -237,11 +243,14 @@ def main() -> None:
         settings["server"]["api_keys"] = [STATIC_KEY]
     if args.logs is not None:
         settings["logs"] = {"capture": args.logs}
+    if args.assembled:
+        settings["providers"]["fake"]["stream_upstream"] = True
     path.write_text(json.dumps(settings))
     app = create_app(config.load(path))
     body = json.dumps({"model": "bench-model", "stream": args.stream, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
-    transport = CannedTransport(max(1, args.chunks) if args.stream else None)
+    streams = args.stream or args.assembled
+    transport = CannedTransport(max(1, args.chunks) if streams else None)
     uvloop.run(measure(app, body, transport, args.requests, args.profile, args.key))
 
 
