@@ -200,11 +200,12 @@ async def acting(request: Request[Any, Any, Any], team_scoped: bool = False
     return runtime, runtime.accounts, who
 
 
-async def _own_key(accounts: Accounts, who: Caller, key_id: str) -> dict[str, Any]:
+async def _own_key(accounts: Accounts, who: Caller, key_id: str, what: str = "key"
+                   ) -> dict[str, Any]:
     """The key `key_id` if `who` may reach it: to a team admin, another team's key is no key."""
     row = await accounts.db.key(key_id)
     if row is None or not who.owns(row["team"]):
-        raise NotFound(f"No key with id '{key_id[:64]}'")
+        raise NotFound(f"No {what} with id '{key_id[:64]}'")
     return row
 
 
@@ -281,7 +282,7 @@ async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[b
     """Change a key's team, aliases, limits, budget, expiry or metadata."""
     runtime, accounts, who = await acting(request, team_scoped=True)
     body: KeyPatch = _decode(await request.body(), KeyPatch, runtime.live.snapshot)
-    await _own_key(accounts, who, key_id)
+    await _own_key(accounts, who, key_id, "live key")
     if body.team is not msgspec.UNSET:
         own_team(who, body.team)
     row = await accounts.db.update_key(key_id, _columns(body), who.actor)
@@ -295,7 +296,7 @@ async def update_key(request: Request[Any, Any, Any], key_id: str) -> Response[b
 async def revoke_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
     """Revoke a key: refused from the next request here, everywhere within a second."""
     _, accounts, who = await acting(request, team_scoped=True)
-    await _own_key(accounts, who, key_id)
+    await _own_key(accounts, who, key_id, "live key")
     row = await accounts.db.update_key(key_id, {"revoked_at": time.time()}, who.actor,
                                        "key_revoked")
     if row is None:

@@ -354,7 +354,7 @@ class Snapshot:
     guardrails: Mapping[str, GuardrailPolicy] = field(default_factory=dict)
     ui: UiConfig = field(default_factory=UiConfig)  # the web console (`gateway.console`)
     # The file as written ("$NAME" unexpanded): what `/admin/config` shows, secrets hidden.
-    document: Mapping[str, object] = field(default_factory=dict)
+    document: Mapping[str, object] = field(default_factory=dict, repr=False)
     logs: LogsConfig | None = None  # the request log (`gateway.requestlog`); None: off
     # Upstream MCP servers (`mcp_servers`) and how they are served (`mcp`): `gateway.mcp`.
     mcp_servers: tuple[McpServer, ...] = ()
