@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import StaticPool
 
 from gateway.accounts.spend import SpendRow
+from gateway.accounts.statements import insert
 from gateway.accounts.tables import audit, keys, revision, spend, teams
 from gateway.core.errors import Conflict, DatabaseUnavailable
 
@@ -81,7 +82,7 @@ class Database:
             options.update(pool_size=5, max_overflow=5, pool_pre_ping=True, pool_timeout=5,
                            connect_args={"timeout": 5, "command_timeout": 10})
         self.engine: AsyncEngine = create_async_engine(self.url, **options)
-        self._insert_spend = _insert(self.engine.dialect.paramstyle)
+        self._insert_spend = insert("spend", SpendRow._fields, self.engine.dialect.paramstyle)
         if self.is_sqlite:
             sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
 
@@ -335,16 +336,6 @@ class Database:
         async with self._tx() as conn:
             done = await conn.execute(spend.delete().where(spend.c.time < before))
             return int(done.rowcount or 0)
-
-
-def _insert(paramstyle: str) -> str:
-    """The spend table's insert in the driver's own placeholders (`?` for sqlite3, `$1` for
-    asyncpg)."""
-    names = SpendRow._fields
-    marks = ["?"] * len(names) if paramstyle == "qmark" \
-        else [f"${n}" for n in range(1, len(names) + 1)] if paramstyle == "numeric_dollar" \
-        else ["%s"] * len(names)
-    return f"INSERT INTO spend ({', '.join(names)}) VALUES ({', '.join(marks)})"
 
 
 def _shown(changes: Mapping[str, Any]) -> dict[str, Any]:

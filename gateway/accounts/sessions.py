@@ -12,17 +12,16 @@ import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
 import sqlalchemy as sa
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.accounts.database import Database
+from gateway.accounts.statements import transaction
 from gateway.accounts.tables import console_sessions
-from gateway.core.errors import DatabaseUnavailable
 
 Role = Literal["admin", "viewer", "team_admin"]
 # A session table never grows past this: the oldest ended or expired rows go first.
@@ -51,14 +50,8 @@ class Sessions:
         self._db = db
         self._opened = 0
 
-    @contextlib.asynccontextmanager
-    async def _tx(self) -> AsyncIterator[AsyncConnection]:
-        try:
-            async with self._db.engine.begin() as conn:
-                yield conn
-        except (DBAPIError, SQLAlchemyError, OSError) as exc:
-            raise DatabaseUnavailable(f"The accounts database is unavailable "
-                                      f"({type(exc).__name__})") from exc
+    def _tx(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        return transaction(self._db.engine, "accounts")
 
     async def open(self, actor: str, role: Role, teams: Sequence[str], via: str,
                    lifetime: float) -> tuple[str, Session]:

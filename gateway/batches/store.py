@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from gateway.accounts.statements import transaction
 from gateway.batches import jsonl
 from gateway.batches.tables import batches, files, requests
-from gateway.core.errors import DatabaseUnavailable
 
 PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
 # A batch's statuses: those whose requests may still start, and those that are over.
@@ -52,14 +51,8 @@ class Store:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    @contextlib.asynccontextmanager
-    async def _tx(self) -> AsyncIterator[AsyncConnection]:
-        try:
-            async with self.engine.begin() as conn:
-                yield conn
-        except (DBAPIError, SQLAlchemyError, OSError) as exc:
-            raise DatabaseUnavailable(f"The batches database is unavailable "
-                                      f"({type(exc).__name__})") from exc
+    def _tx(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        return transaction(self.engine, "batches")
 
     # --- files ------------------------------------------------------------------------------
 

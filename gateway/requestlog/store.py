@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gateway.core.errors import DatabaseUnavailable
+from gateway.accounts.statements import insert, transaction
 from gateway.requestlog.tables import request_log
 
 COLUMNS = tuple(c.name for c in request_log.c if c.name != "id")
@@ -50,16 +49,10 @@ class Store:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._insert = _insert(engine.dialect.paramstyle)
+        self._insert = insert("request_log", COLUMNS, engine.dialect.paramstyle)
 
-    @contextlib.asynccontextmanager
-    async def _tx(self) -> AsyncIterator[AsyncConnection]:
-        try:
-            async with self.engine.begin() as conn:
-                yield conn
-        except (DBAPIError, SQLAlchemyError, OSError) as exc:
-            raise DatabaseUnavailable(f"The request log's database is unavailable "
-                                      f"({type(exc).__name__})") from exc
+    def _tx(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        return transaction(self.engine, "request log's")
 
     async def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """Insert rows (tuples in `COLUMNS`' order) in one statement, handed to the driver as
@@ -148,11 +141,3 @@ def _where(query: sa.Select[Any], filters: Filters) -> sa.Select[Any]:
         query = query.where(sa.or_(table.request_body.icontains(filters.q, autoescape=True),
                                    table.response_body.icontains(filters.q, autoescape=True)))
     return query
-
-
-def _insert(paramstyle: str) -> str:
-    """The insert in the driver's own placeholders (`?` for sqlite3, `$1` for asyncpg)."""
-    marks = ["?"] * len(COLUMNS) if paramstyle == "qmark" \
-        else [f"${n}" for n in range(1, len(COLUMNS) + 1)] if paramstyle == "numeric_dollar" \
-        else ["%s"] * len(COLUMNS)
-    return f"INSERT INTO request_log ({', '.join(COLUMNS)}) VALUES ({', '.join(marks)})"
