@@ -190,9 +190,9 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         runtime.tools = hub  # the Responses API's `mcp` tools run through it too
         app.state.mcp_sessions = mcp_sessions.Sessions(
             redis, state.prefix, snapshot.mcp.max_sessions, snapshot.mcp.session_ttl)
-        app.state.mcp_cancels = cancels = Cancels(redis, state.prefix)
-        runtime.drain.listen(snapshot.server.drain_timeout)
         supervisor = runtime.supervisor
+        app.state.mcp_cancels = Cancels(redis, state.prefix, supervisor.start)
+        runtime.drain.listen(snapshot.server.drain_timeout)
         if snapshot.source is not None:
             source, sighup = snapshot.source, _on_sighup()
             supervisor.start("config_reload", lambda: reload.watch(
@@ -203,8 +203,6 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         supervisor.start("batches", batches.run)
         supervisor.start("mcp_servers", hub.follow)  # their links made and kept in step
         supervisor.start("mcp_audit", hub.run_audit)
-        if redis is not None:
-            supervisor.start("mcp_cancellations", cancels.listen)
         if ledger is not None:
             supervisor.start("budget_settlements", ledger.run)
         if ledger is not None or machine is not None:

@@ -173,6 +173,8 @@ class Exchange:
 
         if streamed:
             asking = protocol.Asking(asking.identity, asking.server, asking.version, notify)
+        if session is not None:
+            await self.cancels.ready()
         with self.runtime.serving(self.headers, "mcp"):
             call = asyncio.ensure_future(protocol.answer(self.hub, asking, message))
             with self.cancels.running_as(session.id if session is not None else None,
