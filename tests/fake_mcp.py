@@ -2,7 +2,8 @@
 (`MCPServer`), on a free port in a thread of its own.
 
 Its tools: `echo`, `progress` (reports each step before answering), `wait_until_cancelled`
-(answers only when cancelled, and says so in `cancelled`), `big` (a result of n bytes). It
+(answers only when cancelled, and says so in `cancelled`), `big` (a result of n bytes); a prompt
+`brief`, a resource `notes://today` and a template `notes://day/{day}`, each naming the server. It
 records what `echo` was given (`echoed`) and the headers of every HTTP request it gets
 (`headers_seen`). With `token_url`, it is its own OAuth server too: `/token` trades client
 credentials for a token, and `/mcp` refuses (401) any other bearer, so a test can revoke the
@@ -86,6 +87,8 @@ class FakeMcp:
             """A text of `size` bytes."""
             return "x" * size
 
+        self._catalogue(server)
+
         @server.custom_route("/token", methods=["POST"])
         async def token(request: Request) -> Response:
             form = await request.form()
@@ -102,6 +105,24 @@ class FakeMcp:
                                  "expires_in": 3600})
 
         return server
+
+    def _catalogue(self, server: MCPServer) -> None:
+        """Its prompt and resources, each naming the server."""
+
+        @server.prompt()
+        def brief(topic: str) -> str:
+            """A prompt asking for a brief on `topic`."""
+            return f"Write a brief on {topic} for {self.name}."
+
+        @server.resource("notes://today", name="today", mime_type="text/plain")
+        def today() -> str:
+            """Today's notes."""
+            return f"{self.name}: nothing planned"
+
+        @server.resource("notes://day/{day}", name="day", mime_type="text/plain")
+        def day(day: str) -> str:
+            """One day's notes."""
+            return f"{self.name}: notes of {day}"
 
     def _app(self) -> Any:
         inner = self._mcp().streamable_http_app()

@@ -30,3 +30,8 @@ class ToolHub(Protocol):
     def tool_name(self, server: str, tool: str) -> str:
         """The namespaced name of `server`'s tool `tool`."""
         ...
+
+    def may_use(self, identity: Identity | None, server: str) -> bool:
+        """Whether `identity` may call some tool of `server` (one it may not is unknown to
+        it)."""
+        ...

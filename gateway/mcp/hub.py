@@ -195,6 +195,12 @@ class Hub:
             allows(lists, namespaced(link.server.name, tool.name, self.separator))
             for tool in link.known())
 
+    def may_use(self, identity: Identity | None, server: str) -> bool:
+        """Whether `identity` may call some tool of `server`, as last listed (a server it may
+        not use is, to it, one that does not exist)."""
+        link = self.links.get(server)
+        return link is not None and self._may_see(link, lists_of(identity))
+
     def find(self, identity: Identity | None, name: str, server: str | None = None
              ) -> tuple[Link, str]:
         """The link and upstream tool name behind `name` for `identity`; ToolUnknown when there

@@ -4,6 +4,9 @@
 prefix of up to `CLIENT_PREFIX` characters. A name with other characters, or too long, is
 shortened deterministically: what fits of it, then a hash of the server and the upstream name,
 so the same config gives the same names across restarts and upgrades.
+
+A resource's URI (and a template's) is `{server}+{uri}`: a URI still (a server's name is of
+letters, digits and `-`, as a scheme is), read back without a table.
 """
 
 from __future__ import annotations
@@ -31,3 +34,14 @@ def namespaced(server: str, name: str, separator: str = "_") -> str:
 def valid(name: str) -> bool:
     """Whether `name` is a tool name every client accepts."""
     return 0 < len(name) <= MAX_NAME and _UNFIT.search(name) is None
+
+
+def namespaced_uri(server: str, uri: str) -> str:
+    """A resource's URI (or URI template) `uri` of `server` as the gateway serves it."""
+    return f"{server}+{uri}"
+
+
+def server_of_uri(uri: str) -> tuple[str, str]:
+    """The server and its own URI behind a namespaced resource URI (no server: `""`)."""
+    server, mark, own = uri.partition("+")
+    return (server, own) if mark else ("", uri)

@@ -24,6 +24,7 @@ from mcp_types.version import (
 
 from gateway.core.call import Identity
 from gateway.guardrails.screening import GuardrailViolation
+from gateway.mcp.catalog import Catalog
 from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown, UpstreamError
 from gateway.mcp.unavailable import Unavailable
 from gateway.mcp.upstream import Progress
@@ -43,7 +44,12 @@ def _version() -> str:
 
 
 SERVER_INFO = {"name": "llms-gateway", "version": _version()}
-CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": False}}
+CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": False},
+                                 "prompts": {"listChanged": False},
+                                 "resources": {"subscribe": False, "listChanged": False}}
+# The listings of prompts and resources, by method: what the result names its items.
+LISTS = {"prompts/list": "prompts", "resources/list": "resources",
+         "resources/templates/list": "resourceTemplates"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +76,8 @@ def agreed(requested: object) -> str:
 def initialized(version: str) -> dict[str, Any]:
     """The `initialize` result."""
     return {"protocolVersion": version, "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO,
-            "instructions": "Tools of every MCP server this gateway key may use, named "
-                            "{server}_{tool}."}
+            "instructions": "Tools, prompts and resources of every MCP server this gateway "
+                            "key may use, named {server}_{name} (a resource {server}+{uri})."}
 
 
 def error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -139,14 +145,40 @@ async def _dispatch(hub: Hub, asking: Asking, method: str, params: dict[str, Any
                   "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO,
                   "ttlMs": 0, "cacheScope": "private"}
         return result
-    if method in ("prompts/list", "resources/list", "resources/templates/list"):
-        field = {"prompts/list": "prompts", "resources/list": "resources",
-                 "resources/templates/list": "resourceTemplates"}[method]
-        empty: dict[str, Any] = {field: []}
-        if asking.modern:
-            empty.update(ttlMs=0, cacheScope="private")
-        return empty
+    if method in LISTS or method in ("prompts/get", "resources/read"):
+        return await _catalogued(Catalog(hub), asking, method, params)
     raise _NoMethod
+
+
+async def _catalogued(catalog: Catalog, asking: Asking, method: str, params: dict[str, Any]
+                      ) -> dict[str, Any]:
+    """A method of prompts or resources answered."""
+    if method in LISTS:
+        return await _listed(catalog, asking, LISTS[method])
+    if method == "prompts/get":
+        name, arguments = params.get("name"), params.get("arguments")
+        if not isinstance(name, str):
+            raise _BadParams("params.name must be the prompt's name")
+        if arguments is not None and not (isinstance(arguments, dict) and all(
+                isinstance(value, str) for value in arguments.values())):
+            raise _BadParams("params.arguments must map names to strings")
+        return await catalog.prompt(asking.identity, name, arguments, asking.server)
+    uri = params.get("uri")
+    if not isinstance(uri, str):
+        raise _BadParams("params.uri must be the resource's URI")
+    return await catalog.read(asking.identity, uri, asking.server)
+
+
+async def _listed(catalog: Catalog, asking: Asking, kind: str) -> dict[str, Any]:
+    """A listing of prompts or resources: every page at once, the servers that could not
+    answer named in `_meta`, never cached for another key."""
+    offered = await catalog.listed(asking.identity, kind, asking.server)
+    result: dict[str, Any] = {kind: offered.items}
+    if offered.unavailable:
+        result["_meta"] = {UNAVAILABLE_META: offered.unavailable}
+    if asking.modern:
+        result.update(ttlMs=0, cacheScope="private")
+    return result
 
 
 async def _call(hub: Hub, asking: Asking, params: dict[str, Any]) -> dict[str, Any]:

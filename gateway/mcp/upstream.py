@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import httpx2
 import mcp_types as types
@@ -38,6 +40,7 @@ MAX_PAGES = 50
 # What a spawned server inherits from the SDK beyond PATH and HOME, taken away again.
 NOT_INHERITED = ("LOGNAME", "SHELL", "TERM", "USER")
 Progress = ProgressFnT  # (progress, total, message) -> awaitable
+_T = TypeVar("_T")
 
 
 class Link:
@@ -200,3 +203,56 @@ class Link:
         return {"name": self.server.name, "state": self.state, "tools": len(self.tools),
                 "transport": "stdio" if self.server.command else "http",
                 "restarts": self.restarts, "error": self.error, "since": self.since}
+
+
+# Prompts and resources (`gateway.mcp.catalog`): asked of a link's live client, apart from the
+# link's own upkeep, which they never change but to mark it lost when its transport failed.
+OFFERED = ("prompts", "resources", "resourceTemplates")  # what a server offers, as MCP names it
+
+
+async def asked(link: Link, ask: Callable[[Client], Awaitable[_T]], within: float | None = None
+                ) -> _T:
+    """One request of `link`'s server within `within` seconds (its timeout by default); its
+    JSON-RPC error raised as `MCPError`, the transport's failure or the timeout as Unavailable."""
+    client = link._live()
+    limit = within if within is not None else link.server.timeout
+    try:
+        async with asyncio.timeout(limit):
+            return await ask(client)
+    except TimeoutError:
+        raise Unavailable(f"MCP server '{link.server.name}' did not answer within "
+                          f"{limit:g}s") from None
+    except MCPError as exc:
+        if exc.code == types.CONNECTION_CLOSED:
+            raise link._failed(exc) from exc
+        raise
+    except (httpx2.HTTPError, OSError) as exc:
+        raise link._failed(exc) from exc
+
+
+async def offered(link: Link, kind: str) -> list[Any]:
+    """The server's prompts, resources or resource templates (`kind`, one of `OFFERED`), listed
+    now: none when its capabilities offer none; Unavailable when it cannot say."""
+    capabilities = link._live().server_capabilities
+    if (capabilities.prompts if kind == "prompts" else capabilities.resources) is None:
+        return []
+    found: list[Any] = []
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        items, cursor = await asked(link, partial(_page, kind=kind, cursor=cursor),
+                                    min(LIST_TIMEOUT, link.server.timeout))
+        found += items
+        if not cursor:
+            break
+    return found
+
+
+async def _page(client: Client, kind: str, cursor: str | None) -> tuple[list[Any], str | None]:
+    if kind == "prompts":
+        prompts = await client.list_prompts(cursor=cursor)
+        return list(prompts.prompts), prompts.next_cursor
+    if kind == "resources":
+        resources = await client.list_resources(cursor=cursor)
+        return list(resources.resources), resources.next_cursor
+    templates = await client.list_resource_templates(cursor=cursor)
+    return list(templates.resource_templates), templates.next_cursor

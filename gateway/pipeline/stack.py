@@ -9,7 +9,9 @@ In order, outermost first (each owned by its folder):
     capture     gateway/requestlog/capture.py    what the request log keeps of its bodies
     previous    gateway/adapters/responses/      a Responses `previous_response_id` known
     budget      gateway/accounts/stage.py        the worst case held, as it goes upstream
-    mcp tools   gateway/adapters/responses/      a Responses request's `mcp` tools run as a loop
+    mcp tools   gateway/adapters/mcp_loop.py     gateway MCP tools run as a loop: a Responses
+                                                 request's `mcp` tools, a Messages request's
+                                                 `mcp_servers` (`mcp_connector/`)
     turn        gateway/queue/stage.py           the wait for a slot
     idempotency gateway/idempotency/stage.py     an `Idempotency-Key` answered once
     cache       gateway/cache/stage.py           a hit answered, an answer kept
@@ -20,7 +22,7 @@ In order, outermost first (each owned by its folder):
 A stage is built only when something in force can use it: `guardrails` when llms.json has
 one, on the endpoints that carry text; `capture` with `logs` in llms.json; `budget` with
 accounts, `previous` on `/v1/responses`, `idempotency` on the endpoints that generate,
-`mcp tools` on `/v1/responses` when llms.json has an MCP server,
+`mcp tools` on `/v1/responses` and `/v1/messages` when llms.json has an MCP server,
 `cache` on those it serves when some alias caches, `semantic` on chat when some alias has
 `cache.semantic`, `finishing` with accounts. Tracing's span is what the edge serves the
 whole call within (`Runtime.serving`), so it also covers writing the answer.
@@ -31,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gateway.accounts import stage as accounts
+from gateway.adapters.mcp_connector.dialect import connector
 from gateway.adapters.responses.previous import previous
 from gateway.adapters.responses.tool_loop import tool_loop
 from gateway.cache import semantic_stage as semantic
@@ -48,6 +51,9 @@ from gateway.queue import stage as queue
 from gateway.requestlog.capture import capture
 from gateway.routing.router import Routing
 from gateway.state.runtime import Live, Runtime
+
+# The endpoints whose requests may name gateway MCP servers, and the loop each runs them with.
+LOOPS = {"responses": tool_loop, "messages": connector}
 
 
 def stacks(runtime: Runtime, live: Live) -> Mapping[str, Next]:
@@ -74,9 +80,9 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
     if accounting is not None:
         built.append(accounts.budget(accounting, live.prices, snapshot.chains,
                                      lambda alias: able(runtime, endpoint, alias)))
-    if endpoint == "responses" and snapshot.mcp_servers:  # one hold; each round waits its turn
-        built.append(tool_loop(lambda: runtime.tools, snapshot.mcp,
-                               {server.name for server in snapshot.mcp_servers}))
+    if endpoint in LOOPS and snapshot.mcp_servers:  # one hold; each round waits its turn
+        built.append(LOOPS[endpoint](lambda: runtime.tools, snapshot.mcp,
+                                     {server.name for server in snapshot.mcp_servers}))
     built.append(queue.turn(runtime.queue))
     if endpoint in flight.ENDPOINTS:
         built.append(idempotency(runtime.idempotency, snapshot.idempotency))

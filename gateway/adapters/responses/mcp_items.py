@@ -5,30 +5,21 @@ the model is given in their place."""
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from gateway.adapters.mcp_loop import Asked, result_text, unknown_server
 from gateway.adapters.responses.reply import new_id
 from providers.contract.errors import InvalidRequest
 
 MAX_OUTPUT_CHARS = 1_000_000  # of a tool's result as the model and the client get it
 
 
-@dataclass(frozen=True, slots=True)
-class Asked:
-    """One `mcp` tool of the request: the gateway server it names, the tools it allows (their
-    upstream names; None: all)."""
-
-    index: int
-    label: str
-    allowed: frozenset[str] | None
-
-
-def asked(body: dict[str, Any], servers: Collection[str]) -> list[Asked]:
-    """The request's `mcp` tools that name a gateway MCP server; InvalidRequest naming the
-    field for a label the gateway does not serve, or an approval it cannot ask for."""
+def asked(body: dict[str, Any], servers: Collection[str]) -> list[tuple[int, Asked]]:
+    """The request's `mcp` tools that name a gateway MCP server, with their places in `tools`;
+    InvalidRequest naming the field for a label the gateway does not serve, or an approval it
+    cannot ask for."""
     tools = body.get("tools")
     found = []
     for index, tool in enumerate(tools if isinstance(tools, list) else ()):
@@ -39,13 +30,14 @@ def asked(body: dict[str, Any], servers: Collection[str]) -> list[Asked]:
         where = f"tools[{index}]"
         label = tool.get("server_label")
         if not isinstance(label, str) or label not in servers:
-            raise InvalidRequest(f"No MCP server named '{str(label)[:64]}' is configured on "
-                                 "this gateway", param=f"{where}.server_label")
+            raise InvalidRequest(unknown_server(label), param=f"{where}.server_label")
         if tool.get("require_approval", "never") != "never":
             raise InvalidRequest("The gateway runs MCP tools without approvals: "
                                  "`require_approval` must be \"never\"",
                                  param=f"{where}.require_approval")
-        found.append(Asked(index, label, _allowed(tool.get("allowed_tools"), where)))
+        allowed = _allowed(tool.get("allowed_tools"), where)
+        found.append((index, Asked(label, label) if allowed is None else
+                      Asked(label, label, False, dict.fromkeys(allowed, True))))
     return found
 
 
@@ -91,27 +83,12 @@ def with_result(item: dict[str, Any], result: dict[str, Any] | None, failure: st
         error: dict[str, Any] = {"type": "mcp_protocol_error", "code": -32603,
                                  "message": (failure or "the call failed")[:2000]}
         return {**item, "error": error, "status": "failed"}
-    output = result_text(result)
+    output = result_text(result, MAX_OUTPUT_CHARS)
     if result.get("isError"):
         return {**item, "output": output, "status": "failed",
                 "error": {"type": "mcp_tool_execution_error",
                           "content": result.get("content") or []}}
     return {**item, "output": output, "status": "completed"}
-
-
-def result_text(result: dict[str, Any]) -> str:
-    """A `CallToolResult` as the text the model reads: its text parts, else its structured
-    content as JSON, else its content as JSON."""
-    content = result.get("content") or []
-    texts = [part.get("text", "") for part in content
-             if isinstance(part, dict) and part.get("type") == "text"]
-    if texts and len(texts) == len(content):
-        text = "\n".join(texts)
-    elif result.get("structuredContent") is not None:
-        text = msgspec.json.encode(result["structuredContent"]).decode()
-    else:
-        text = msgspec.json.encode(content).decode()
-    return text[:MAX_OUTPUT_CHARS]
 
 
 def arguments_of(text: str) -> dict[str, Any] | None:
@@ -130,18 +107,3 @@ def as_input(items: Any) -> list[Any]:
     if isinstance(items, str):
         return [{"type": "message", "role": "user", "content": items}]
     return list(items)
-
-
-def summed(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Two rounds' Responses usage as one (every count added)."""
-    if first is None or second is None:
-        return second or first
-    total: dict[str, Any] = {}
-    for key in first.keys() | second.keys():
-        a, b = first.get(key), second.get(key)
-        if isinstance(a, dict) or isinstance(b, dict):
-            total[key] = summed(a if isinstance(a, dict) else None,
-                                b if isinstance(b, dict) else None)
-        elif isinstance(a, int) or isinstance(b, int):
-            total[key] = (a if isinstance(a, int) else 0) + (b if isinstance(b, int) else 0)
-    return total
