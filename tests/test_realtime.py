@@ -227,16 +227,19 @@ def uvicorn_gateway(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], str]]
         path.write_text(json.dumps(doc))
         env = {**{k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
                "LLMS_CONFIG": str(path), "XDG_STATE_HOME": str(tmp_path / "state")}
-        with (tmp_path / "uvicorn.log").open("ab") as log:
-            started.append(subprocess.Popen(
+        logged = tmp_path / "uvicorn.log"
+        with logged.open("ab") as log:
+            process = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory",
                  "--host", "127.0.0.1", "--port", str(port), "--ws", "websockets-sansio",
                  "--lifespan", "on", "--log-level", "warning"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=dies_with_us))
+                preexec_fn=dies_with_us)
+        started.append(process)
         url = f"http://127.0.0.1:{port}"
 
         def healthy() -> bool:
+            assert process.poll() is None, f"uvicorn exited:\n{logged.read_text()}"
             try:
                 return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
             except httpx.HTTPError:
