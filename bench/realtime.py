@@ -79,7 +79,7 @@ def create_relay() -> Litestar:
             yield
 
     @websocket("/v1/realtime")
-    async def relay(socket: WebSocket[Any, Any, Any]) -> None:
+    async def relayed(socket: WebSocket[Any, Any, Any]) -> None:
         async with sessions[0].ws_connect(upstream, max_msg_size=0) as ws:
             await socket.accept()
 
@@ -103,7 +103,7 @@ def create_relay() -> Litestar:
         with contextlib.suppress(Exception):
             await socket.close()
 
-    return Litestar([relay], lifespan=[lifespan], debug=False, openapi_config=None,
+    return Litestar([relayed], lifespan=[lifespan], debug=False, openapi_config=None,
                     logging_config=None)
 
 
