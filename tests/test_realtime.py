@@ -13,11 +13,14 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
@@ -25,7 +28,14 @@ from websockets.exceptions import ConnectionClosed
 
 from tests import browser
 from tests.fake_realtime import AUDIO_CHUNK, TEXT, USAGE, FakeRealtime
-from tests.gateway_process import GatewayProcess, config, provider
+from tests.gateway_process import (
+    ROOT,
+    GatewayProcess,
+    config,
+    dies_with_us,
+    free_port,
+    provider,
+)
 from tests.test_teams import Admin
 from tests.waiting import wait_until
 
@@ -165,6 +175,110 @@ def test_a_provider_that_refuses_or_never_answers_the_handshake_is_failed_over(
     line = gateway.wait_for_log("request")[-1]
     expected = "unavailable" if fault == "refuse" else "connect_timeout"
     assert line["failed"] == [f"first:{expected}"] and line["provider"] == "second", line
+
+
+def test_a_voice_agent_finds_which_provider_served_its_session_by_the_request_id_it_sent(
+        start_gateway: Callable[..., GatewayProcess],
+        fakes: Callable[[str], FakeRealtime]) -> None:
+    # Under granian, the server `gateway serve` runs, the handshake's answer carries no header
+    # of the app's (docs/realtime.md, "Known limits"): the id the client sent is its handle.
+    first, second = fakes("first"), fakes("second")
+    first.set_mode("refuse")
+    gateway = start_gateway(config({
+        "first": provider(first.base_url, {"voice": realtime_model()}),
+        "second": provider(second.base_url, {"voice": realtime_model("gpt-realtime-2")})},
+        server={"api_keys": [CLIENT_KEY]}, logs={}))
+    request_id = f"voice-call-{os.urandom(4).hex()}"
+
+    async def session() -> list[Any]:
+        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=CLIENT_KEY)
+        events = []
+        async with client.realtime.connect(model="voice", extra_headers={
+                "x-request-id": request_id}) as connection:
+            await connection.response.create()
+            async for event in connection:
+                events.append(event)
+                if event.type == "response.done":
+                    break
+        return events
+
+    events = asyncio.run(session())
+    assert events[-1].type == "response.done"
+    assert second.handshakes[-1].query == {"model": "gpt-realtime-2"}, "the second served"
+
+    found = httpx.get(f"{gateway.url}/admin/logs/{request_id}", timeout=10)
+    assert found.status_code == 200, found.text
+    row = found.json()
+    assert row["provider"] == "second" and row["alias"] == "voice", row
+    assert row["endpoint"] == "realtime" and row["model"] == "gpt-realtime-2", row
+    assert [(a["provider"], a["outcome"], a.get("status")) for a in row["attempts"]] == [
+        ("first", "failed", 503), ("second", "answered", None)], row["attempts"]
+    assert gateway.request_line(request_id)["provider"] == "second"
+
+
+@pytest.fixture
+def uvicorn_gateway(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], str]]:
+    """The gateway's app under uvicorn, a server that puts an accept's headers on its 101
+    answer; its URL."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(doc: dict[str, Any]) -> str:
+        path, port = tmp_path / "llms.json", free_port()
+        path.write_text(json.dumps(doc))
+        env = {**{k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
+               "LLMS_CONFIG": str(path), "XDG_STATE_HOME": str(tmp_path / "state")}
+        logged = tmp_path / "uvicorn.log"
+        with logged.open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "gateway.app:create_app", "--factory",
+                 "--host", "127.0.0.1", "--port", str(port), "--ws", "websockets-sansio",
+                 "--lifespan", "on", "--log-level", "warning"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=dies_with_us)
+        started.append(process)
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert process.poll() is None, f"uvicorn exited:\n{logged.read_text()}"
+            try:
+                return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, within=60, what="the gateway under uvicorn answering /health")
+        return url
+
+    yield start
+    for process in started:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_under_a_server_that_honours_accept_headers_the_handshake_names_the_provider(
+        uvicorn_gateway: Callable[[dict[str, Any]], str],
+        fakes: Callable[[str], FakeRealtime]) -> None:
+    first, second = fakes("first"), fakes("second")
+    first.set_mode("refuse")
+    url = uvicorn_gateway(config({
+        "first": provider(first.base_url, {"voice": realtime_model()}),
+        "second": provider(second.base_url, {"voice": realtime_model()})}))
+
+    async def session() -> tuple[Any, list[dict[str, Any]]]:
+        async with connect(f"ws{url.removeprefix('http')}/v1/realtime?model=voice",
+                           additional_headers={"x-request-id": "voice-call-2"}) as ws:
+            await ws.send(json.dumps({"type": "response.create"}))
+            assert ws.response is not None
+            return ws.response.headers, await until_done(ws)
+
+    headers, events = asyncio.run(session())
+    assert events[-1]["type"] == "response.done"
+    assert headers["x-llms-provider"] == "second" and headers["x-llms-model"] == "voice"
+    assert headers["x-request-id"] == "voice-call-2"
+    assert len(first.handshakes) == 1 and len(second.handshakes) == 1
 
 
 def test_an_upstream_that_drops_mid_session_closes_the_client_with_1011(

@@ -8,7 +8,9 @@ cannot set headers on a WebSocket, presents it as the subprotocol
 concurrent sessions (`limits.SessionCounts`), the model (an alias with a Realtime candidate, one the
 key may use) and its budgets (`charges.admit`). The candidates are then dialled in order
 (`connect.dial`), and only then is the client's socket accepted: the `realtime` subprotocol
-when offered, and `x-llms-provider` on the handshake's answer. A session refused is accepted
+when offered, and `x-llms-provider` and `x-request-id` on the accept (on the 101 answer under a
+server that honours an accept's headers; granian drops them, docs/realtime.md "Known limits",
+so a client sends its own `x-request-id` to find the session). A session refused is accepted
 to tell it why: an `error` event in the API's shape, then a close (1008 for the caller's
 fault, 1013 when full or limited, 1011 when no provider answered).
 
