@@ -10,6 +10,7 @@ once, at startup (`gateway.state.runtime.Runtime`), in the order here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener, Outcome, Record
@@ -96,33 +97,38 @@ def measured_by(throughputs: Throughputs, route_of: Callable[[str, str], Route |
 def logged_by(log: RequestLog) -> Listener:
     """One line per request."""
     def ended(record: Record) -> None:
-        log.write({
-            "request_id": record.request_id,
-            "endpoint": record.endpoint,
-            "model": record.model,
-            **({"alias": record.alias} if record.alias not in (None, record.model) else {}),
-            "provider": provider_label(record),
-            "status": status_of(record),
-            "outcome": record.outcome.value if record.outcome else None,
-            "attempts": record.attempts,
-            "failed": [f"{a.provider}:{a.reason}" for a in record.failed] or None,
-            "stream": record.stream,
-            "key_id": record.key_id,
-            "tokens": record.usage.total_tokens if record.usage else None,
-            "cost": round(record.cost, 8) if record.cost is not None else None,
-            "ttft_ms": round(record.ttft * 1000, 2) if record.ttft is not None else None,
-            "latency_ms": round(record.duration * 1000, 2),
-            "overhead_ms": round(record.overhead * 1000, 2) if record.overhead is not None
-            else None,
-            **({"error": record.error_code} if record.error_code else {}),
-            **({"cache": "hit"} if record.cache_hit else {}),
-            **({"idempotent": "replay"} if record.replayed else {}),
-            **({"resumed": record.resumes.ok + record.resumes.failed,
-                "resumes_failed": record.resumes.failed, "resumed_by": record.resumes.by}
-               if record.resumes is not None and (record.resumes.ok or record.resumes.failed)
-               else {}),
-            **record.detail,
-        })
+        # One dict filled in place: it is built for every request.
+        usage, cost, ttft, overhead = record.usage, record.cost, record.ttft, record.overhead
+        line: dict[str, Any] = {"request_id": record.request_id, "endpoint": record.endpoint,
+                                "model": record.model}
+        if record.alias is not None and record.alias != record.model:
+            line["alias"] = record.alias
+        line["provider"] = provider_label(record)
+        line["status"] = status_of(record)
+        line["outcome"] = record.outcome.value if record.outcome else None
+        line["attempts"] = record.attempts
+        line["failed"] = [f"{a.provider}:{a.reason}" for a in record.failed] or None
+        line["stream"] = record.stream
+        line["key_id"] = record.key_id
+        line["tokens"] = usage.total_tokens if usage else None
+        line["cost"] = round(cost, 8) if cost is not None else None
+        line["ttft_ms"] = round(ttft * 1000, 2) if ttft is not None else None
+        line["latency_ms"] = round(record.duration * 1000, 2)
+        line["overhead_ms"] = round(overhead * 1000, 2) if overhead is not None else None
+        if record.error_code:
+            line["error"] = record.error_code
+        if record.cache_hit:
+            line["cache"] = "hit"
+        if record.replayed:
+            line["idempotent"] = "replay"
+        resumes = record.resumes
+        if resumes is not None and (resumes.ok or resumes.failed):
+            line["resumed"] = resumes.ok + resumes.failed
+            line["resumes_failed"] = resumes.failed
+            line["resumed_by"] = resumes.by
+        if record.detail:
+            line.update(record.detail)
+        log.write(line)
     return ended
 
 
