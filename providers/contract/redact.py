@@ -102,14 +102,9 @@ class Redactor:
 
 
 def _holds(text: str, secrets: tuple[str, ...]) -> bool:
-    for secret in secrets:
-        if secret in text:
-            return True
-    return False
+    return any(secret in text for secret in secrets)
 
 
 def _holds_encoded(data: bytes, secrets: tuple[bytes, ...]) -> bool:
-    for secret in secrets:
-        if data.find(secret) != -1:  # `in` on bytes makes and drops a TypeError first
-            return True
-    return False
+    # `find`: `in` on bytes makes and drops a TypeError first.
+    return any(data.find(secret) != -1 for secret in secrets)
