@@ -79,13 +79,13 @@ def _said(client: openai.OpenAI, model: str, prompt: str) -> tuple[str, str, str
 
 def test_the_provider_sees_placeholders_for_names_and_places_and_the_user_reads_them_back(
         client: openai.OpenAI, upstream: FakeUpstream) -> None:
-    prompt = f"{PROMPT} Alice Johnson's mail is {EMAIL}."
+    prompt = f"{PROMPT} Tell Alice Johnson to reply to {EMAIL}."
 
     whole, streamed, header = _said(client, "names-model", prompt)
 
     assert [r.json["messages"][0]["content"] for r in upstream.requests] == [
-        "Please write to [PERSON_1] in [LOCATION_1] about the invoice. [PERSON_1]'s mail "
-        "is [EMAIL_1]."] * 2
+        "Please write to [PERSON_1] in [LOCATION_1] about the invoice. Tell [PERSON_1] to "
+        "reply to [EMAIL_1]."] * 2
     assert all(name not in r.body.decode() for r in upstream.requests
                for name in ("Alice", "Paris", EMAIL))
     assert whole == streamed == prompt
@@ -154,7 +154,7 @@ def test_asking_for_names_without_the_extra_or_its_model_is_a_config_error_namin
         ("input",)
     for policy, said in (
             ({"ner": {"model": "en_core_web_nowhere"}},
-             r"guardrails\.names.*ner\.model: no spaCy model package named "
+             r"guardrails\[\.\.\.\]: ner\.model: no spaCy model package named "
              "'en_core_web_nowhere'"),
             ({"phases": ["input", "output"]}, r"'person' is looked for in requests only"),
             ({"detect": ["email"], "ner": {}}, r"ner: only with `detect`")):
@@ -163,7 +163,7 @@ def test_asking_for_names_without_the_extra_or_its_model_is_a_config_error_namin
             parse(json.dumps(doc), tmp_path / "llms.json", {})
     monkeypatch.setitem(sys.modules, "presidio_analyzer", None)  # as if never installed
     doc["guardrails"] = {"names": {"detect": ["location"], "action": "pseudonymize"}}
-    with pytest.raises(ConfigError, match=r"guardrails\.names.*detect: 'location' needs the "
+    with pytest.raises(ConfigError, match=r"guardrails\[\.\.\.\]: detect: 'location' needs the "
                                           r"`ner` extra, not installed: pip install "
                                           r"'llms-gateway\[ner\]'"):
         parse(json.dumps(doc), tmp_path / "llms.json", {})

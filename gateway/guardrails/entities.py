@@ -58,9 +58,10 @@ class Entities:
 def warm(model: str) -> None:
     """The model loaded in the worker thread, once per process (a snapshot compiled with a
     policy that names it calls this; the first request waits for the load, if still on)."""
+    worker = _executor()
     with _lock:
         if model not in _engines:
-            _engines[model] = _executor().submit(_engine, model)
+            _engines[model] = worker.submit(_engine, model)
 
 
 async def off_loop(work: Callable[[], T], entities: Sequence[Entities], chars: int) -> T:

@@ -183,7 +183,7 @@ async def _screen_off_loop(call: Call, screening: Screening, input_side: list[Gu
         screened = await off_loop(lambda: worker.request(body, input_side),
                                   [g.entities for g in reading if g.entities], text_size(body))
     except EntitiesUnread as exc:
-        screening.took(reading[0], "NER", "block")
+        screening.took(reading[0], "NER", 1, "block")
         raise GuardrailViolation(f"Blocked by guardrail '{reading[0].name}': the request was "
                                  f"{exc}", guardrail=reading[0].name, category="NER") from None
     except GuardrailViolation:
