@@ -24,7 +24,7 @@ from gateway.core.settings.guardrails import GuardrailPolicy
 from gateway.guardrails.entities import EntitiesUnread, off_loop
 from gateway.guardrails.policies import compiled
 from gateway.guardrails.screening import Screening
-from tests.gateway_process import ROOT, GatewayProcess, config, provider
+from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
 from tests.upstream import FakeUpstream, echo_prompt
 
 PROMPT = "Please write to Alice Johnson in Paris about the invoice."
@@ -111,7 +111,7 @@ def test_masked_names_stay_masked_and_a_blocking_policy_refuses_a_name(
 
 
 def test_a_text_over_the_bound_or_a_look_over_its_timeout_is_refused_unsent(
-        client: openai.OpenAI, upstream: FakeUpstream) -> None:
+        client: openai.OpenAI, upstream: FakeUpstream, gateway: GatewayProcess) -> None:
     long = PROMPT * 2  # 114 characters, over "short"'s 100
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="short-model",
@@ -123,6 +123,11 @@ def test_a_text_over_the_bound_or_a_look_over_its_timeout_is_refused_unsent(
                                        messages=[{"role": "user", "content": PROMPT * 36}])
     assert "not read for names and places within 0.001s" in slow.value.message
     assert upstream.requests == []
+    unread = wait_until(lambda: [(line["guardrail"], line["reason"]) for line
+                                 in gateway.log_events("guardrail_ner_unread")][-2:])
+    assert unread == [("short", "over the 100 characters read for names and places"),
+                      ("hasty", "not read for names and places within 0.001s")]
+    assert "Alice" not in gateway.logs()
     assert client.chat.completions.create(
         model="short-model", messages=[{"role": "user", "content": PROMPT}]
     ).choices[0].message.content == "Please write to [PERSON] in Paris about the invoice."

@@ -34,6 +34,7 @@ from gateway.guardrails.streams import StreamScreen
 from gateway.guardrails.tally import Tally
 from gateway.observe.metrics import Metrics
 from providers.contract.errors import error_event
+from providers.contract.log import get_logger
 from providers.contract.redact import Redactor
 from providers.contract.stream import close_quietly
 
@@ -183,6 +184,8 @@ async def _screen_off_loop(call: Call, screening: Screening, input_side: list[Gu
         screened = await off_loop(lambda: worker.request(body, input_side),
                                   [g.entities for g in reading if g.entities], text_size(body))
     except EntitiesUnread as exc:
+        get_logger().warning("guardrail_ner_unread", guardrail=reading[0].name, reason=str(exc),
+                             request_id=call.record.request_id)
         screening.took(reading[0], "NER", 1, "block")
         raise GuardrailViolation(f"Blocked by guardrail '{reading[0].name}': the request was "
                                  f"{exc}", guardrail=reading[0].name, category="NER") from None
