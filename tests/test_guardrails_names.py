@@ -24,7 +24,7 @@ from gateway.core.settings.guardrails import GuardrailPolicy
 from gateway.guardrails.entities import EntitiesUnread, off_loop
 from gateway.guardrails.policies import compiled
 from gateway.guardrails.screening import Screening
-from tests.gateway_process import ROOT, GatewayProcess, config, provider, wait_until
+from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider, wait_until
 from tests.upstream import FakeUpstream, echo_prompt
 
 PROMPT = "Please write to Alice Johnson in Paris about the invoice."
@@ -189,3 +189,21 @@ def test_a_gateway_whose_policies_never_ask_for_names_loads_no_model(tmp_path: P
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_gateway_asked_for_names_without_the_extra_refuses_to_start_saying_so(
+        tmp_path: Path) -> None:
+    doc = config({"main": provider("http://127.0.0.1:9/v1", {"m": "m"})})
+    doc["guardrails"] = {"names": {"detect": ["person"], "action": "pseudonymize"}}
+    (tmp_path / "llms.json").write_text(json.dumps(doc))
+    script = ("import sys\n"
+              "sys.modules['presidio_analyzer'] = None  # as on a machine without the extra\n"
+              "from gateway.cli import main\n"
+              f"sys.exit(main(['serve', '--config', {str(tmp_path / 'llms.json')!r}, "
+              f"'--host', '127.0.0.1', '--port', '{free_port()}']))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "invalid config" in done.stderr
+    assert "detect: 'person' needs the `ner` extra, not installed: pip install " \
+           "'llms-gateway[ner]'" in done.stderr
