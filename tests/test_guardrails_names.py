@@ -62,7 +62,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: FakeUpstream
 @pytest.fixture
 def client(gateway: GatewayProcess, upstream: FakeUpstream) -> openai.OpenAI:
     upstream.reset()
-    upstream.set_mode(echo_prompt(20))
+    upstream.set_mode(echo_prompt(20))  # streamed, "[PERSON_1]" split in two deltas
     return openai.OpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
 
 
@@ -123,8 +123,10 @@ def test_a_text_over_the_bound_or_a_look_over_its_timeout_is_refused_unsent(
                                        messages=[{"role": "user", "content": PROMPT * 36}])
     assert "not read for names and places within 0.001s" in slow.value.message
     assert upstream.requests == []
-    unread = wait_until(lambda: [(line["guardrail"], line["reason"]) for line
-                                 in gateway.log_events("guardrail_ner_unread")][-2:])
+    wait_until(lambda: len(gateway.log_events("guardrail_ner_unread")) >= 2,
+               what="both refusals logged")
+    unread = [(line["guardrail"], line["reason"])
+              for line in gateway.log_events("guardrail_ner_unread")][-2:]
     assert unread == [("short", "over the 100 characters read for names and places"),
                       ("hasty", "not read for names and places within 0.001s")]
     assert "Alice" not in gateway.logs()
