@@ -117,7 +117,7 @@ class Detector:
             found += [Found(match.start(), match.end(), self._categories[match.lastgroup])
                       for match in self._own.finditer(text)
                       if match.lastgroup is not None and match.end() > match.start()]
-        return _apart(sorted(found)) if len(found) > 1 else found
+        return apart(sorted(found)) if len(found) > 1 else found
 
     def _runs(self, text: str, ip: bool) -> list[Found]:
         """The IPv4 addresses and the checked numbers among `text`'s digit runs."""
@@ -204,7 +204,7 @@ def _lettered(text: str) -> list[Found]:
             if _after_non_word(text, m.start()) and any(valid(m[0]) for valid in _LETTERED_IDS)]
 
 
-def _apart(found: list[Found]) -> list[Found]:
+def apart(found: list[Found]) -> list[Found]:
     """`found`, in order, without a value that overlaps one before it."""
     kept: list[Found] = []
     for item in found:

