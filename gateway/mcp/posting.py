@@ -46,6 +46,9 @@ from providers.wire import sse
 
 SESSION = "mcp-session-id"
 ACCEPT = "application/json, text/event-stream"
+# Headers a call sets itself: a configured one of the same name gives way, as in the SDK.
+OWN_HEADERS = frozenset({"content-type", "accept", SESSION, MCP_PROTOCOL_VERSION_HEADER,
+                         MCP_METHOD_HEADER, MCP_NAME_HEADER})
 CANCEL_WITHIN = 5.0  # seconds a 2025-11-25 server's `notifications/cancelled` may take
 CONNECT_TIMEOUT = 30.0
 # Room in an answer beyond the result itself: its envelope, and a structured copy of the text.
@@ -101,15 +104,16 @@ class ToolPoster:
     """One streamable-HTTP server's tool calls, posted directly once its link has connected
     (`agreed`); `ready` says whether it has."""
 
-    def __init__(self, server: McpServer, transport: Transport) -> None:
+    def __init__(self, server: McpServer, transport: Transport, proxy: str | None) -> None:
         assert server.url is not None
         self.server = server
         self.url = server.url
         self.transport = transport
         self.most = server.max_result_bytes * 2 + ENVELOPE_ROOM
-        self.link = Link(proxy=ProxyEnvironment.read(os.environ).proxy_for(server.url),
-                         max_answer_bytes=self.most)
-        self.headers = {name: value.reveal() for name, value in server.headers}
+        self.link = Link(proxy=proxy, max_answer_bytes=self.most)
+        own = OWN_HEADERS | ({"authorization"} if server.oauth is not None else set())
+        self.headers = {name: value.reveal() for name, value in server.headers
+                        if name.lower() not in own}
         self.auth: ClientCredentials | None = None
         self.version: str | None = None  # None: not connected, calls go through the SDK
         self.session_id: str | None = None
@@ -117,6 +121,26 @@ class ToolPoster:
         self._ids = itertools.count(1)
         self._envelope: dict[str, Any] = {}
         self._cancelling: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def of(cls, server: McpServer, transport: Transport | None) -> ToolPoster | None:
+        """The poster of a remote server; None for a spawned one, without a transport, or when
+        the environment names a proxy the transport cannot speak (the SDK's client then calls,
+        as it connects)."""
+        if server.url is None or transport is None:
+            return None
+        try:
+            proxy = ProxyEnvironment.read(os.environ).proxy_for(server.url)
+        except ValueError:
+            return None
+        return cls(server, transport, proxy)
+
+    def bounded(self, max_result_bytes: int) -> None:
+        """The server's bound as the live config gives it (a reload may change it)."""
+        most = max_result_bytes * 2 + ENVELOPE_ROOM
+        if most != self.most:
+            self.most = most
+            self.link = Link(proxy=self.link.proxy, max_answer_bytes=most)
 
     @property
     def ready(self) -> bool:
@@ -163,6 +187,9 @@ class ToolPoster:
                 answer.close()  # unread: its connection closes, a 2026-07-28 cancellation
             answered = True
             return result
+        except MCPError:
+            answered = True  # the server's own error: it is done with the call
+            raise
         finally:
             if not answered and session_id and version not in MODERN_PROTOCOL_VERSIONS:
                 self._cancel(request_id, headers)

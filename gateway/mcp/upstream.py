@@ -63,7 +63,7 @@ class Link:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # A remote server's calls, once connected: posted directly (None: through the SDK).
-        self.poster = ToolPoster(server, transport) if server.url and transport else None
+        self.poster = ToolPoster.of(server, transport)
         self._session_id: str | None = None  # a 2025-11-25 server's, as its answers give it
         self._auth: ClientCredentials | None = None
 
@@ -199,6 +199,7 @@ class Link:
         try:
             async with asyncio.timeout(self.server.timeout):
                 if poster is not None and poster.ready:
+                    poster.bounded(self.server.max_result_bytes)
                     return await poster.call(tool, arguments, progress)
                 result = await client.call_tool(tool, arguments, progress_callback=progress)
                 return result.model_dump(mode="json", by_alias=True, exclude_none=True)
