@@ -4,15 +4,19 @@
 Its tools: `echo`, `progress` (reports each step before answering), `wait_until_cancelled`
 (answers only when cancelled, and says so in `cancelled`), `big` (a result of n bytes); a prompt
 `brief`, a resource `notes://today` and a template `notes://day/{day}`, each naming the server. It
-records what `echo` was given (`echoed`) and the headers of every HTTP request it gets
-(`headers_seen`). With `token_url`, it is its own OAuth server too: `/token` trades client
-credentials for a token, and `/mcp` refuses (401) any other bearer, so a test can revoke the
-current one (`revoke`).
+records what `echo` was given (`echoed`), the headers of every HTTP request it gets
+(`headers_seen`) and the JSON-RPC method and headers of every POST (`posted`). With `token_url`,
+it is its own OAuth server too: `/token` trades client credentials for a token, and `/mcp`
+refuses (401) any other bearer, so a test can revoke the current one (`revoke`) or refuse the
+next tool call once (`refuse_next_call`). `json_response` answers every request as one JSON
+body (no SSE); `legacy` makes it a 2025-11-25 server (`server/discover` is a 404, so clients
+`initialize` and carry a session id).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import threading
 from typing import Any
@@ -30,9 +34,14 @@ CLIENT_ID, CLIENT_SECRET = "gateway-client", "oauth-client-secret-5678"
 class FakeMcp:
     """`with FakeMcp() as fake:` serves at `fake.url` (its `/mcp`) until the block ends."""
 
-    def __init__(self, name: str = "fake", oauth: bool = False) -> None:
+    def __init__(self, name: str = "fake", oauth: bool = False, json_response: bool = False,
+                 legacy: bool = False) -> None:
         self.name = name
         self.oauth = oauth
+        self.json_response = json_response
+        self.legacy = legacy
+        self.posted: list[tuple[str | None, dict[str, str]]] = []
+        self._refuse_next = False
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.token_url = f"http://127.0.0.1:{self.port}/token"
@@ -49,6 +58,14 @@ class FakeMcp:
     def revoke(self) -> None:
         """The current token is refused from now on (the gateway must trade for another)."""
         self._token = None
+
+    def refuse_next_call(self) -> None:
+        """The next `tools/call` is answered 401, whatever its token."""
+        self._refuse_next = True
+
+    def calls_posted(self) -> list[dict[str, str]]:
+        """The headers of every `tools/call` POST."""
+        return [headers for method, headers in self.posted if method == "tools/call"]
 
     def _mcp(self) -> MCPServer:
         server = MCPServer(self.name)
@@ -125,19 +142,53 @@ class FakeMcp:
             return f"{self.name}: notes of {day}"
 
     def _app(self) -> Any:
-        inner = self._mcp().streamable_http_app()
+        inner = self._mcp().streamable_http_app(json_response=self.json_response)
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["path"].startswith("/mcp"):
                 headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
                 self.headers_seen.append(headers)
-                if self.oauth and headers.get("authorization") != f"Bearer {self._token}":
+                method = None
+                if scope["method"] == "POST":
+                    method, receive = await self._read_method(receive)
+                    self.posted.append((method, headers))
+                refused = method == "tools/call" and self._refuse_next
+                if refused or (self.oauth and
+                               headers.get("authorization") != f"Bearer {self._token}"):
+                    self._refuse_next = False
                     await JSONResponse({"error": "invalid_token"}, status_code=401)(
                         scope, receive, send)
+                    return
+                if self.legacy and method == "server/discover":
+                    await Response(status_code=404)(scope, receive, send)
                     return
             await inner(scope, receive, send)
 
         return app
+
+    @staticmethod
+    async def _read_method(receive: Any) -> tuple[str | None, Any]:
+        """The POST's JSON-RPC method, and a `receive` that gives its body again."""
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        try:
+            method = json.loads(body).get("method")
+        except (ValueError, AttributeError):
+            method = None
+        given = False
+
+        async def again() -> Any:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return method, again
 
     def start(self) -> FakeMcp:
         self._server = uvicorn.Server(uvicorn.Config(

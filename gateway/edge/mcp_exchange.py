@@ -165,13 +165,15 @@ class Exchange:
             return
         streamed = message["method"] == "tools/call" \
             and "text/event-stream" in self.headers.get("accept", "")
-        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
+        events: asyncio.Queue[dict[str, Any]] | None = None
+        if streamed and _progress_asked(message):  # only then can the call tell anything
+            told: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
+            events = told
 
-        async def notify(notification: dict[str, Any]) -> None:
-            with contextlib.suppress(asyncio.QueueFull):  # a client that does not read
-                events.put_nowait(notification)
+            async def notify(notification: dict[str, Any]) -> None:
+                with contextlib.suppress(asyncio.QueueFull):  # a client that does not read
+                    told.put_nowait(notification)
 
-        if streamed:
             asking = protocol.Asking(asking.identity, asking.server, asking.version, notify)
         if session is not None:
             await self.cancels.ready()
@@ -195,30 +197,34 @@ class Exchange:
             status = ERROR_CODE_HTTP_STATUS.get(answered["error"]["code"], 200)
         await reply(self.send, status, answered, redact=self.runtime)
 
-    async def _relay(self, call: asyncio.Future[Any], events: asyncio.Queue[dict[str, Any]],
-                     streamed: bool) -> bool:
-        """Until `call` is done: its notifications sent as SSE events as they come, the head
-        committed at the first one (or at a keep-alive); whether it was committed. A call
-        that ends first is answered as JSON, with its real status."""
+    async def _relay(self, call: asyncio.Future[Any],
+                     events: asyncio.Queue[dict[str, Any]] | None, streamed: bool) -> bool:
+        """Until `call` is done: its notifications (when it may have any: `events`) sent as SSE
+        events as they come, the head committed at the first one (or at a keep-alive); whether
+        it was committed. A call that ends first is answered as JSON, with its real status."""
+        if not streamed:
+            await asyncio.wait((call,))
+            return False
         committed = False
         while not call.done():
-            waiting = asyncio.ensure_future(events.get())
-            await asyncio.wait((call, waiting), timeout=KEEP_ALIVE if streamed else None,
-                               return_when=asyncio.FIRST_COMPLETED)
-            if not waiting.done():
+            waiting = asyncio.ensure_future(events.get()) if events is not None else None
+            await asyncio.wait((call,) if waiting is None else (call, waiting),
+                               timeout=KEEP_ALIVE, return_when=asyncio.FIRST_COMPLETED)
+            heard = waiting is not None and waiting.done()
+            if waiting is not None and not heard:
                 waiting.cancel()
-                if call.done() or not streamed:
-                    continue
+            if call.done() and not heard:
+                continue
             if not committed:
                 await self.send({"type": "http.response.start", "status": 200,
                                  "headers": SSE_HEAD})
                 committed = True
-            if waiting.done():
+            if waiting is not None and heard:
                 await self._event(waiting.result(), more=True)
             else:  # quiet for a while: a comment keeps proxies from closing the stream
                 await self.send({"type": "http.response.body", "body": b": ping\n\n",
                                  "more_body": True})
-        while committed and not events.empty():
+        while committed and events is not None and not events.empty():
             await self._event(events.get_nowait(), more=True)
         return committed
 
@@ -237,6 +243,13 @@ class Exchange:
         data = self.runtime.live.redactor.encoded(msgspec.json.encode(payload))
         await self.send({"type": "http.response.body",
                          "body": b"event: message\ndata: " + data + b"\n\n", "more_body": more})
+
+
+def _progress_asked(message: dict[str, Any]) -> bool:
+    """Whether the request carries a `progressToken` (its progress is relayed as SSE events)."""
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and meta.get("progressToken") is not None
 
 
 def _key_id(identity: Any) -> str | None:

@@ -103,7 +103,7 @@ class Hub:
                 self.links[name].server = server  # its timeout, bounds and prices
                 continue
             assert upstream is not None
-            link = self.links[name] = upstream.Link(server)
+            link = self.links[name] = upstream.Link(server, self.runtime.transport)
             link.start()
             started.append(link)
         if wait and started:
@@ -250,8 +250,7 @@ class Hub:
                 governed.arguments = None  # until screened: a blocked value is never kept
                 arguments = governed.arguments = screen.arguments(arguments)
             with governed.span():
-                result = await link.call(tool, arguments, progress)
-            shown = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+                shown = await link.call(tool, arguments, progress)
             size = len(msgspec.json.encode(shown))
             if size > spec.max_result_bytes:
                 outcome = "too_large"
@@ -259,7 +258,7 @@ class Hub:
                                f"{spec.max_result_bytes} its server may return")
             if screen is not None:
                 shown = screen.result(shown)
-            outcome, status = ("tool_error" if result.is_error else "completed"), 200
+            outcome, status = ("tool_error" if shown.get("isError") is True else "completed"), 200
             return shown
         except GuardrailViolation:
             outcome, status = GuardrailViolation.code, 400

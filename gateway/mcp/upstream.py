@@ -1,11 +1,13 @@
 """One upstream MCP server, kept connected through the official SDK's client.
 
 A remote server is reached by streamable HTTP (`httpx2`, the SDK's own client) with its
-configured headers or the gateway's OAuth token; a local one is spawned over stdio with an
-environment of only what its `env` names, `PATH` and `HOME`. Either way one task owns the
-connection (the SDK's client lives inside one task's context) and keeps it: when it is lost
-(the process died, a call saw the transport fail, the periodic listing failed) it reconnects,
-with a backoff that doubles up to `MAX_BACKOFF`. `stop()` ends it, and a spawned process with it.
+configured headers or the gateway's OAuth token, and once connected its tool calls are posted
+directly through the gateway's transport (`gateway.mcp.posting`); a local one is spawned over
+stdio with an environment of only what its `env` names, `PATH` and `HOME`. Either way one task
+owns the connection (the SDK's client lives inside one task's context) and keeps it: when it is
+lost (the process died, a call saw the transport fail, the periodic listing failed) it
+reconnects, with a backoff that doubles up to `MAX_BACKOFF`. `stop()` ends it, and a spawned
+process with it.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import x_mcp_header_map
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.core.settings.mcp import McpServer
 from gateway.mcp.oauth import ClientCredentials
+from gateway.mcp.posting import SESSION, Lost, ToolPoster
 from gateway.mcp.unavailable import Unavailable
+from providers.contract.errors import GatewayError
 from providers.contract.log import get_logger
 from providers.contract.redact import mask_credentials
+from providers.contract.transport import Transport
 
 FIRST_BACKOFF = 0.25
 MAX_BACKOFF = 30.0
@@ -46,7 +53,7 @@ _T = TypeVar("_T")
 class Link:
     """One server's connection, kept by a task of its own."""
 
-    def __init__(self, server: McpServer) -> None:
+    def __init__(self, server: McpServer, transport: Transport | None = None) -> None:
         self.server = server
         self.state = "starting"  # starting, ready, down, stopped
         self.error: str | None = None
@@ -58,6 +65,10 @@ class Link:
         self._stopping = False
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # A remote server's calls, once connected: posted directly (None: through the SDK).
+        self.poster = ToolPoster.of(server, transport)
+        self._session_id: str | None = None  # a 2025-11-25 server's, as its answers give it
+        self._auth: ClientCredentials | None = None
 
     def start(self) -> None:
         """Connect, and keep connected until `stop`."""
@@ -87,6 +98,8 @@ class Link:
                 async with AsyncExitStack() as stack:
                     client = await stack.enter_async_context(self._client(stack))
                     await self._list(client)
+                    if self.poster is not None:
+                        self.poster.agreed(client.protocol_version, self._session_id, self._auth)
                     self.client, self.state, self.error = client, "ready", None
                     self.since, failures = time.time(), 0
                     self._ready.set()
@@ -94,7 +107,9 @@ class Link:
             except Exception as exc:  # any failure to connect or to stay connected
                 self.error = mask_credentials(f"{type(exc).__name__}: {exc}")[:300]
             finally:
-                self.client = None
+                self.client, self._session_id = None, None
+                if self.poster is not None:
+                    self.poster.agreed(None, None, None)
             if self._stopping:
                 return
             failures += 1
@@ -128,14 +143,20 @@ class Link:
                                            env=dict(server.env))
             return Client(params, cache=None, message_handler=self._heard)
         assert server.url is not None
-        auth = ClientCredentials(server.oauth) if server.oauth is not None else None
+        auth = self._auth = ClientCredentials(server.oauth) if server.oauth is not None else None
         http = httpx2.AsyncClient(
             headers={name: value.reveal() for name, value in server.headers}, auth=auth,
-            timeout=httpx2.Timeout(30.0, read=server.timeout + 30.0), trust_env=True)
+            timeout=httpx2.Timeout(30.0, read=server.timeout + 30.0), trust_env=True,
+            event_hooks={"response": [self._answered]})
         stack.push_async_callback(http.aclose)
         transport = streamable_http_client(server.url, http_client=http,
                                            max_sse_event_size=server.max_result_bytes * 2)
         return Client(transport, cache=None, message_handler=self._heard)
+
+    async def _answered(self, response: httpx2.Response) -> None:
+        """The session id a 2025-11-25 server gives, kept for the calls posted directly."""
+        if session_id := response.headers.get(SESSION):
+            self._session_id = session_id
 
     async def _heard(self, message: Any) -> None:
         """A server's notification: its tools changed, so the next look lists them again."""
@@ -154,6 +175,9 @@ class Link:
                 if not cursor:
                     break
         self.tools = tools
+        if self.poster is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            self.poster.header_maps = {tool.name: mapped for tool in tools
+                                       if (mapped := x_mcp_header_map(tool.input_schema))}
         return tools
 
     async def listed(self) -> list[types.Tool]:
@@ -169,13 +193,19 @@ class Link:
         return self.tools
 
     async def call(self, tool: str, arguments: dict[str, Any] | None,
-                   progress: Progress | None) -> types.CallToolResult:
-        """Call `tool` within the server's timeout; an upstream's JSON-RPC error is raised as
-        `MCPError`, the transport's failure or the timeout as Unavailable."""
+                   progress: Progress | None) -> dict[str, Any]:
+        """Call `tool` within the server's timeout: its `CallToolResult` as JSON; an upstream's
+        JSON-RPC error is raised as `MCPError`, the transport's failure or the timeout as
+        Unavailable."""
         client = self._live()
+        poster = self.poster
         try:
             async with asyncio.timeout(self.server.timeout):
-                return await client.call_tool(tool, arguments, progress_callback=progress)
+                if poster is not None and poster.ready:
+                    poster.bounded(self.server.max_result_bytes)
+                    return await poster.call(tool, arguments, progress)
+                result = await client.call_tool(tool, arguments, progress_callback=progress)
+                return result.model_dump(mode="json", by_alias=True, exclude_none=True)
         except TimeoutError:
             raise Unavailable(f"MCP server '{self.server.name}' did not answer within "
                               f"{self.server.timeout:g}s") from None
@@ -183,7 +213,7 @@ class Link:
             if exc.code == types.CONNECTION_CLOSED:
                 raise self._failed(exc) from exc
             raise
-        except (httpx2.HTTPError, OSError) as exc:
+        except (httpx2.HTTPError, OSError, GatewayError, Lost) as exc:
             raise self._failed(exc) from exc
 
     def _live(self) -> Client:
