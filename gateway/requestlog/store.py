@@ -14,8 +14,8 @@ import contextlib
 import functools
 import sqlite3
 from collections.abc import Sequence
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import sqlalchemy as sa
