@@ -1,12 +1,14 @@
 """The request log's listener and writer: a row per request, written off the request path.
 
-When a request's record ends, `Journal.ended` (a listener, `gateway.observe.observers`) puts
-the record in a bounded buffer, nothing more: the row is built, its bodies redacted and cut,
-and the batch written by the journal's own task (`run`), once per `database.flush_interval`,
-as spend rows are. A database that is down leaves rows buffered (the oldest dropped past
-`MAX_BUFFERED`, counted) and bodies held up to `MAX_HELD_BYTES` (past it, a row keeps its
-metadata and says `not_captured`). The same task purges rows past `logs.retention_days` and
-`logs.max_rows` every `logs.purge_interval` seconds, in small batches (`store.Store.purge`).
+When a request's record ends, `Journal.ended` (a listener, `gateway.observe.observers`) makes
+its row, a tuple of plain values, and puts it in a bounded buffer: the record itself is not held
+(a second's records, alive until their batch is written, kept the garbage collector busy). The
+bodies a row keeps are redacted and cut, and the batch written, by the journal's own task
+(`run`), once per `database.flush_interval`, as spend rows are. A database that is down leaves
+rows buffered (the oldest dropped past `MAX_BUFFERED`, counted) and bodies held up to
+`MAX_HELD_BYTES` (past it, a row keeps its metadata and says `not_captured`). The same task
+purges rows past `logs.retention_days` and `logs.max_rows` every `logs.purge_interval` seconds,
+in small batches (`store.Store.purge`).
 
 With no `logs` section in llms.json no row is written; a 401 is nobody's request and is never
 logged (a flood of them would push real rows out).
@@ -38,6 +40,8 @@ MAX_HELD_BYTES = 64 * 1024 * 1024  # bodies waiting with them
 BATCH_ROWS = 1_000  # rows per insert
 BATCH_BYTES = 8 * 1024 * 1024  # ... and bodies per insert
 NO_TOKENS = (None, None, None, None)
+# A row's last columns (payload, request_body, response_body) while its bodies wait for the writer.
+UNWRITTEN = (STORED, None, None)
 
 
 class Journal:
@@ -55,27 +59,33 @@ class Journal:
         self.cost_of = cost_of  # what the request is charged, as its spend row says
         self.flush_interval = flush_interval
         self.clock = clock
-        # (when it ended, its record, whether its bodies are kept)
-        self.buffer: deque[tuple[float, Record, bool]] = deque()
+        # (its row, its bodies while they wait to be redacted and cut, their bytes)
+        self.buffer: deque[tuple[tuple[Any, ...], Bodies | None, int]] = deque()
         self.held = 0  # bytes of bodies in the buffer
         self.dropped = 0  # rows lost to a full buffer while the database was down
         self._purged = 0.0
+        # The upstream models and first tries' attempts, found once per batch written.
+        self._models, self._chains = _Models(route_of), _Chains()
 
     def ended(self, record: Record) -> None:
-        """The record's listener: the request buffered for its row."""
-        if record.status == UNAUTHENTICATED or self.settings() is None:
+        """The record's listener: the request's row buffered (its bodies, if kept, with it)."""
+        if record.status == UNAUTHENTICATED or (settings := self.settings()) is None:
             return
         buffer = self.buffer
         if len(buffer) >= MAX_BUFFERED:
-            _, old, kept = buffer.popleft()
+            self.held -= buffer.popleft()[2]
             self.dropped += 1
-            if kept:
-                self.held -= _held(old)
-        kept = False
-        if (size := _held(record)) and self.held + size <= MAX_HELD_BYTES:
-            self.held += size
-            kept = True
-        buffer.append((self.clock(), record, kept))
+        bodies, kept = record.bodies, None
+        if isinstance(bodies, Bodies):
+            if bodies.held and self.held + bodies.held <= MAX_HELD_BYTES:
+                kept = bodies
+                self.held += bodies.held
+            else:
+                bodies = NOT_CAPTURED
+        made = row(self.clock(), record, self.cost_of(record), self._models(record),
+                   _payload(bodies, settings) if kept is None else UNWRITTEN,
+                   self._chains(record))
+        buffer.append((made, kept, 0 if kept is None else kept.held))
 
     async def run(self) -> None:
         """Forever: the buffer written, old rows purged."""
@@ -91,11 +101,12 @@ class Journal:
     async def flush(self) -> None:
         """Write the buffered rows, a batch at a time; on failure the batch stays, in order."""
         while self.buffer:
-            batch: list[tuple[float, Record, bool]] = []
+            batch: list[tuple[tuple[Any, ...], Bodies | None, int]] = []
             size = 0
             while self.buffer and len(batch) < BATCH_ROWS and size < BATCH_BYTES:
                 batch.append(item := self.buffer.popleft())
-                size += _held(item[1]) if item[2] else 0
+                size += item[2]
+            self._models, self._chains = _Models(self.route_of), _Chains()
             try:
                 await self.store.write(self.rows(batch))
             except BaseException:
@@ -121,13 +132,13 @@ class Journal:
             get_logger().warning("request_log_unwritten", rows=len(self.buffer),
                                  error=str(exc))
 
-    def rows(self, batch: list[tuple[float, Record, bool]]) -> list[tuple[Any, ...]]:
-        """Each buffered request as its row (tuples in `COLUMNS`' order)."""
-        settings = self.settings() or LogsConfig()
-        redactor, models, chains = self.redactor(), _Models(self.route_of), _Chains()
-        return [row(at, record, self.cost_of(record), models(record),
-                    _bodies(record, kept, settings, redactor), chains(record))
-                for at, record, kept in batch]
+    def rows(self, batch: list[tuple[tuple[Any, ...], Bodies | None, int]]
+             ) -> list[tuple[Any, ...]]:
+        """Each buffered row as written (tuples in `COLUMNS`' order): its bodies, if it kept
+        any, redacted and cut."""
+        most, redactor = (self.settings() or LogsConfig()).max_body_bytes, self.redactor()
+        return [made if bodies is None else made[:-3] + _stored(bodies, most, redactor)
+                for made, bodies, _ in batch]
 
     def status(self) -> dict[str, Any]:
         """What `/status.json` says of the request log: on or off, rows waiting to be written,
@@ -209,16 +220,16 @@ def attempts(record: Record) -> list[dict[str, Any]]:
     return chain
 
 
-def _bodies(record: Record, kept: bool, settings: LogsConfig, redactor: Redactor
-            ) -> tuple[str, str | None, str | None]:
-    """The payload's state and the bodies as stored: redacted, then cut to `max_body_bytes`."""
-    bodies, most = record.bodies, settings.max_body_bytes
+def _payload(bodies: object, settings: LogsConfig) -> tuple[str, None, None]:
+    """The payload's state of a row that keeps no bodies (`bodies`: the record's)."""
     if isinstance(bodies, str):
         return bodies, None, None
-    if not isinstance(bodies, Bodies):  # refused before the capture stage decided
-        return (NOT_CAPTURED if settings.capture == "bodies" else DISABLED), None, None
-    if not kept:
-        return NOT_CAPTURED, None, None
+    # Refused before the capture stage decided.
+    return (NOT_CAPTURED if settings.capture == "bodies" else DISABLED), None, None
+
+
+def _stored(bodies: Bodies, most: int, redactor: Redactor) -> tuple[str, str, str | None]:
+    """The bodies as stored: redacted, then cut to `most` bytes."""
     request = f"[multipart upload: {bodies.uploaded} bytes, not kept]" if bodies.uploaded \
         else rendered(bodies.request, most, redactor)
     answer = "".join(bodies.text) if bodies.text else bodies.answer.decode("utf-8", "replace")
@@ -231,10 +242,6 @@ def rendered(data: bytes | str, most: int, redactor: Redactor) -> str:
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     cleaned = redactor.text(mask_credentials(text)).encode()
     return cleaned[:most].decode("utf-8", "ignore")
-
-
-def _held(record: Record) -> int:
-    return record.bodies.held if isinstance(record.bodies, Bodies) else 0
 
 
 def _ms(seconds: float | None) -> float | None:

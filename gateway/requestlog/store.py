@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,6 +29,10 @@ BODIES = ("request_body", "response_body")
 # What a listed row shows: everything but its bodies (`/admin/logs/{request_id}` has them).
 LISTED = [c for c in request_log.c if c.name not in BODIES]
 PURGE_BATCH = 5_000  # rows deleted per transaction
+# Rows one SQLite insert statement carries: their parameters stay under 999, the oldest
+# SQLite's limit. A statement per row would bind as many values, but run the table's
+# AUTOINCREMENT bookkeeping and the statement's setup once per row.
+ROWS_PER_INSERT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +57,30 @@ class Store:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._insert = insert("request_log", COLUMNS, engine.dialect.paramstyle)
+        self._sqlite = engine.dialect.name == "sqlite"
+        if self._sqlite:
+            plain_binds()
 
     def _tx(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         return transaction(self.engine, "request log's")
 
     async def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Insert rows (tuples in `COLUMNS`' order) in one statement, handed to the driver as
-        they are."""
-        if rows:
-            async with self._tx() as conn:
+        """Insert rows (tuples in `COLUMNS`' order) in one transaction, in order, handed to
+        the driver as they are (on SQLite, `ROWS_PER_INSERT` rows a statement)."""
+        if not rows:
+            return
+        async with self._tx() as conn:
+            if not self._sqlite:
                 await conn.exec_driver_sql(self._insert, list(rows))
+                return
+            whole = len(rows) - len(rows) % ROWS_PER_INSERT
+            if whole:
+                await conn.exec_driver_sql(_values(ROWS_PER_INSERT), [
+                    tuple(chain.from_iterable(rows[start:start + ROWS_PER_INSERT]))
+                    for start in range(0, whole, ROWS_PER_INSERT)])
+            if whole < len(rows):
+                await conn.exec_driver_sql(_values(len(rows) - whole),
+                                           tuple(chain.from_iterable(rows[whole:])))
 
     async def page(self, filters: Filters, limit: int, after: tuple[float, int] | None
                    ) -> list[dict[str, Any]]:
@@ -119,6 +140,28 @@ class Store:
             start = end
             await asyncio.sleep(0)
         return deleted
+
+
+@functools.cache
+def _values(rows: int) -> str:
+    """SQLite's insert of `rows` rows in one statement (`?` placeholders, rows in order)."""
+    one = f"({', '.join('?' * len(COLUMNS))})"
+    return f"INSERT INTO request_log ({', '.join(COLUMNS)}) VALUES {', '.join([one] * rows)}"
+
+
+def plain_binds() -> None:
+    """sqlite3 binds None and bools as it always does, NULL and 0 or 1, through an adapter
+    registered for their types (process-wide, idempotent).
+
+    Without one, sqlite3 asks each None or bool parameter for its `__conform__` and its
+    protocol for `__adapt__`, raising and clearing an AttributeError each time: most of a
+    request-log row's insert, which has a dozen of them."""
+    sqlite3.register_adapter(type(None), _null)
+    sqlite3.register_adapter(bool, int)
+
+
+def _null(_: None) -> None:
+    return None
 
 
 def _where(query: sa.Select[Any], filters: Filters) -> sa.Select[Any]:
