@@ -20,7 +20,6 @@ from typing import Any
 from mcp.shared.exceptions import MCPError
 
 from gateway.core.call import Identity
-from gateway.mcp import upstream
 from gateway.mcp.hub import FIRST_CONNECT, Hub, ToolUnknown, UpstreamError
 from gateway.mcp.names import namespaced, namespaced_uri, server_of_uri
 from gateway.mcp.unavailable import Unavailable
@@ -79,7 +78,7 @@ class Catalog:
         separator = self.hub.separator
         for link in await self._usable(identity, server,
                                        lambda s: name.startswith(f"{s}{separator}")):
-            for prompt in await upstream.offered(link, "prompts"):
+            for prompt in await link.offered("prompts"):
                 if namespaced(link.server.name, prompt.name, separator) == name:
                     return await _got(link, partial(_get_prompt, name=prompt.name,
                                                     arguments=arguments))
@@ -119,14 +118,14 @@ class Catalog:
 
 async def _offered(link: Link, kind: str) -> list[Any] | None:
     with contextlib.suppress(Unavailable, MCPError):
-        return await upstream.offered(link, kind)
+        return await link.offered(kind)
     return None
 
 
 async def _got(link: Link, ask: Callable[[Any], Any]) -> dict[str, Any]:
     """A prompt got or a resource read through `link`, as JSON."""
     try:
-        result = await upstream.asked(link, ask)
+        result = await link.asked(ask)
     except MCPError as exc:
         raise UpstreamError(exc.code, exc.error.message) from exc
     shown: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)

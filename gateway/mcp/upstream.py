@@ -228,6 +228,44 @@ class Link:
         self._lost.set()
         return Unavailable(f"MCP server '{self.server.name}' failed: {self.error}")
 
+    # Prompts and resources (`gateway.mcp.catalog`): asked of the live client apart from the
+    # link's own upkeep, which they never change but to mark it lost when its transport failed.
+    async def asked(self, ask: Callable[[Client], Awaitable[_T]], within: float | None = None
+                    ) -> _T:
+        """One request of the server within `within` seconds (its timeout by default); its
+        JSON-RPC error raised as `MCPError`, the transport's failure or the timeout as
+        Unavailable."""
+        client = self._live()
+        limit = within if within is not None else self.server.timeout
+        try:
+            async with asyncio.timeout(limit):
+                return await ask(client)
+        except TimeoutError:
+            raise Unavailable(f"MCP server '{self.server.name}' did not answer within "
+                              f"{limit:g}s") from None
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED:
+                raise self._failed(exc) from exc
+            raise
+        except (httpx2.HTTPError, OSError) as exc:
+            raise self._failed(exc) from exc
+
+    async def offered(self, kind: str) -> list[Any]:
+        """The server's prompts, resources or resource templates (`kind`, one of `OFFERED`),
+        listed now: none when its capabilities offer none; Unavailable when it cannot say."""
+        capabilities = self._live().server_capabilities
+        if (capabilities.prompts if kind == "prompts" else capabilities.resources) is None:
+            return []
+        found: list[Any] = []
+        cursor: str | None = None
+        for _ in range(MAX_PAGES):
+            items, cursor = await self.asked(partial(_page, kind=kind, cursor=cursor),
+                                             min(LIST_TIMEOUT, self.server.timeout))
+            found += items
+            if not cursor:
+                break
+        return found
+
     def view(self) -> dict[str, Any]:
         """What the status page and `ls` show of it."""
         return {"name": self.server.name, "state": self.state, "tools": len(self.tools),
@@ -235,46 +273,7 @@ class Link:
                 "restarts": self.restarts, "error": self.error, "since": self.since}
 
 
-# Prompts and resources (`gateway.mcp.catalog`): asked of a link's live client, apart from the
-# link's own upkeep, which they never change but to mark it lost when its transport failed.
 OFFERED = ("prompts", "resources", "resourceTemplates")  # what a server offers, as MCP names it
-
-
-async def asked(link: Link, ask: Callable[[Client], Awaitable[_T]], within: float | None = None
-                ) -> _T:
-    """One request of `link`'s server within `within` seconds (its timeout by default); its
-    JSON-RPC error raised as `MCPError`, the transport's failure or the timeout as Unavailable."""
-    client = link._live()
-    limit = within if within is not None else link.server.timeout
-    try:
-        async with asyncio.timeout(limit):
-            return await ask(client)
-    except TimeoutError:
-        raise Unavailable(f"MCP server '{link.server.name}' did not answer within "
-                          f"{limit:g}s") from None
-    except MCPError as exc:
-        if exc.code == types.CONNECTION_CLOSED:
-            raise link._failed(exc) from exc
-        raise
-    except (httpx2.HTTPError, OSError) as exc:
-        raise link._failed(exc) from exc
-
-
-async def offered(link: Link, kind: str) -> list[Any]:
-    """The server's prompts, resources or resource templates (`kind`, one of `OFFERED`), listed
-    now: none when its capabilities offer none; Unavailable when it cannot say."""
-    capabilities = link._live().server_capabilities
-    if (capabilities.prompts if kind == "prompts" else capabilities.resources) is None:
-        return []
-    found: list[Any] = []
-    cursor: str | None = None
-    for _ in range(MAX_PAGES):
-        items, cursor = await asked(link, partial(_page, kind=kind, cursor=cursor),
-                                    min(LIST_TIMEOUT, link.server.timeout))
-        found += items
-        if not cursor:
-            break
-    return found
 
 
 async def _page(client: Client, kind: str, cursor: str | None) -> tuple[list[Any], str | None]:
