@@ -133,6 +133,32 @@ class Dialect(Protocol):
         ...
 
 
+class Writer(Protocol):
+    """How one API writes the loop's events as its stream (`written`)."""
+
+    def opened(self) -> bytes: ...
+
+    def told(self, event: Event) -> bytes: ...
+
+    def failed(self, exc: Exception) -> bytes: ...
+
+
+async def written(writer: Writer, early: list[Event], events: AsyncGenerator[Event, None]
+                  ) -> AsyncGenerator[bytes, None]:
+    """The SSE body for the loop's `early` events (already told), then the rest of `events`;
+    a failure mid-stream said in-band by `writer`, never a cut."""
+    yield writer.opened()
+    try:
+        for event in early:
+            yield writer.told(event)
+        async for event in events:
+            yield writer.told(event)
+    except Exception as exc:
+        yield writer.failed(exc)
+    finally:
+        await events.aclose()
+
+
 def unknown_server(name: object) -> str:
     """The error of a server name the gateway does not serve (or the key may not use)."""
     return f"No MCP server named '{str(name)[:64]}' is configured on this gateway"

@@ -11,30 +11,18 @@ from typing import Any
 
 import msgspec
 
+from gateway.adapters.mcp_loop import Event, written
 from gateway.adapters.messages import event
 from gateway.core.messages import new_id
 from providers.contract.errors import Dialect, GatewayError, ProviderUnavailable, error_event
 
-Event = tuple[str, Any]
 TOOL_INPUT = ("tool_use", "server_tool_use", "mcp_tool_use")  # whose input comes as JSON deltas
 
 
-async def streamed(model: str, early: list[Event], events: AsyncGenerator[Event, None]
-                   ) -> AsyncGenerator[bytes, None]:
+def streamed(model: str, early: list[Event], events: AsyncGenerator[Event, None]
+             ) -> AsyncGenerator[bytes, None]:
     """The SSE body for the loop's `early` events (already told), then the rest of `events`."""
-    writer = _Writer(model)
-    yield writer.opened()
-    try:
-        for told in early:
-            yield writer.told(told)
-        async for told in events:
-            yield writer.told(told)
-    except Exception as exc:  # a failure mid-stream is said in-band, never cut
-        failure = exc if isinstance(exc, GatewayError) \
-            else ProviderUnavailable(str(exc)[:500] or type(exc).__name__)
-        yield error_event(failure, Dialect.ANTHROPIC)
-    finally:
-        await events.aclose()
+    return written(_Writer(model), early, events)
 
 
 class _Writer:
@@ -63,6 +51,11 @@ class _Writer:
                 "usage": answer.get("usage") or {"output_tokens": 0}}) \
                 + event("message_stop", {})
         return b""
+
+    def failed(self, exc: Exception) -> bytes:
+        failure = exc if isinstance(exc, GatewayError) \
+            else ProviderUnavailable(str(exc)[:500] or type(exc).__name__)
+        return error_event(failure, Dialect.ANTHROPIC)
 
     def _block(self, block: dict[str, Any]) -> Iterator[bytes]:
         """One whole block as its events: opened empty, its content as one delta, closed."""

@@ -9,25 +9,15 @@ from typing import Any
 
 import msgspec
 
+from gateway.adapters.mcp_loop import Event, written
 from gateway.adapters.responses import reply
 
-Event = tuple[str, Any]
 
-
-async def streamed(request: dict[str, Any], early: list[Event],
-                   events: AsyncGenerator[Event, None]) -> AsyncGenerator[bytes, None]:
+def streamed(request: dict[str, Any], early: list[Event],
+             events: AsyncGenerator[Event, None]) -> AsyncGenerator[bytes, None]:
     """The SSE body for the loop's `early` events (already told), then the rest of `events`."""
-    writer = _Writer(reply.skeleton(request, reply.new_id("resp"), "in_progress"))
-    yield writer.opened()
-    try:
-        for event in early:
-            yield writer.told(event)
-        async for event in events:
-            yield writer.told(event)
-    except Exception as exc:  # a failure mid-stream is said in-band, never cut
-        yield writer.failed(str(exc)[:500] or type(exc).__name__)
-    finally:
-        await events.aclose()
+    return written(_Writer(reply.skeleton(request, reply.new_id("resp"), "in_progress")),
+                   early, events)
 
 
 class _Writer:
@@ -53,14 +43,17 @@ class _Writer:
         if kind == "done":
             return self._finished(value)
         if kind == "failed":
-            return self.failed("The model's provider failed during the tool loop")
+            return self._failed("The model's provider failed during the tool loop")
         if kind == "answer":
             answer, _ = value
             final = {**answer, "id": self.response["id"], "output": self.response["output"]}
             return self._event(f"response.{_ended(final)}", response=final)
         return b""
 
-    def failed(self, message: str) -> bytes:
+    def failed(self, exc: Exception) -> bytes:
+        return self._failed(str(exc)[:500] or type(exc).__name__)
+
+    def _failed(self, message: str) -> bytes:
         self.response["status"] = "failed"
         self.response["error"] = {"code": "server_error", "message": message}
         return (self._event("error", code="server_error", message=message, param=None)
