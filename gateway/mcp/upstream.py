@@ -194,27 +194,18 @@ class Link:
 
     async def call(self, tool: str, arguments: dict[str, Any] | None,
                    progress: Progress | None) -> dict[str, Any]:
-        """Call `tool` within the server's timeout: its `CallToolResult` as JSON; an upstream's
-        JSON-RPC error is raised as `MCPError`, the transport's failure or the timeout as
-        Unavailable."""
-        client = self._live()
+        """Call `tool` within the server's timeout: its `CallToolResult` as JSON; errors as
+        `asked` raises them."""
         poster = self.poster
-        try:
-            async with asyncio.timeout(self.server.timeout):
-                if poster is not None and poster.ready:
-                    poster.bounded(self.server.max_result_bytes)
-                    return await poster.call(tool, arguments, progress)
-                result = await client.call_tool(tool, arguments, progress_callback=progress)
-                return result.model_dump(mode="json", by_alias=True, exclude_none=True)
-        except TimeoutError:
-            raise Unavailable(f"MCP server '{self.server.name}' did not answer within "
-                              f"{self.server.timeout:g}s") from None
-        except MCPError as exc:
-            if exc.code == types.CONNECTION_CLOSED:
-                raise self._failed(exc) from exc
-            raise
-        except (httpx2.HTTPError, OSError, GatewayError, Lost) as exc:
-            raise self._failed(exc) from exc
+
+        async def ask(client: Client) -> dict[str, Any]:
+            if poster is not None and poster.ready:
+                poster.bounded(self.server.max_result_bytes)
+                return await poster.call(tool, arguments, progress)
+            result = await client.call_tool(tool, arguments, progress_callback=progress)
+            return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+        return await self.asked(ask)
 
     def _live(self) -> Client:
         if self.client is None or self.state != "ready":
@@ -228,8 +219,9 @@ class Link:
         self._lost.set()
         return Unavailable(f"MCP server '{self.server.name}' failed: {self.error}")
 
-    # Prompts and resources (`gateway.mcp.catalog`): asked of the live client apart from the
-    # link's own upkeep, which they never change but to mark it lost when its transport failed.
+    # Tool calls, prompts and resources (`gateway.mcp.catalog`): asked of the live client apart
+    # from the link's own upkeep, which they never change but to mark it lost when its
+    # transport failed.
     async def asked(self, ask: Callable[[Client], Awaitable[_T]], within: float | None = None
                     ) -> _T:
         """One request of the server within `within` seconds (its timeout by default); its
@@ -247,7 +239,7 @@ class Link:
             if exc.code == types.CONNECTION_CLOSED:
                 raise self._failed(exc) from exc
             raise
-        except (httpx2.HTTPError, OSError) as exc:
+        except (httpx2.HTTPError, OSError, GatewayError, Lost) as exc:
             raise self._failed(exc) from exc
 
     async def offered(self, kind: str) -> list[Any]:
