@@ -316,7 +316,8 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
         openapi_config=None,
         logging_config=None,
     )
-    guarded = Guard.around(McpRoute(Front(served), served), snapshot.server)
+    # The relay's paths first: a model's request passes no other route's check.
+    guarded = Guard.around(Front(served, McpRoute(served, served)), snapshot.server)
     checked = Origins.around(guarded, snapshot.server,
                              os.environ.get(BIND_ENV) or snapshot.server.host)
     if not snapshot.server.cors_origins:

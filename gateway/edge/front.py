@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from litestar import Litestar
 from litestar.enums import ScopeType
-from litestar.types import Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.adapters import native
 from gateway.core import endpoints
@@ -114,10 +114,12 @@ class RawRequest:
 
 
 class Front:
-    """An ASGI app: the relay routes itself, everything else through Litestar."""
+    """An ASGI app: the relay routes itself, everything else through `others` (Litestar, or
+    what routes its own paths in front of it), whose state holds the runtime."""
 
-    def __init__(self, app: Litestar) -> None:
+    def __init__(self, app: Litestar, others: ASGIApp | None = None) -> None:
         self.app = app
+        self.others: ASGIApp = others if others is not None else app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = RELAY_PATHS.get(scope["path"]) if scope["type"] == ScopeType.HTTP else None
@@ -125,7 +127,7 @@ class Front:
             if scope["type"] == ScopeType.HTTP and scope["path"].startswith(passthrough.PREFIX):
                 await self._pass(scope, receive, send)
                 return
-            await self.app(scope, receive, send)
+            await self.others(scope, receive, send)
             return
         runtime: Runtime = self.app.state.runtime
         runtime.stage("request")

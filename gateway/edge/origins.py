@@ -34,6 +34,7 @@ from gateway.edge.guard import answer
 
 # Addresses a server binds to mean "every interface"; as a name they are no gateway's own.
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
+PASSED_HOSTS = 64
 
 
 def host_name(host: str) -> str:
@@ -51,7 +52,7 @@ class Origins:
     """An ASGI app wrapping `inner`: requests from origins and under hosts not allowed are
     refused. Other attributes read through to `inner`, as the guard's do."""
 
-    __slots__ = ("any_origin", "inner", "loopback", "names", "origins")
+    __slots__ = ("any_origin", "inner", "loopback", "names", "origins", "passed")
 
     def __init__(self, inner: ASGIApp, *, origins: tuple[str, ...], bind_host: str,
                  configured_host: str) -> None:
@@ -60,6 +61,9 @@ class Origins:
         self.origins = frozenset(origins)
         self.loopback = is_loopback(bind_host)
         self.names = frozenset({host_name(bind_host), host_name(configured_host)}) - _WILDCARDS
+        # `Host` values already let through, as sent: a request with one and no `Origin` needs
+        # no parsing. Bounded: any address of 127.0.0.0/8 is a loopback name.
+        self.passed: set[bytes] = set()
 
     @classmethod
     def around(cls, inner: ASGIApp, server: ServerConfig, bind_host: str) -> Origins:
@@ -78,13 +82,16 @@ class Origins:
 
     def refusal(self, scope: Scope) -> PermissionDenied | None:
         """Why this request is refused, or None."""
-        host: str | None = None
+        sent: bytes | None = None
         origins: list[str] = []
         for name, value in scope["headers"]:
             if name == b"host":
-                host = value.decode("latin-1")
+                sent = value
             elif name == b"origin":
                 origins.append(value.decode("latin-1"))
+        if not origins and (sent is None or sent in self.passed):
+            return None
+        host = None if sent is None else sent.decode("latin-1")
         named = None if host is None else host_name(host)
         if self.loopback and named is not None and not self.known(named):
             return PermissionDenied("This gateway listens on a loopback address and answers "
@@ -94,6 +101,8 @@ class Origins:
             if not self._allowed(origin, host, named):
                 return PermissionDenied("Requests from web pages need their origin listed in "
                                         "server.cors_origins", param="Origin")
+        if sent is not None and len(self.passed) < PASSED_HOSTS:
+            self.passed.add(sent)
         return None
 
     def _allowed(self, origin: str, host: str | None, named: str | None) -> bool:
