@@ -6,9 +6,10 @@ answer's), as screened (placeholders, masks: a judge never sees what another gua
 out), as the user turn of a chat request; a reply starting with `unsafe` (Llama Guard's
 format: `unsafe\\nS1`) is a violation. Through `moderations`, a `flagged` result is. A judge
 slow past its `timeout`, down, or answering what is no verdict fails, and its `on_error` says
-whether the request (the answer) is blocked or let through. The question goes through the gateway's own stack (`Ask`, made by the pipeline,
-which sits above this folder): routing, failover, the record and the key's spend as for any
-call; a judge's own call is marked (`ASKING`) so no judge judges it.
+whether the request (the answer) is blocked or let through. The question goes through the
+gateway's own stack (`Ask`, made by the pipeline, which sits above this folder): routing,
+failover, the record and the key's spend as for any call; a judge's own call is marked
+(`ASKING`) so no judge judges it.
 """
 
 from __future__ import annotations

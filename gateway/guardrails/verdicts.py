@@ -21,7 +21,7 @@ from gateway.guardrails.judges import ANSWERED, Ask, judged, text_of, unjudged
 from gateway.guardrails.policies import Guardrail
 from gateway.guardrails.screening import GuardrailViolation, Screening, walk
 from gateway.guardrails.streams import StreamScreen, answer_deltas
-from providers.contract.stream import close_quietly
+from providers.contract.stream import SSEWatch, close_quietly
 from providers.wire import sse
 
 OUTPUT = "output"
@@ -51,20 +51,29 @@ async def held(chunks: AsyncGenerator[bytes, None], call: Call, judges: Sequence
     `GuardrailViolation` instead when a judge blocks, nothing of the stream written."""
     parts: list[bytes] = []
     size = 0
+    # Pulled no further once the stream says it is done: the generators below end the call's
+    # record when they are over, and a block must end it as the block (`Record.overruled`).
+    watch = SSEWatch()
     try:
-        async for chunk in chunks:
-            parts.append(chunk)
-            size += len(chunk)
-            if size > most:
-                unjudged(call, judges, screening, f"answer over {most} bytes", OUTPUT)
-                break
-        else:
-            if text := stream_text(b"".join(parts), output):
+        try:
+            async for chunk in chunks:
+                parts.append(chunk)
+                size += len(chunk)
+                if size > most:
+                    unjudged(call, judges, screening, f"answer over {most} bytes", OUTPUT)
+                    break
+                watch.feed(chunk)
+                if watch.done:
+                    break
+            if size <= most and (text := stream_text(b"".join(parts), output)):
                 await judged(call, text, judges, screening, ask, OUTPUT)
+        except GuardrailViolation as exc:  # the request ends as the block, not as the close
+            call.record.overruled(exc.status, exc.code)
+            raise
         for part in parts:
             yield part
         parts.clear()
-        async for chunk in chunks:  # an answer past the bound, let through by `on_error`
+        async for chunk in chunks:  # the stream's end, or past the bound, let through
             yield chunk
     finally:
         await close_quietly(chunks)
