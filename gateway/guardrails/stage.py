@@ -6,7 +6,8 @@ before the budget, the queue's turn, idempotency and the cache: what those keep,
 providers and traces see, is the request as screened (placeholders, masks), and the answer as
 the provider wrote it (placeholders). The values come back only in what this stage hands the
 edge. A batch line (run by the gateway itself, `Call.caller`) is answered with placeholders:
-its output file is kept by the gateway.
+its output file is kept by the gateway. Output judges read the answer before any of it leaves
+(`gateway.guardrails.verdicts`: a stream is held whole for them).
 
 Built only when llms.json has a guardrail: keys and teams can only name the file's. A request
 whose guardrails look for names and places is screened in the named-entity model's worker
