@@ -193,6 +193,17 @@ def test_a_stream_judged_safe_is_held_until_judged_then_read_whole(
     assert _asked(judge) == "write to [EMAIL_1] today"
 
 
+def test_a_long_stream_judged_safe_is_read_whole_by_the_judge_and_the_client(
+        client: openai.OpenAI, fakes: tuple[FakeUpstream, FakeUpstream]) -> None:
+    main, judge = fakes
+    story = "once upon a time " * 300  # 1,200 events, 150 KB: read off the event loop
+    main.set_mode(ok(story))
+    judge.set_mode(SAFE)
+
+    assert _streamed(client, "m") == story
+    assert _asked(judge) == story
+
+
 def test_a_judge_of_both_sides_reads_the_request_then_the_answer(
         client: openai.OpenAI, fakes: tuple[FakeUpstream, FakeUpstream]) -> None:
     main, judge = fakes

@@ -11,6 +11,7 @@ not judged: the stage blocks it anyway.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Hashable, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from providers.contract.stream import SSEWatch, close_quietly
 from providers.wire import sse
 
 OUTPUT = "output"
+# A held stream longer than this has its text read in a worker thread.
+OFF_LOOP_BYTES = 64 * 1024
 
 
 async def whole_judged(call: Call, body: bytes, judges: Sequence[Guardrail],
@@ -65,7 +68,7 @@ async def held(chunks: AsyncGenerator[bytes, None], call: Call, judges: Sequence
                 watch.feed(chunk)
                 if watch.done:
                     break
-            if size <= most and (text := stream_text(b"".join(parts), output)):
+            if size <= most and (text := await _text_of_stream(b"".join(parts), output)):
                 await judged(call, text, judges, screening, ask, OUTPUT)
         except GuardrailViolation as exc:  # the request ends as the block, not as the close
             call.record.overruled(exc.status, exc.code)
@@ -77,6 +80,13 @@ async def held(chunks: AsyncGenerator[bytes, None], call: Call, judges: Sequence
             yield chunk
     finally:
         await close_quietly(chunks)
+
+
+async def _text_of_stream(raw: bytes, output: Sequence[Guardrail]) -> str:
+    """`stream_text`, off the event loop for a long stream (a few microseconds an event)."""
+    if len(raw) <= OFF_LOOP_BYTES:
+        return stream_text(raw, output)
+    return await asyncio.to_thread(stream_text, raw, output)
 
 
 def stream_text(raw: bytes, output: Sequence[Guardrail] = ()) -> str:
