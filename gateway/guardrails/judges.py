@@ -1,13 +1,15 @@
-"""A model as a guardrail's judge: an alias of the gateway asked whether a request is safe.
+"""A model as a guardrail's judge: an alias of the gateway asked whether a request, or an
+answer, is safe.
 
-A judge (`Judge` of a policy) is asked with the request's text, as screened (placeholders,
-masks: a judge never sees what another guardrail took out), as the user turn of a chat
-request; a reply starting with `unsafe` (Llama Guard's format: `unsafe\\nS1`) is a violation.
-Through `moderations`, a `flagged` result is. A judge slow past its `timeout`, down, or
-answering what is no verdict fails, and its `on_error` says whether the request is blocked or
-let through. The question goes through the gateway's own stack (`Ask`, made by the pipeline,
-which sits above this folder): routing, failover, the record and the key's spend as for any
-call; a judge's own call is marked (`ASKING`) so no judge judges it.
+A judge (`Judge` of a policy) is asked with the request's text (on the output side, the
+answer's), as screened (placeholders, masks: a judge never sees what another guardrail took
+out), as the user turn of a chat request; a reply starting with `unsafe` (Llama Guard's
+format: `unsafe\\nS1`) is a violation. Through `moderations`, a `flagged` result is. A judge
+slow past its `timeout`, down, or answering what is no verdict fails, and its `on_error` says
+whether the request (the answer) is blocked or let through. The question goes through the
+gateway's own stack (`Ask`, made by the pipeline, which sits above this folder): routing,
+failover, the record and the key's spend as for any call; a judge's own call is marked
+(`ASKING`) so no judge judges it.
 """
 
 from __future__ import annotations
@@ -34,14 +36,18 @@ JUDGE_ERROR = "JUDGE_ERROR"  # a judge that failed, under `on_error: "allow"`
 VERDICT_TOKENS = 16
 # The fields of a request body that carry what its user asks, in every dialect.
 _ASKED = ("system", "instructions", "messages", "prompt", "input", "query", "documents")
+# ... and those of an answer that carry what the model wrote (chat and completions' choices,
+# Responses' output, Anthropic's content), not the request a Responses answer repeats.
+ANSWERED = ("choices", "output", "content")
 
 
 class JudgeFailed(Exception):
     """A judge's answer is no verdict."""
 
 
-def text_of(body: Any) -> str:
-    """Every text a request body asks with, one per line."""
+def text_of(body: Any, fields: Sequence[str] = _ASKED) -> str:
+    """Every text a request body asks with (an answer's `fields`: `ANSWERED`), one per
+    line."""
     parts: list[str] = []
 
     def keep(text: str, _: str | None) -> str:
@@ -49,7 +55,7 @@ def text_of(body: Any) -> str:
         return text
 
     if isinstance(body, dict):
-        for name in _ASKED:
+        for name in fields:
             if name in body:
                 walk(body[name], keep, name)
     return "\n".join(parts)
@@ -81,17 +87,28 @@ def unsafe(judge: Judge, status: int, body: bytes) -> bool:
 
 
 async def judged(call: Call, text: str, judges: Sequence[Guardrail], screening: Screening,
-                 ask: Ask) -> None:
-    """Every judge of `judges` asked about `text` at once; the first that blocks raised as a
-    `GuardrailViolation`, the others' verdicts awaited or dropped with it."""
-    blocks = await asyncio.gather(*(_verdict(call, text, g, screening, ask) for g in judges))
+                 ask: Ask, phase: str = "input") -> None:
+    """Every judge of `judges` asked about `text` (`phase`'s) at once; the first that blocks
+    raised as a `GuardrailViolation`, the others' verdicts awaited or dropped with it."""
+    blocks = await asyncio.gather(*(_verdict(call, text, g, screening, ask, phase)
+                                    for g in judges))
+    for block in blocks:
+        if block is not None:
+            raise block
+
+
+def unjudged(call: Call, judges: Sequence[Guardrail], screening: Screening, reason: str,
+             phase: str = "input") -> None:
+    """Judges that could not be asked (`reason`): each one's `on_error` says, the first that
+    blocks raised as a `GuardrailViolation`."""
+    blocks = [_failed(call, g, screening, reason, phase) for g in judges]
     for block in blocks:
         if block is not None:
             raise block
 
 
 async def _verdict(call: Call, text: str, guardrail: Guardrail, screening: Screening,
-                   ask: Ask) -> GuardrailViolation | None:
+                   ask: Ask, phase: str) -> GuardrailViolation | None:
     judge = guardrail.judge
     assert judge is not None
     endpoint, body = question(judge, text)
@@ -101,12 +118,21 @@ async def _verdict(call: Call, text: str, guardrail: Guardrail, screening: Scree
         if not unsafe(judge, status, answer):
             return None
     except (TimeoutError, JudgeFailed) as exc:
-        reason = "timeout" if isinstance(exc, TimeoutError) else str(exc)
-        get_logger().warning("guardrail_judge_failed", guardrail=guardrail.name,
-                             alias=judge.alias, reason=reason,
-                             request_id=call.record.request_id)
-        if judge.on_error == "allow":
-            screening.took(guardrail, JUDGE_ERROR, 1, "allow")
-            return None
+        return _failed(call, guardrail, screening,
+                       "timeout" if isinstance(exc, TimeoutError) else str(exc), phase)
     screening.took(guardrail, JUDGE, 1)
-    return GuardrailViolation.of(guardrail.name, JUDGE, "input")
+    return GuardrailViolation.of(guardrail.name, JUDGE, phase)
+
+
+def _failed(call: Call, guardrail: Guardrail, screening: Screening, reason: str,
+            phase: str) -> GuardrailViolation | None:
+    """A judge that gave no verdict: logged, and a block unless its `on_error` allows."""
+    judge = guardrail.judge
+    assert judge is not None
+    get_logger().warning("guardrail_judge_failed", guardrail=guardrail.name, alias=judge.alias,
+                         reason=reason, phase=phase, request_id=call.record.request_id)
+    if judge.on_error == "allow":
+        screening.took(guardrail, JUDGE_ERROR, 1, "allow")
+        return None
+    screening.took(guardrail, JUDGE, 1)
+    return GuardrailViolation.of(guardrail.name, JUDGE, phase)

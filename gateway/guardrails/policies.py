@@ -15,6 +15,7 @@ from gateway.core.settings import Snapshot
 from gateway.core.settings.guardrails import GuardrailPolicy, Judge
 from gateway.guardrails.detectors import Detector
 from gateway.guardrails.entities import Entities, warm
+from providers.contract.transport import DEFAULT_MAX_ANSWER_BYTES
 
 Action = Literal["block", "mask", "pseudonymize", "log"]
 Phase = Literal["input", "output"]
@@ -58,7 +59,7 @@ def compiled(name: str, policy: GuardrailPolicy) -> Guardrail:
 class Guardrails:
     """A snapshot's guardrails: each compiled once, and the set in force per request."""
 
-    __slots__ = ("_aliases", "_in_force", "policies")
+    __slots__ = ("_aliases", "_bounds", "_in_force", "policies")
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.policies: Mapping[str, Guardrail] = {
@@ -67,6 +68,15 @@ class Guardrails:
                          if policy.guardrails}
         # Bounded: names come from llms.json alone, so there are few distinct unions.
         self._in_force: dict[tuple[str, ...], tuple[Guardrail, ...]] = {}
+        most = {spec.name: spec.max_answer_bytes for spec in snapshot.providers}
+        self._bounds = {alias: max((most.get(route.provider, DEFAULT_MAX_ANSWER_BYTES)
+                                    for route in routes), default=DEFAULT_MAX_ANSWER_BYTES)
+                        for alias, routes in snapshot.routes.items()}
+
+    def answer_bound(self, alias: str) -> int:
+        """The most bytes of an answer to `alias` held whole (for an output judge): the
+        largest whole answer its providers may give (`max_answer_bytes`)."""
+        return self._bounds.get(alias, DEFAULT_MAX_ANSWER_BYTES)
 
     def in_force(self, alias: str, named: Iterable[str] = ()) -> tuple[Guardrail, ...]:
         """The guardrails a request to `alias` passes, with those its key and team name

@@ -6,7 +6,8 @@ before the budget, the queue's turn, idempotency and the cache: what those keep,
 providers and traces see, is the request as screened (placeholders, masks), and the answer as
 the provider wrote it (placeholders). The values come back only in what this stage hands the
 edge. A batch line (run by the gateway itself, `Call.caller`) is answered with placeholders:
-its output file is kept by the gateway.
+its output file is kept by the gateway. Output judges read the answer before any of it leaves
+(`gateway.guardrails.verdicts`: a stream is held whole for them).
 
 Built only when llms.json has a guardrail: keys and teams can only name the file's. A request
 whose guardrails look for names and places is screened in the named-entity model's worker
@@ -32,6 +33,7 @@ from gateway.guardrails.policies import Guardrail, Guardrails
 from gateway.guardrails.screening import GuardrailViolation, Screening, text_size
 from gateway.guardrails.streams import StreamScreen
 from gateway.guardrails.tally import Tally
+from gateway.guardrails.verdicts import held, whole_judged
 from gateway.observe.metrics import Metrics
 from providers.contract.errors import error_event
 from providers.contract.log import get_logger
@@ -58,6 +60,7 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
                ask: Ask) -> Stage:
     """The stage that screens a call and its answer by the guardrails in force for it, and
     asks their judges (through `ask`) whether it may pass."""
+    outlet = _Outlet(policies, metrics, tally, redactor, ask)
 
     async def stage(call: Call, following: Next) -> Delivery:
         in_force = policies.in_force(call.alias, _named(call.key))
@@ -77,8 +80,8 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
         if screening.taken:
             call.record.mark(HEADER, screening.header())
             _told(call.record, screening)
-        judges = () if call.state.get(ASKING) else tuple(
-            g for g in in_force if g.judge is not None and g.on_input)
+        judging = not call.state.get(ASKING)  # a judge's own call is never judged
+        judges = tuple(g for g in in_force if g.judge is not None and g.on_input and judging)
         if judges:
             following = functools.partial(_judged_first, judges=judges, screening=screening,
                                           ask=ask, following=following)
@@ -87,29 +90,65 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
                 return await following(call)
             finally:
                 _publish(screening, call.record, metrics, tally)
-        # On the output side, pseudonymizing is giving the request's values back.
-        output = [g for g in in_force if g.on_output and g.action != "pseudonymize"]
-        restores = bool(screening.originals) and not call.caller and any(
-            g.on_output and g.action == "pseudonymize" for g in in_force)
         try:
             delivery = await following(call)
         except GuardrailViolation:  # a judge's
             _publish(screening, call.record, metrics, tally)
             raise
-        if not output and not restores:
-            _publish(screening, call.record, metrics, tally)
-            return delivery
-        if isinstance(delivery, Streamed) and delivery.media_type == "text/event-stream":
-            screen = StreamScreen(screening if restores else _Kept(screening), output)
-            return dataclasses.replace(delivery, chunks=_screened(
-                delivery.chunks, screen, screening, delivery.record, metrics, tally))
-        if isinstance(delivery, Whole):
-            delivery = _whole(delivery, screening if restores else _Kept(screening), output,
-                              redactor)
-        _publish(screening, call.record, metrics, tally)
-        return delivery
+        return await _answered(call, delivery, in_force, screening, judging, outlet)
 
     return stage
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Outlet:
+    """What the stage's output side needs of its snapshot and process."""
+
+    policies: Guardrails
+    metrics: Metrics
+    tally: Tally
+    redactor: Redactor
+    ask: Ask
+
+
+async def _answered(call: Call, delivery: Delivery, in_force: Sequence[Guardrail],
+                    screening: Screening, judging: bool, out: _Outlet) -> Delivery:
+    """The answer as the client gets it: judged by the output judges (a stream held whole
+    for them), screened by the output guardrails, its values given back."""
+    # On the output side, pseudonymizing is giving the request's values back.
+    output = [g for g in in_force
+              if g.on_output and g.action != "pseudonymize" and g.judge is None]
+    restores = bool(screening.originals) and not call.caller and any(
+        g.on_output and g.action == "pseudonymize" for g in in_force)
+    judges = tuple(g for g in in_force if g.judge is not None and g.on_output and judging)
+    if not output and not restores and not judges:
+        _publish(screening, call.record, out.metrics, out.tally)
+        return delivery
+    kept = screening if restores else _Kept(screening)
+    if isinstance(delivery, Streamed) and delivery.media_type == "text/event-stream":
+        chunks = delivery.chunks
+        if judges and delivery.status == 200:
+            chunks = held(chunks, call, judges, screening, output, out.ask,
+                          out.policies.answer_bound(call.alias))
+        screen = StreamScreen(kept, output) if output or restores else None
+        return dataclasses.replace(delivery, chunks=_screened(
+            chunks, screen, screening, delivery.record, out.metrics, out.tally))
+    if isinstance(delivery, Whole):
+        if judges and _judgeable(delivery):
+            try:
+                await whole_judged(call, delivery.body, judges, screening, output, out.ask)
+            except GuardrailViolation as exc:
+                call.record.mark(HEADER, screening.header())
+                _publish(screening, call.record, out.metrics, out.tally)
+                return error_delivery(exc, delivery.record, out.redactor)
+        if output or restores:
+            delivery = _whole(delivery, kept, output, out.redactor)
+        elif screening.taken:
+            _told(delivery.record, screening)
+            delivery = dataclasses.replace(delivery, headers={
+                **delivery.headers, HEADER: screening.header()})
+    _publish(screening, call.record, out.metrics, out.tally)
+    return delivery
 
 
 async def _judged_first(call: Call, judges: Sequence[Guardrail], screening: Screening,
@@ -217,10 +256,15 @@ class _Kept(Screening):
         return text
 
 
+def _judgeable(delivery: Whole) -> bool:
+    """Whether a whole answer is one the output side reads: a success, in JSON."""
+    return delivery.status == 200 and "json" in delivery.media_type
+
+
 def _whole(delivery: Whole, screening: Screening, output: list[Guardrail],
            redactor: Redactor) -> Whole:
     """A whole answer screened and given back its values; a block is the error instead."""
-    if delivery.status != 200 or "json" not in delivery.media_type:
+    if not _judgeable(delivery):
         return delivery
     try:
         body = msgspec.json.decode(delivery.body)
@@ -239,20 +283,21 @@ def _whole(delivery: Whole, screening: Screening, output: list[Guardrail],
     return dataclasses.replace(delivery, body=msgspec.json.encode(screened), headers=headers)
 
 
-async def _screened(chunks: AsyncGenerator[bytes, None], screen: StreamScreen,
+async def _screened(chunks: AsyncGenerator[bytes, None], screen: StreamScreen | None,
                     screening: Screening, record: Record, metrics: Metrics, tally: Tally
                     ) -> AsyncGenerator[bytes, None]:
-    """The stream as the client gets it; a block ends it with an in-band error event, the
-    matched text never written."""
+    """The stream as the client gets it (screened by `screen`, when there is one); a block
+    (the screen's, or an output judge's raised by `chunks`) ends it with an in-band error
+    event, the matched text never written."""
     taken = len(screening.taken)
     try:
         async for chunk in chunks:
-            if written := screen.feed(chunk):
+            if written := screen.feed(chunk) if screen is not None else chunk:
                 yield written
             if len(screening.taken) != taken:  # before the stream's record ends
                 taken = len(screening.taken)
                 _told(record, screening)
-        if rest := screen.end():
+        if screen is not None and (rest := screen.end()):
             yield rest
     except GuardrailViolation as exc:
         record.overruled(exc.status, exc.code)  # ends as the block, not as the close

@@ -86,7 +86,7 @@ class StreamScreen:
             return self._flush(None) + raw
         if not isinstance(payload, dict):
             return self._flush(None) + raw
-        deltas, ends = _deltas(payload)
+        deltas, ends = answer_deltas(payload)
         if not deltas:
             flushed = self._flush(ends)
             screened = self._screening.answer(payload, self._others + self._blocks)
@@ -142,7 +142,7 @@ def _ending(key: Hashable, ends: frozenset[Hashable] | None) -> bool:
 Delta = tuple[Hashable, dict[str, Any], str, bool, Shape]
 
 
-def _deltas(payload: dict[str, Any]) -> tuple[list[Delta], frozenset[Hashable] | None]:
+def answer_deltas(payload: dict[str, Any]) -> tuple[list[Delta], frozenset[Hashable] | None]:
     """The texts `payload` adds to its channels, and the chat choices it ends; None for an
     event that is neither a delta nor a chat chunk: it ends every channel."""
     choices = payload.get("choices")

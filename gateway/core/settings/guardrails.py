@@ -26,7 +26,8 @@ class Ner(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Judge(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A model as a guardrail's judge: an alias asked whether a request is safe."""
+    """A model as a guardrail's judge: an alias asked whether a request (or, on the output
+    side, an answer) is safe."""
 
     alias: str
     timeout: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0  # seconds, then `on_error`
@@ -49,7 +50,8 @@ class GuardrailPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     patterns: dict[str, str] = {}
     words: tuple[str, ...] = ()
     action: Literal["block", "mask", "pseudonymize", "log"] = "block"
-    # None: both sides, or the input alone for a judge (`sides`).
+    # None: both sides, or the input alone for a judge (`sides`): a judge on the output side
+    # holds a stream whole until it has judged it.
     phases: tuple[Literal["input", "output"], ...] | None = None
     # Phone numbers written without a +country code are read as this region's (ISO 3166).
     region: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{2}$")] | None = None
@@ -72,9 +74,8 @@ class GuardrailPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("detects nothing: give `detect`, `patterns`, `words` or `judge`")
         if self.phases is not None and not self.phases:
             raise ValueError("phases: give \"input\", \"output\" or both")
-        if self.judge is not None and (self.action != "block" or "output" in self.sides):
-            raise ValueError("judge: a judge blocks (`action`: \"block\") and reads requests "
-                             "(`phases`: [\"input\"])")
+        if self.judge is not None and self.action != "block":
+            raise ValueError("judge: a judge blocks (`action`: \"block\")")
         self._check_entities()
 
     @property
