@@ -21,7 +21,7 @@ import pytest
 from gateway.config.loader import parse
 from gateway.core.settings import ConfigError
 from gateway.core.settings.guardrails import GuardrailPolicy
-from gateway.guardrails.entities import EntitiesUnread, off_loop
+from gateway.guardrails.entities import EntitiesUnread, Models
 from gateway.guardrails.policies import compiled
 from gateway.guardrails.screening import Screening
 from tests.gateway_process import ROOT, GatewayProcess, config, free_port, provider, wait_until
@@ -136,19 +136,20 @@ def test_a_text_over_the_bound_or_a_look_over_its_timeout_is_refused_unsent(
 
 
 def test_the_model_reads_in_its_worker_thread_and_finds_people_and_places() -> None:
+    models = Models()
     guardrail = compiled("names", GuardrailPolicy(detect=("person", "location"),
-                                                  action="pseudonymize"))
+                                                  action="pseudonymize"), models)
     assert guardrail.entities is not None
     text = "John Smith flew from Berlin to Lisbon with Maria Garcia."
     worker = Screening(off_loop=True)
 
-    screened = asyncio.run(off_loop(lambda: worker.screened(text, [guardrail], "input"),
-                                    [guardrail.entities], len(text)))
+    screened = asyncio.run(models.off_loop(lambda: worker.screened(text, [guardrail], "input"),
+                                           [guardrail.entities], len(text)))
 
     assert screened == "[PERSON_1] flew from [LOCATION_1] to [LOCATION_2] with [PERSON_2]."
     assert worker.restored(screened) == text
     with pytest.raises(EntitiesUnread, match="over the 20000 characters"):
-        asyncio.run(off_loop(lambda: None, [guardrail.entities], 20_001))
+        asyncio.run(models.off_loop(lambda: None, [guardrail.entities], 20_001))
     # On the event loop (an MCP tool call's screening), no model runs: the regexes alone.
     assert Screening().screened(text, [guardrail], "input") == text
 

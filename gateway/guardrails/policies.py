@@ -14,7 +14,7 @@ from typing import Literal
 from gateway.core.settings import Snapshot
 from gateway.core.settings.guardrails import GuardrailPolicy, Judge
 from gateway.guardrails.detectors import Detector
-from gateway.guardrails.entities import Entities, warm
+from gateway.guardrails.entities import Entities, Models
 from providers.contract.transport import DEFAULT_MAX_ANSWER_BYTES
 
 Action = Literal["block", "mask", "pseudonymize", "log"]
@@ -44,13 +44,12 @@ class Guardrail:
         return "output" in self.phases
 
 
-def compiled(name: str, policy: GuardrailPolicy) -> Guardrail:
+def compiled(name: str, policy: GuardrailPolicy, models: Models | None = None) -> Guardrail:
     """`policy` made ready for requests: its detectors as one regex, its named-entity model
     loading (when it asks for one)."""
     entities = None
     if policy.entities:
-        entities = Entities(policy.entities, policy.ner)
-        warm(entities.model)
+        entities = Entities(policy.entities, policy.ner, models or Models())
     return Guardrail(name, policy.action, frozenset(policy.sides),
                      Detector(policy.detect, policy.patterns, policy.words, policy.region),
                      policy, policy.judge, entities)
@@ -59,11 +58,13 @@ def compiled(name: str, policy: GuardrailPolicy) -> Guardrail:
 class Guardrails:
     """A snapshot's guardrails: each compiled once, and the set in force per request."""
 
-    __slots__ = ("_aliases", "_bounds", "_in_force", "policies")
+    __slots__ = ("_aliases", "_bounds", "_in_force", "models", "policies")
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, models: Models | None = None) -> None:
+        # The process's named-entity models (`Runtime.entity_models`); a script's own if none.
+        self.models = models = models or Models()
         self.policies: Mapping[str, Guardrail] = {
-            name: compiled(name, policy) for name, policy in snapshot.guardrails.items()}
+            name: compiled(name, policy, models) for name, policy in snapshot.guardrails.items()}
         self._aliases = {alias: policy.guardrails for alias, policy in snapshot.policies.items()
                          if policy.guardrails}
         # Bounded: names come from llms.json alone, so there are few distinct unions.

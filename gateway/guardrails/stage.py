@@ -27,7 +27,7 @@ import msgspec
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.core.delivery import Streamed, Whole, error_delivery
 from gateway.core.record import Record
-from gateway.guardrails.entities import EntitiesUnread, off_loop
+from gateway.guardrails.entities import EntitiesUnread, Models
 from gateway.guardrails.judges import ASKING, Ask, judged, text_of
 from gateway.guardrails.policies import Guardrail, Guardrails
 from gateway.guardrails.screening import GuardrailViolation, Screening, text_size
@@ -70,7 +70,7 @@ def guardrails(policies: Guardrails, metrics: Metrics, tally: Tally, redactor: R
         input_side = [g for g in in_force if g.on_input]
         try:
             if any(g.entities is not None for g in input_side):
-                await _screen_off_loop(call, screening, input_side)
+                await _screen_off_loop(call, screening, input_side, policies.models)
             else:
                 _screen_request(call, screening, input_side)
         except GuardrailViolation:  # told, and named on its answer
@@ -210,8 +210,8 @@ def _screen_request(call: Call, screening: Screening, input_side: list[Guardrail
         _sends(call, body, screening.request(body, input_side))
 
 
-async def _screen_off_loop(call: Call, screening: Screening, input_side: list[Guardrail]
-                           ) -> None:
+async def _screen_off_loop(call: Call, screening: Screening, input_side: list[Guardrail],
+                           models: Models) -> None:
     """`_screen_request` with names and places looked for, in the model's worker thread, on
     a screening of the worker's own (one whose look timed out may still be running): handed
     to `screening` once it is over. A text the model did not read is refused."""
@@ -220,8 +220,9 @@ async def _screen_off_loop(call: Call, screening: Screening, input_side: list[Gu
     worker = Screening(off_loop=True)
     reading = [g for g in input_side if g.entities is not None]
     try:
-        screened = await off_loop(lambda: worker.request(body, input_side),
-                                  [g.entities for g in reading if g.entities], text_size(body))
+        screened = await models.off_loop(lambda: worker.request(body, input_side),
+                                         [g.entities for g in reading if g.entities],
+                                         text_size(body))
     except EntitiesUnread as exc:
         get_logger().warning("guardrail_ner_unread", guardrail=reading[0].name, reason=str(exc),
                              request_id=call.record.request_id)

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.core.call import Identity
 from gateway.core.settings import Snapshot
+from gateway.guardrails.entities import Models
 from gateway.guardrails.policies import Guardrail, Guardrails
 from gateway.guardrails.screening import Screening
 from gateway.guardrails.tally import Tally
@@ -22,9 +23,10 @@ from gateway.observe.metrics import Metrics
 class ToolGuard:
     """The guardrails of the live snapshot, compiled for tool calls (once per snapshot)."""
 
-    __slots__ = ("_compiled",)
+    __slots__ = ("_compiled", "_models")
 
-    def __init__(self) -> None:
+    def __init__(self, models: Models) -> None:
+        self._models = models
         self._compiled: tuple[Snapshot, Guardrails] | None = None
 
     def in_force(self, snapshot: Snapshot, identity: Identity | None
@@ -35,7 +37,7 @@ class ToolGuard:
             return ()
         compiled = self._compiled
         if compiled is None or compiled[0] is not snapshot:
-            compiled = self._compiled = (snapshot, Guardrails(snapshot))
+            compiled = self._compiled = (snapshot, Guardrails(snapshot, self._models))
         return compiled[1].in_force("", named)
 
 

@@ -77,7 +77,8 @@ class Hub:
         self._applied_once = asyncio.Event()  # the first config's links exist
         self._loading = asyncio.Lock()
         self._upstream: ModuleType | None = None  # `gateway.mcp.upstream`, once imported
-        self.guard = ToolGuard()  # the guardrails of tool calls, compiled per snapshot
+        # The guardrails of tool calls, compiled per snapshot.
+        self.guard = ToolGuard(runtime.entity_models)
 
     @property
     def separator(self) -> str:

@@ -71,7 +71,8 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
         admission(runtime, live, endpoint),
     ]
     if guarding.configured(snapshot) and guarded(endpoint):  # before anything keeps the text
-        built.append(guardrails(guarding.Guardrails(snapshot), runtime.metrics,
+        built.append(guardrails(guarding.Guardrails(snapshot, runtime.entity_models),
+                                runtime.metrics,
                                 runtime.guardrails, live.redactor, asker(runtime)))
     if snapshot.logs is not None:  # inside the guardrails: it keeps what providers see
         built.append(capture(snapshot))

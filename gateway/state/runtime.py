@@ -33,6 +33,7 @@ from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener
 from gateway.core.settings import ADMIN_DISABLED, CachePolicy, ConfigError, Route, Snapshot
 from gateway.core.tools import ToolHub
+from gateway.guardrails.entities import Models
 from gateway.guardrails.tally import Tally
 from gateway.idempotency.flight import Idempotency
 from gateway.idempotency.store import IdempotencyStore
@@ -185,6 +186,8 @@ class Runtime:
                            on_depth=self.metrics.add_queued)
         self.traffic = RecentTraffic()
         self.guardrails = Tally()  # what guardrails did here, for the status page
+        # Named-entity models (guardrails' names and places): loaded once, kept across reloads.
+        self.entity_models = Models()
         self.provider_traffic = ProviderTraffic()
         self.inflight = 0  # relay requests in the gateway: served, or waiting in the queue
         self.disabled_by_admin: set[str] = set()
