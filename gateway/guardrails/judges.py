@@ -90,18 +90,19 @@ async def judged(call: Call, text: str, judges: Sequence[Guardrail], screening: 
                  ask: Ask, phase: str = "input") -> None:
     """Every judge of `judges` asked about `text` (`phase`'s) at once; the first that blocks
     raised as a `GuardrailViolation`, the others' verdicts awaited or dropped with it."""
-    blocks = await asyncio.gather(*(_verdict(call, text, g, screening, ask, phase)
-                                    for g in judges))
-    for block in blocks:
-        if block is not None:
-            raise block
+    _first_block(await asyncio.gather(*(_verdict(call, text, g, screening, ask, phase)
+                                         for g in judges)))
 
 
 def unjudged(call: Call, judges: Sequence[Guardrail], screening: Screening, reason: str,
              phase: str = "input") -> None:
     """Judges that could not be asked (`reason`): each one's `on_error` says, the first that
     blocks raised as a `GuardrailViolation`."""
-    blocks = [_failed(call, g, screening, reason, phase) for g in judges]
+    _first_block([_failed(call, g, screening, reason, phase) for g in judges])
+
+
+def _first_block(blocks: Sequence[GuardrailViolation | None]) -> None:
+    """The first of the judges' blocks raised, if any blocked (each verdict already counted)."""
     for block in blocks:
         if block is not None:
             raise block

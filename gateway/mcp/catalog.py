@@ -25,8 +25,7 @@ from gateway.mcp.names import namespaced, namespaced_uri, server_of_uri
 from gateway.mcp.unavailable import Unavailable
 from gateway.mcp.upstream import Link
 
-# What a listing holds, by the field MCP's result names it; what names each item.
-NAMED = {"prompts": "name", "resources": "name", "resourceTemplates": "name"}
+# What addresses each item of a listing, beside its `name`, by the field MCP's result names it.
 ADDRESSED = {"resources": "uri", "resourceTemplates": "uriTemplate"}
 # What a per-key answer must not carry of the upstream's own caching hints.
 UPSTREAM_CACHING = ("ttlMs", "cacheScope", "resultType")
@@ -110,7 +109,7 @@ class Catalog:
 
     def _shown(self, server: str, kind: str, item: Any) -> dict[str, Any]:
         shown: dict[str, Any] = item.model_dump(mode="json", by_alias=True, exclude_none=True)
-        shown[NAMED[kind]] = namespaced(server, shown[NAMED[kind]], self.hub.separator)
+        shown["name"] = namespaced(server, shown["name"], self.hub.separator)
         if (field := ADDRESSED.get(kind)) is not None:
             shown[field] = namespaced_uri(server, shown[field])
         return shown
