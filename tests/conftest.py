@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
@@ -29,6 +29,9 @@ from tests.fake_ollama import FakeOllama
 from tests.gateway_process import GatewayProcess, config, provider
 from tests.redis_server import RedisServer
 from tests.upstream import FakeUpstream, Reply, Scripted
+
+if TYPE_CHECKING:
+    from tests.fake_mcp import FakeMcp
 
 # What the gateway keeps (its accounts database, worker logs) goes to the run's own folder, never
 # the home directory: a gateway run in-process, or by a helper script, reads the environment
@@ -138,6 +141,24 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     yield start
     for gateway in started:
         gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def remote() -> Iterator[FakeMcp]:
+    """An MCP server a module's gateway names `remote`, written with the SDK's server side."""
+    from tests.fake_mcp import FakeMcp  # the SDK is loaded by the modules that use one
+
+    with FakeMcp("remote") as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def other() -> Iterator[FakeMcp]:
+    """A second MCP server, named `other`."""
+    from tests.fake_mcp import FakeMcp
+
+    with FakeMcp("other") as fake:
+        yield fake
 
 
 @pytest.fixture

@@ -40,12 +40,6 @@ def mcp_config(remote: FakeMcp, **servers: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def remote() -> Iterator[FakeMcp]:
-    with FakeMcp("remote") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, remote: FakeMcp
             ) -> Iterator[GatewayProcess]:
     gateway = GatewayProcess(tmp_path_factory.mktemp("mcp"), mcp_config(remote),

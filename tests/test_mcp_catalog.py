@@ -25,18 +25,6 @@ ADMIN_KEY = "admin-mcp-catalog-01"
 
 
 @pytest.fixture(scope="module")
-def remote() -> Iterator[FakeMcp]:
-    with FakeMcp("remote") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def other() -> Iterator[FakeMcp]:
-    with FakeMcp("other") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, remote: FakeMcp, other: FakeMcp
             ) -> Iterator[GatewayProcess]:
     workdir = tmp_path_factory.mktemp("mcp-catalog")

@@ -29,12 +29,6 @@ GUARDRAILS = {
 
 
 @pytest.fixture(scope="module")
-def remote() -> Iterator[FakeMcp]:
-    with FakeMcp("remote") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, remote: FakeMcp
             ) -> Iterator[GatewayProcess]:
     doc = config({}, server={"admin_keys": [ADMIN_KEY]})

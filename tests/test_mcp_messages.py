@@ -39,18 +39,6 @@ def model() -> Iterator[FakeUpstream]:
 
 
 @pytest.fixture(scope="module")
-def remote() -> Iterator[FakeMcp]:
-    with FakeMcp("remote") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def other() -> Iterator[FakeMcp]:
-    with FakeMcp("other") as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, model: FakeUpstream, remote: FakeMcp,
             other: FakeMcp) -> Iterator[GatewayProcess]:
     workdir = tmp_path_factory.mktemp("mcp-messages")
