@@ -52,7 +52,7 @@ from gateway.edge import (
     stored_responses,
 )
 from gateway.edge.front import Front
-from gateway.edge.guard import Guard
+from gateway.edge.guard import Limits
 from gateway.edge.mcp_route import McpRoute
 from gateway.edge.origins import Origins
 from gateway.idempotency.store import IdempotencyStore
@@ -317,9 +317,10 @@ def create_app(snapshot: Snapshot | None = None) -> ASGIApp:
         logging_config=None,
     )
     # The relay's paths first: a model's request passes no other route's check.
-    guarded = Guard.around(Front(served, McpRoute(served, served)), snapshot.server)
-    checked = Origins.around(guarded, snapshot.server,
-                             os.environ.get(BIND_ENV) or snapshot.server.host)
+    checked = Front(served, McpRoute(served, served),
+                    origins=Origins.of(snapshot.server,
+                                       os.environ.get(BIND_ENV) or snapshot.server.host),
+                    limits=Limits.of(snapshot.server))
     if not snapshot.server.cors_origins:
         return checked
     from starlette.middleware.cors import CORSMiddleware  # only a gateway that uses it pays

@@ -269,7 +269,7 @@ def parse(raw: bytes, head: type[Head], content_type: str | None = None
     if not raw.strip():
         raise InvalidRequest("Request body is empty; expected a JSON object")
     check_numbers(raw)  # before anything decodes the body untyped and takes a big int as it is
-    if b'"extra_body"' in raw:
+    if raw.find(b'"extra_body"') >= 0:
         raw = merge_extra_body(raw)
     try:
         parsed = msgspec.json.decode(raw, type=head)

@@ -118,7 +118,7 @@ def _passed(chunk: bytes, watch: SSEWatch, strip_usage: bool, redactor: Redactor
         raise BadUpstreamResponse("stream event is not a JSON answer chunk (or not UTF-8)")
     if watch.error_event is not None:  # the upstream's own error event: it may quote the
         chunk = redactor.encoded(mask_credentials(chunk.decode("utf-8", "replace")).encode())
-    if strip_usage and b'"usage"' in chunk:
+    if strip_usage and chunk.find(b'"usage"') >= 0:
         chunk = drop_usage_events(chunk)
     return chunk
 
@@ -139,7 +139,7 @@ def ending(watch: SSEWatch, provider: str, record: Record) -> tuple[Outcome, byt
 
 def drop_usage_events(chunk: bytes) -> bytes:
     """Remove whole `data:` events that carry only usage (`"choices": []`) from a chunk."""
-    return sse.drop_events(chunk, lambda data: b'"usage"' in data
+    return sse.drop_events(chunk, lambda data: data.find(b'"usage"') >= 0
                            and _USAGE_ONLY.search(data) is not None)
 
 

@@ -1,4 +1,10 @@
-"""The one ASGI adapter: the relay routes served as plain ASGI, everything else by Litestar.
+"""The one ASGI adapter: the edge's checks, the relay routes served as plain ASGI, everything else
+by Litestar.
+
+Every HTTP request's head is read once for the checks no route may skip: its origin and `Host`
+(`gateway.edge.origins`), its size and its body's deadline (`gateway.edge.guard`); a WebSocket
+handshake's origin and `Host` too. They are calls here, not ASGI layers around `Front`: a layer
+apiece cost every request an awaited frame and its own pass over the headers.
 
 `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/embeddings`, `/v1/messages`,
 `/v1/messages/count_tokens` and the native endpoints (moderations, rerank, images, audio:
@@ -29,6 +35,8 @@ from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
 from gateway.core.record import Record, request_id
 from gateway.edge import passthrough
 from gateway.edge.disconnect import DisconnectGuard
+from gateway.edge.guard import Limits, answer, read_head
+from gateway.edge.origins import Origins
 from gateway.pipeline import relay
 from gateway.state.drain import Drain
 from gateway.state.runtime import Runtime
@@ -114,17 +122,39 @@ class RawRequest:
 
 
 class Front:
-    """An ASGI app: the relay routes itself, everything else through `others` (Litestar, or
-    what routes its own paths in front of it), whose state holds the runtime."""
+    """The ASGI app: every request's origin, `Host` and head checked, a declared body given its
+    deadline (one read of the head, no layer apiece); then the relay routes served here,
+    everything else by `others` (Litestar, or what routes its own paths in front of it), whose
+    state holds the runtime."""
 
-    def __init__(self, app: Litestar, others: ASGIApp | None = None) -> None:
+    def __init__(self, app: Litestar, others: ASGIApp | None = None, *,
+                 origins: Origins, limits: Limits) -> None:
         self.app = app
         self.others: ASGIApp = others if others is not None else app
+        self.origins = origins
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = RELAY_PATHS.get(scope["path"]) if scope["type"] == ScopeType.HTTP else None
+        if scope["type"] != ScopeType.HTTP:
+            if scope["type"] == ScopeType.WEBSOCKET and not self._welcome(scope):
+                # A page may open a WebSocket to any address: the same check, and a handshake
+                # closed before it is accepted is a 403 for the page.
+                await receive()  # websocket.connect
+                await send({"type": "websocket.close", "code": 1008, "reason": ""})
+                return
+            await self.others(scope, receive, send)
+            return
+        size, has_body, host, origins = read_head(scope)
+        refused = self.origins.refusal(host, origins) or self.limits.oversize(size)
+        if refused is not None:
+            await answer(send, refused)
+            return
+        if has_body:
+            deadline = self.limits.deadline(receive, send)
+            receive, send = deadline.receive, deadline.send
+        endpoint = RELAY_PATHS.get(scope["path"])
         if endpoint is None:
-            if scope["type"] == ScopeType.HTTP and scope["path"].startswith(passthrough.PREFIX):
+            if scope["path"].startswith(passthrough.PREFIX):
                 await self._pass(scope, receive, send)
                 return
             await self.others(scope, receive, send)
@@ -149,6 +179,15 @@ class Front:
             call.close()
         if not request.read_whole:  # refused before its body was read (full, too large)
             await request.discard()
+
+    def _welcome(self, scope: Scope) -> bool:
+        host, origins = None, []
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value
+            elif name == b"origin":
+                origins.append(value.decode("latin-1"))
+        return self.origins.refusal(host, origins) is None
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime: Runtime = self.app.state.runtime

@@ -2,8 +2,8 @@
 
 The server (granian, started by `gateway serve`) closes a connection whose request head does not
 arrive within `server.header_timeout`, or that stays idle between requests past it, and bounds
-the head it buffers (see `gateway.edge.serving`). What is left is enforced here, in front of every
-route, before any of them reads the request:
+the head it buffers (see `gateway.edge.serving`). What is left is enforced here (`Limits`,
+checked by `gateway.edge.front.Front` before any route reads the request):
 
 - a head over `server.max_header_bytes` is answered 431 `headers_too_large` in the JSON
   envelope (the server's own buffer is sized above the limit, so only a head far past it is cut
@@ -21,34 +21,42 @@ Only `scope`, `receive` and `send` are touched, so any ASGI server runs it.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from gateway.core.errors import HeadersTooLarge, RequestTimeout
+from gateway.core.settings import ServerConfig
 from providers.contract.errors import GatewayError, error_body
-
-if TYPE_CHECKING:
-    from gateway.core.settings import ServerConfig
 
 _DISCONNECT: ReceiveMessage = {"type": "http.disconnect"}
 # ": " and CRLF around each header line as the client sent it.
 _LINE_OVERHEAD = 4
 
 
-def inspect_head(scope: Scope) -> tuple[int, bool]:
-    """The size of the request head as the client sent it (target and header lines, give or take
-    the method and version), and whether it declares a body."""
+def read_head(scope: Scope) -> tuple[int, bool, bytes | None, list[str] | None]:
+    """What the edge checks of a request head, read in one pass: its size as the client sent it
+    (target and header lines, give or take the method and version), whether it declares a body,
+    its `Host` as sent and its `Origin` values (None: none)."""
     size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
     has_body = False
+    host: bytes | None = None
+    origins: list[str] | None = None
     for name, value in scope["headers"]:
         size += len(name) + len(value) + _LINE_OVERHEAD
-        if name == b"content-length":
+        if name == b"host":
+            host = value
+        elif name == b"content-length":
             has_body = has_body or value.strip() not in (b"0", b"")
         elif name == b"transfer-encoding":
             has_body = True
-    return size, has_body
+        elif name == b"origin":
+            if origins is None:
+                origins = [value.decode("latin-1")]
+            else:
+                origins.append(value.decode("latin-1"))
+    return size, has_body, host, origins
 
 
 async def answer(send: Send, error: GatewayError) -> None:
@@ -62,45 +70,56 @@ async def answer(send: Send, error: GatewayError) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class Guard:
-    """An ASGI app wrapping `inner`: head size and body deadline enforced for every HTTP request.
+class Limits:
+    """The head's size bound and the body's deadline, of llms.json's `server` section."""
 
-    Other attributes read through to `inner` (its `app`, `state`), so code that held the app
-    factory's result before the guard was put around it reaches the same things."""
+    __slots__ = ("body_timeout", "max_header_bytes", "overdue")
 
-    __slots__ = ("body_timeout", "inner", "max_header_bytes", "overdue")
-
-    def __init__(self, inner: ASGIApp, *, max_header_bytes: int, body_timeout: float) -> None:
-        self.inner = inner
+    def __init__(self, *, max_header_bytes: int, body_timeout: float) -> None:
         self.max_header_bytes = max_header_bytes
         self.body_timeout = body_timeout
         self.overdue = Overdue(min(1.0, body_timeout / 10))
 
     @classmethod
-    def around(cls, inner: ASGIApp, server: ServerConfig) -> Guard:
-        """`inner` guarded with the limits of llms.json's `server` section."""
-        return cls(inner, max_header_bytes=server.max_header_bytes,
-                   body_timeout=server.body_timeout)
+    def of(cls, server: ServerConfig) -> Limits:
+        """The limits of llms.json's `server` section."""
+        return cls(max_header_bytes=server.max_header_bytes, body_timeout=server.body_timeout)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":  # not set yet (a copy being made): no endless lookup
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def oversize(self, size: int) -> HeadersTooLarge | None:
+        """The refusal of a head of `size` bytes, or None."""
+        if size <= self.max_header_bytes:
+            return None
+        return HeadersTooLarge(f"Request headers are {size} bytes; the gateway accepts up to "
+                               f"{self.max_header_bytes}")
+
+    def deadline(self, receive: Receive, send: Send) -> BodyDeadline:
+        """A declared body's `receive` and `send`, the body due by `body_timeout`."""
+        return BodyDeadline(receive, send, self.body_timeout, self.overdue)
+
+
+class Guard:
+    """An ASGI app wrapping `inner`: head size and body deadline enforced for every HTTP
+    request, for a server that serves an app without `gateway.edge.front.Front` (which checks
+    the same `Limits` itself)."""
+
+    __slots__ = ("inner", "limits")
+
+    def __init__(self, inner: ASGIApp, *, max_header_bytes: int, body_timeout: float) -> None:
+        self.inner = inner
+        self.limits = Limits(max_header_bytes=max_header_bytes, body_timeout=body_timeout)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
             await self.inner(scope, receive, send)
             return
-        size, has_body = inspect_head(scope)
-        if size > self.max_header_bytes:
-            await answer(send, HeadersTooLarge(
-                f"Request headers are {size} bytes; the gateway accepts up to "
-                f"{self.max_header_bytes}"))
+        size, has_body, _, _ = read_head(scope)
+        if (refused := self.limits.oversize(size)) is not None:
+            await answer(send, refused)
             return
         if not has_body:
             await self.inner(scope, receive, send)
             return
-        deadline = BodyDeadline(receive, send, self.body_timeout, self.overdue)
+        deadline = self.limits.deadline(receive, send)
         await self.inner(scope, deadline.receive, deadline.send)
 
 

@@ -17,20 +17,14 @@ A non-loopback bind is reached under names the gateway cannot know (DNS names, p
 addresses), so its `Host` is not checked; such a bind needs `server.api_keys` (or an explicit
 `--allow-unauthenticated`), which no page holds. Clients that are not browsers (curl, the SDKs)
 send no `Origin` and are unaffected. A refusal is 403 `permission_denied` in the envelope,
-naming the header as its `param`. Only `scope`, `receive` and `send` are touched.
+naming the header as its `param`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, Scope, Send
-
 from gateway.config.snapshots import is_loopback
 from gateway.core.errors import PermissionDenied
 from gateway.core.settings import ServerConfig
-from gateway.edge.guard import answer
 
 # Addresses a server binds to mean "every interface"; as a name they are no gateway's own.
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -49,14 +43,13 @@ def host_name(host: str) -> str:
 
 
 class Origins:
-    """An ASGI app wrapping `inner`: requests from origins and under hosts not allowed are
-    refused. Other attributes read through to `inner`, as the guard's do."""
+    """Which origins and `Host` names this gateway answers (`refusal`): checked by `Front`
+    before any route reads a request, from the head it reads once (`gateway.edge.guard.Head`)."""
 
-    __slots__ = ("any_origin", "inner", "loopback", "names", "origins", "passed")
+    __slots__ = ("any_origin", "loopback", "names", "origins", "passed")
 
-    def __init__(self, inner: ASGIApp, *, origins: tuple[str, ...], bind_host: str,
-                 configured_host: str) -> None:
-        self.inner = inner
+    def __init__(self, *, origins: tuple[str, ...], bind_host: str, configured_host: str
+                 ) -> None:
         self.any_origin = "*" in origins
         self.origins = frozenset(origins)
         self.loopback = is_loopback(bind_host)
@@ -66,29 +59,17 @@ class Origins:
         self.passed: set[bytes] = set()
 
     @classmethod
-    def around(cls, inner: ASGIApp, server: ServerConfig, bind_host: str) -> Origins:
-        """`inner` behind the origins of llms.json's `server` section, served on `bind_host`."""
-        return cls(inner, origins=server.cors_origins, bind_host=bind_host,
+    def of(cls, server: ServerConfig, bind_host: str) -> Origins:
+        """The origins of llms.json's `server` section, served on `bind_host`."""
+        return cls(origins=server.cors_origins, bind_host=bind_host,
                    configured_host=server.host)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":  # not set yet (a copy being made): no endless lookup
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def known(self, name: str) -> bool:
         """Whether `name` (a `Host`'s, without port) is a name this gateway answers as itself."""
         return name in self.names or is_loopback(name)
 
-    def refusal(self, scope: Scope) -> PermissionDenied | None:
-        """Why this request is refused, or None."""
-        sent: bytes | None = None
-        origins: list[str] = []
-        for name, value in scope["headers"]:
-            if name == b"host":
-                sent = value
-            elif name == b"origin":
-                origins.append(value.decode("latin-1"))
+    def refusal(self, sent: bytes | None, origins: list[str] | None) -> PermissionDenied | None:
+        """Why a request with `Host` `sent` and these `Origin` values is refused, or None."""
         if not origins and (sent is None or sent in self.passed):
             return None
         host = None if sent is None else sent.decode("latin-1")
@@ -97,7 +78,7 @@ class Origins:
             return PermissionDenied("This gateway listens on a loopback address and answers "
                                     "only its loopback names (localhost, 127.0.0.1, [::1]) or "
                                     "server.host", param="Host")
-        for origin in origins:
+        for origin in origins or ():
             if not self._allowed(origin, host, named):
                 return PermissionDenied("Requests from web pages need their origin listed in "
                                         "server.cors_origins", param="Origin")
@@ -111,15 +92,3 @@ class Origins:
         # The gateway's own pages (the status page) under a name it knows as its own.
         return (host is not None and named is not None and self.known(named)
                 and origin.lower() in (f"http://{host.lower()}", f"https://{host.lower()}"))
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == ScopeType.HTTP and (refused := self.refusal(scope)) is not None:
-            await answer(send, refused)
-            return
-        if scope["type"] == ScopeType.WEBSOCKET and self.refusal(scope) is not None:
-            # A page may open a WebSocket to any address: the same check, and a handshake
-            # closed before it is accepted is a 403 for the page.
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008, "reason": ""})
-            return
-        await self.inner(scope, receive, send)

@@ -44,7 +44,8 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
                                          call.headers.get("content-type"))
         record.model, record.stream = head.model, bool(getattr(head, "stream", False))
         alias = _alias(snapshot, head.model, call.key, accounts)
-        if priced or b'"provider"' in raw or sorting.HEADER in call.headers:
+        # `find`, not `in`: `in` on bytes makes and drops a TypeError each time.
+        if priced or raw.find(b'"provider"') >= 0 or sorting.HEADER in call.headers:
             raw, call.asked = preferences.asked(endpoint, call.headers, raw, head, priced)
         call.routes = ordered(runtime, endpoint, alias, call.asked)
         if getattr(head, "tools", None):

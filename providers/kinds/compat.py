@@ -60,11 +60,14 @@ _REASONING_KEYS = (b'"chat_template_kwargs"', b'"enable_thinking"', b'"reasoning
 
 def needs_translation(raw: bytes, options: OpenAIOptions) -> bool:
     """A cheap look at the bytes: might this body need rewriting for this provider?"""
-    if not options.legacy_functions and (b'"functions"' in raw or b'"function_call"' in raw):
+    # `find`, not `in`, on every request's bytes: `in` first tries its operand as an int,
+    # and makes and drops a TypeError each time.
+    if not options.legacy_functions and (raw.find(b'"functions"') >= 0
+                                         or raw.find(b'"function_call"') >= 0):
         return True
-    if options.max_tokens_field is not None and b'"max_' in raw:
+    if options.max_tokens_field is not None and raw.find(b'"max_') >= 0:
         return True
-    return options.reasoning is not None and any(k in raw for k in _REASONING_KEYS)
+    return options.reasoning is not None and any(raw.find(k) >= 0 for k in _REASONING_KEYS)
 
 
 class _LegacyMessage(msgspec.Struct):
@@ -196,7 +199,7 @@ def normalize_message(message: dict[str, Any], legacy: bool) -> bool:
 
 def normalize_reply(body: bytes, legacy: bool) -> bytes:
     """A complete chat answer with reasoning under both names and legacy calls translated."""
-    if b'"reasoning' not in body and not (legacy and b'"tool_calls"' in body):
+    if body.find(b'"reasoning') < 0 and not (legacy and body.find(b'"tool_calls"') >= 0):
         return body
     answer = msgspec.json.decode(body)
     changed = False

@@ -187,7 +187,7 @@ class OpenAIProvider(Provider):
 
     def _legacy(self, request: Outgoing) -> bool:
         """Did the client use the deprecated functions API that this upstream no longer has?"""
-        return (not self.options.legacy_functions and b'"function' in request.raw
+        return (not self.options.legacy_functions and request.raw.find(b'"function') >= 0
                 and used_legacy_functions(request.json()))
 
     def stream(self, request: Outgoing, upstream_model: str) -> AsyncGenerator[bytes, None]:
