@@ -53,6 +53,9 @@ from providers.contract.stream import close_quietly
 # Cohere's v2 client reranks at /v2/rerank (vLLM answers it there too, in the same shape).
 RELAY_PATHS = {**{f"/v1/{e}": e for e in endpoints.RELAYED},
                **{f"/{e}": e for e in endpoints.RELAYED}, "/v2/rerank": "rerank"}
+# Read for every request: on Python 3.11 a member read off its enum class goes through
+# `EnumType.__getattr__`'s attribute hook, a call of its own each time.
+_HTTP = ScopeType.HTTP
 
 
 class RawRequest:
@@ -135,7 +138,7 @@ class Front:
         self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
+        if scope["type"] != _HTTP:
             if scope["type"] == ScopeType.WEBSOCKET and not self._welcome(scope):
                 # A page may open a WebSocket to any address: the same check, and a handshake
                 # closed before it is accepted is a 403 for the page.
@@ -159,7 +162,8 @@ class Front:
                 return
             await self.others(scope, receive, send)
             return
-        runtime: Runtime = self.app.state.runtime
+        # An item: State finds an attribute only after an AttributeError was raised for it.
+        runtime: Runtime = self.app.state["runtime"]
         runtime.stage("request")
         limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
         request = RawRequest(scope, receive, limit)
@@ -190,7 +194,7 @@ class Front:
         return self.origins.refusal(host, origins) is None
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
-        runtime: Runtime = self.app.state.runtime
+        runtime: Runtime = self.app.state["runtime"]
         # No slot under the concurrency cap: it is not a model's request.
         request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes)
         answer = await passthrough.handle(request, runtime)

@@ -91,6 +91,16 @@ class JsonLine:
         event["timestamp"] = self.timestamp(time.time())
         return self._redaction.redactor.encoded(msgspec.json.encode(event, enc_hook=str))
 
+    def request(self, line: RequestLine, extra: dict[str, Any] | None) -> bytes:
+        """The `request` line as the processor would make it of the same fields: the Struct's
+        JSON, `extra`'s fields, then event, level, pid and timestamp, spliced as bytes."""
+        tail = b',"event":"request","level":"info","pid":%d,"timestamp":"%s"}' % (
+            self._pid, self.timestamp(time.time()).encode())
+        body = msgspec.json.encode(line)[:-1]
+        if extra:
+            body += b"," + msgspec.json.encode(extra, enc_hook=str)[1:-1]
+        return self._redaction.redactor.encoded(body + tail)
+
     def timestamp(self, now: float) -> str:
         """`2026-11-23T16:53:22.123456Z`; the part up to the second is formatted once a second."""
         second = int(now)
@@ -99,6 +109,35 @@ class JsonLine:
             text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = (second, text)
         return f"{text}.{int((now - second) * 1_000_000):06d}Z"
+
+
+class RequestLine(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The `request` line's own fields, in the order it shows them: a Struct, encoded with its
+    names known in advance, where a dict built per request cost more than the rest of the log.
+    Fields with a default appear only when set."""
+
+    request_id: str
+    endpoint: str
+    model: str | None
+    alias: str | None = None  # when not the name sent
+    provider: str | None
+    status: int
+    outcome: str | None
+    attempts: int
+    failed: list[str] | None
+    stream: bool
+    key_id: str | None
+    tokens: int | None
+    cost: float | None
+    ttft_ms: float | None
+    latency_ms: float
+    overhead_ms: float | None
+    error: str | None = None
+    cache: str | None = None
+    idempotent: str | None = None
+    resumed: int | None = None
+    resumes_failed: int | None = None
+    resumed_by: str | None = None
 
 
 class RequestLog:
@@ -119,15 +158,15 @@ class RequestLog:
         self._flushing = False  # a flush is due at the end of this turn of the loop
         self.redaction = redaction or LogRedaction()  # shared with the structlog chain
 
-    def write(self, fields: dict[str, Any]) -> None:
-        """Log `fields` as the `request` event at info level."""
+    def write(self, line: RequestLine, extra: dict[str, Any] | None = None) -> None:
+        """Log `line` (and `extra` fields after it) as the `request` event at info level."""
         if not self._enabled:
             return
         if self._line is None:
-            get_logger().info("request", **fields)
+            get_logger().info("request", **msgspec.json.decode(msgspec.json.encode(line)),
+                              **(extra or {}))
             return
-        fields["event"] = "request"
-        self._stream.write(self._line(None, "info", fields) + b"\n")
+        self._stream.write(self._line.request(line, extra) + b"\n")
         if self._flushing:
             return
         try:

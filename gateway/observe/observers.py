@@ -10,12 +10,11 @@ once, at startup (`gateway.state.runtime.Runtime`), in the order here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from gateway.core.limits import RateLimiter
 from gateway.core.record import Listener, Outcome, Record
 from gateway.core.settings import Route
-from gateway.observe.logs import RequestLog
+from gateway.observe.logs import RequestLine, RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic, refusal
 from gateway.routing.sorting import Throughputs
@@ -24,6 +23,9 @@ from gateway.routing.sorting import Throughputs
 CLIENT_CLOSED = 499
 CACHE = "cache"  # the provider label of answers served from the response cache
 REPLAY = "replay"  # ... and of answers replayed for an `Idempotency-Key` retry
+# Outcomes as module names, read for every request: on Python 3.11 a member read off its enum
+# class goes through `EnumType.__getattr__`'s attribute hook, a call of its own each time.
+_LEFT, _ERROR, _COMPLETED = Outcome.CLIENT_LEFT, Outcome.ERROR, Outcome.COMPLETED
 
 
 def provider_label(record: Record) -> str | None:
@@ -33,7 +35,7 @@ def provider_label(record: Record) -> str | None:
 
 def status_of(record: Record) -> int:
     """The status the request is counted and logged with."""
-    if record.outcome is Outcome.CLIENT_LEFT and record.ttft is None:
+    if record.outcome is _LEFT and record.ttft is None:
         return CLIENT_CLOSED
     return record.status
 
@@ -67,7 +69,7 @@ def drawn_by(traffic: RecentTraffic, providers: ProviderTraffic) -> Listener:
         # A 503 because every pool was loading or full is a wait, not a failure.
         refused = refusal((a.reason for a in record.failed), record.error_code) \
             if status >= 500 else None
-        traffic.add(record.duration, ok=status < 500 and record.outcome is not Outcome.ERROR,
+        traffic.add(record.duration, ok=status < 500 and record.outcome is not _ERROR,
                     client_error=400 <= status < 500 and status != CLIENT_CLOSED,
                     cache_hit=record.cache_hit, hedged=record.hedged, refused=refused)
         for attempt in record.failed:
@@ -84,7 +86,7 @@ def measured_by(throughputs: Throughputs, route_of: Callable[[str, str], Route |
     """Tokens per second of each completed stream (its output tokens over its time after the
     first token), for the `throughput` sort: a whole answer's time holds its prompt's too."""
     def ended(record: Record) -> None:
-        if not record.stream or record.outcome is not Outcome.COMPLETED \
+        if not record.stream or record.outcome is not _COMPLETED \
                 or record.provider is None or record.from_store or record.usage is None:
             return
         tokens, seconds = record.usage.completion_tokens, record.duration - (record.ttft or 0.0)
@@ -97,39 +99,36 @@ def measured_by(throughputs: Throughputs, route_of: Callable[[str, str], Route |
 def logged_by(log: RequestLog) -> Listener:
     """One line per request."""
     def ended(record: Record) -> None:
-        # One dict filled in place: it is built for every request.
         usage, cost, ttft, overhead = record.usage, record.cost, record.ttft, record.overhead
-        line: dict[str, Any] = {"request_id": record.request_id, "endpoint": record.endpoint,
-                                "model": record.model}
-        if record.alias is not None and record.alias != record.model:
-            line["alias"] = record.alias
-        line["provider"] = provider_label(record)
-        line["status"] = status_of(record)
-        line["outcome"] = record.outcome.value if record.outcome else None
-        line["attempts"] = record.attempts
-        line["failed"] = [f"{a.provider}:{a.reason}" for a in record.failed] or None
-        line["stream"] = record.stream
-        line["key_id"] = record.key_id
-        line["tokens"] = usage.total_tokens if usage else None
-        line["cost"] = round(cost, 8) if cost is not None else None
-        line["ttft_ms"] = round(ttft * 1000, 2) if ttft is not None else None
-        line["latency_ms"] = round(record.duration * 1000, 2)
-        line["overhead_ms"] = round(overhead * 1000, 2) if overhead is not None else None
-        if record.error_code:
-            line["error"] = record.error_code
-        if record.cache_hit:
-            line["cache"] = "hit"
-        if record.replayed:
-            line["idempotent"] = "replay"
         resumes = record.resumes
-        if resumes is not None and (resumes.ok or resumes.failed):
-            line["resumed"] = resumes.ok + resumes.failed
-            line["resumes_failed"] = resumes.failed
-            line["resumed_by"] = resumes.by
-        if record.detail:
-            line.update(record.detail)
-        log.write(line)
+        resumed = resumes if resumes is not None and (resumes.ok or resumes.failed) else None
+        log.write(RequestLine(
+            request_id=record.request_id, endpoint=record.endpoint, model=record.model,
+            alias=record.alias if record.alias != record.model else None,
+            provider=provider_label(record), status=status_of(record),
+            outcome=record.outcome.value if record.outcome else None,
+            attempts=record.attempts,
+            failed=[f"{a.provider}:{a.reason}" for a in record.failed] or None,
+            stream=record.stream, key_id=record.key_id,
+            tokens=usage.total_tokens if usage else None,
+            cost=round(cost, 8) if cost is not None else None,
+            ttft_ms=_ms(ttft) if ttft is not None else None,
+            latency_ms=_ms(record.duration),
+            overhead_ms=_ms(overhead) if overhead is not None else None,
+            error=record.error_code or None,
+            cache="hit" if record.cache_hit else None,
+            idempotent="replay" if record.replayed else None,
+            resumed=resumed.ok + resumed.failed if resumed else None,
+            resumes_failed=resumed.failed if resumed else None,
+            resumed_by=resumed.by if resumed else None),
+            record.detail or None)
     return ended
+
+
+def _ms(seconds: float) -> float:
+    """Milliseconds to two decimals, rounded half up: `round(x, 2)` formats the float to a
+    string and back, several times this."""
+    return int(seconds * 100_000 + 0.5) / 100
 
 
 def spent_by(limiter: RateLimiter) -> Listener:

@@ -86,11 +86,11 @@ class RecentTraffic:
         if client_error:
             second.client_errors += 1
             return
-        if refused is Refusal.NOT_READY:
-            second.not_ready += 1
-            return
-        if refused is Refusal.SHED:
-            second.shed += 1
+        if refused is not None:
+            if refused is Refusal.NOT_READY:
+                second.not_ready += 1
+            else:
+                second.shed += 1
             return
         second.requests += 1
         second.errors += not ok

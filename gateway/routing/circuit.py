@@ -28,6 +28,11 @@ class CircuitState(StrEnum):
     HALF_OPEN = "half_open"
 
 
+# The states as module names, read on every request: on Python 3.11 a member read off its enum
+# class goes through `EnumType.__getattr__`'s attribute hook, a call of its own each time.
+CLOSED, OPEN, HALF_OPEN = CircuitState.CLOSED, CircuitState.OPEN, CircuitState.HALF_OPEN
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """The right to send one request; `probe` is its token when it is the half-open circuit's
@@ -57,9 +62,9 @@ class Breaker:
 
     def blocked_until(self, now: float) -> float:
         """0 if a request may go now, else when it may."""
-        if self.state is CircuitState.OPEN:
+        if self.state is OPEN:
             return self.open_until if now < self.open_until else 0.0
-        if self.state is CircuitState.HALF_OPEN and self.probing:
+        if self.state is HALF_OPEN and self.probing:
             return now + self.policy.open_for
         return 0.0
 
@@ -71,11 +76,11 @@ class Breaker:
     def acquire(self, now: float) -> Claim | None:
         """Claim the right to send one request (None: refused); in half-open only one probe
         at a time, its claim carrying the token that frees it."""
-        if self.state is CircuitState.OPEN:
+        if self.state is OPEN:
             if now < self.open_until:
                 return None
-            self.state = CircuitState.HALF_OPEN
-        if self.state is CircuitState.HALF_OPEN:
+            self.state = HALF_OPEN
+        if self.state is HALF_OPEN:
             if self.probe:
                 return None
             self._issued += 1
@@ -92,14 +97,14 @@ class Breaker:
     def success(self, now: float) -> None:
         self._record(now, ok=True)
         self.consecutive_failures = 0
-        if self.state is not CircuitState.CLOSED:
-            self.state, self.trips, self.probe = CircuitState.CLOSED, 0, 0
+        if self.state is not CLOSED:
+            self.state, self.trips, self.probe = CLOSED, 0, 0
 
     def failure(self, now: float) -> bool:
         """Count a failure; True if it opened the circuit."""
         self._record(now, ok=False)
         self.consecutive_failures += 1
-        if self.state is CircuitState.HALF_OPEN or self._over_threshold():
+        if self.state is HALF_OPEN or self._over_threshold():
             self.trip(now)
             return True
         return False
@@ -108,7 +113,7 @@ class Breaker:
         """Open the circuit; each consecutive trip doubles the time it stays open."""
         self.trips += 1
         period = min(self.policy.max_open_for, self.policy.open_for * 2 ** (self.trips - 1))
-        self.state = CircuitState.OPEN
+        self.state = OPEN
         self.open_until = max(until or 0.0, now + period)
         self.probe = 0
 
