@@ -34,7 +34,7 @@ from gateway.core.delivery import Streamed, Whole
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
 from gateway.core.record import Record, request_id
 from gateway.edge import passthrough
-from gateway.edge.disconnect import DisconnectGuard
+from gateway.edge.disconnect import Arming, DisconnectGuard
 from gateway.edge.guard import Limits, answer, read_head
 from gateway.edge.origins import Origins
 from gateway.pipeline import relay
@@ -61,12 +61,14 @@ _HTTP = ScopeType.HTTP
 class RawRequest:
     """What the edge reads of a request from the ASGI scope: its headers, its body."""
 
-    __slots__ = ("_max_body", "headers", "read_whole", "receive", "scope")
+    __slots__ = ("_arming", "_max_body", "headers", "read_whole", "receive", "scope")
 
-    def __init__(self, scope: Scope, receive: Receive, max_body: int) -> None:
+    def __init__(self, scope: Scope, receive: Receive, max_body: int,
+                 arming: Arming | None = None) -> None:
         self.scope = scope
         self.receive = receive
         self._max_body = max_body
+        self._arming = arming
         self.read_whole = False  # the body's last chunk was read
         # ASGI servers send header names lowercased; a repeated header keeps its last value.
         self.headers: Mapping[str, str] = {
@@ -75,7 +77,7 @@ class RawRequest:
     def watching(self) -> DisconnectGuard:
         """The watch of the client's connection (`Call.watching`): a client that leaves
         ends what runs inside it."""
-        return DisconnectGuard(self.receive)
+        return DisconnectGuard(self.receive, self._arming)
 
     async def body(self, meter: Meter = unmetered) -> bytes:
         """The whole body; RequestTooLarge past the limit (announced or streamed). `meter` is
@@ -136,6 +138,7 @@ class Front:
         self.others: ASGIApp = others if others is not None else app
         self.origins = origins
         self.limits = limits
+        self.arming = Arming()  # the disconnect guards of its requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != _HTTP:
@@ -166,7 +169,7 @@ class Front:
         runtime: Runtime = self.app.state["runtime"]
         runtime.stage("request")
         limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
-        request = RawRequest(scope, receive, limit)
+        request = RawRequest(scope, receive, limit, self.arming)
         if (method := scope.get("method")) != "POST":
             error = MethodNotAllowed(f"Method {method} not allowed for {scope['path']}")
             headers = {"allow": "POST", "x-request-id": request_id(request.headers)}
@@ -196,15 +199,16 @@ class Front:
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime: Runtime = self.app.state["runtime"]
         # No slot under the concurrency cap: it is not a model's request.
-        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes)
+        request = RawRequest(scope, receive, runtime.live.snapshot.server.max_body_bytes,
+                             self.arming)
         answer = await passthrough.handle(request, runtime)
         try:
             await send_whole(answer, send)
         finally:
             answer.record.end(answer.outcome)
 
-    @staticmethod
-    async def _answer(call: Call, request: RawRequest, runtime: Runtime, send: Send) -> None:
+    async def _answer(self, call: Call, request: RawRequest, runtime: Runtime, send: Send
+                      ) -> None:
         try:
             answer = await relay.handle(call, runtime)
         except Exception:  # a bug past the relay's own net: logged, answered and counted
@@ -212,7 +216,7 @@ class Front:
         if answer is None:  # the client left: nothing to write
             return
         if isinstance(answer, Streamed):
-            await send_stream(answer, request.receive, send, runtime.drain)
+            await send_stream(answer, request.receive, send, self.arming, runtime.drain)
             return
         try:
             await send_whole(answer, send)
@@ -243,7 +247,7 @@ async def _send_body(body: bytes, status: int, media_type: str, headers: Mapping
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def send_stream(answer: Streamed, receive: Receive, send: Send,
+async def send_stream(answer: Streamed, receive: Receive, send: Send, arming: Arming,
                       drain: Drain | None = None) -> None:
     """Relay a stream's chunks as they come, one ASGI message each.
 
@@ -259,7 +263,7 @@ async def send_stream(answer: Streamed, receive: Receive, send: Send,
     try:
         tracked = drain.tracking(answer.record) if drain is not None else None
         with tracked or contextlib.nullcontext():
-            async with DisconnectGuard(receive):
+            async with DisconnectGuard(receive, arming):
                 async for chunk in chunks:  # the first chunk is at hand: the stream has begun
                     if head is not None:
                         await send(head)
