@@ -41,12 +41,14 @@ class McpRoute:
         if path != PREFIX and not path.startswith(PREFIX + "/"):
             await self.inner(scope, receive, send)
             return
+        # Read as items: as attributes, each is found only after an AttributeError.
         state = self.app.state
-        await state.mcp.loaded()  # the SDK, imported once, off the event loop
+        hub = state["mcp"]
+        await hub.loaded()  # the SDK, imported once, off the event loop
         from gateway.edge import mcp_exchange
 
-        await mcp_exchange.serve(scope, receive, send, state.runtime, state.mcp,
-                                 state.mcp_sessions, state.mcp_cancels, path)
+        await mcp_exchange.serve(scope, receive, send, state["runtime"], hub,
+                                 state["mcp_sessions"], state["mcp_cancels"], path)
 
 
 def base_url(scope: Scope) -> str:
