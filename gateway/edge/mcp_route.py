@@ -13,6 +13,7 @@ the call, and the upstream hears it at once. Everything that leaves is redacted.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -31,6 +32,7 @@ class McpRoute:
     def __init__(self, inner: ASGIApp, app: Litestar) -> None:
         self.inner = inner
         self.app = app
+        self._serve: Callable[..., Awaitable[None]] | None = None  # `mcp_exchange.serve`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == ScopeType.HTTP else ""
@@ -45,9 +47,12 @@ class McpRoute:
         state = self.app.state
         hub = state["mcp"]
         await hub.loaded()  # the SDK, imported once, off the event loop
-        from gateway.edge import mcp_exchange
+        serve = self._serve
+        if serve is None:  # imported at the first request (an import per call costs too)
+            from gateway.edge.mcp_exchange import serve as imported
 
-        await mcp_exchange.serve(scope, receive, send, state["runtime"], hub,
+            serve = self._serve = imported
+        await serve(scope, receive, send, state["runtime"], hub,
                                  state["mcp_sessions"], state["mcp_cancels"], path)
 
 

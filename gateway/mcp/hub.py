@@ -51,14 +51,6 @@ class ToolUnknown(Exception):
         super().__init__(f"Unknown tool: {name[:128]}")
 
 
-class UpstreamError(Exception):
-    """The upstream answered the call with a JSON-RPC error (`code`, `message`)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 @dataclass(slots=True)
 class Listing:
     """What a key may see: the tools as clients get them, and the servers that could not say."""
@@ -232,8 +224,6 @@ class Hub:
         result screened by the key's guardrails. Raises ToolUnknown, Unavailable (down, failed,
         or past the server's timeout), UpstreamError, GuardrailViolation, or a GatewayError
         (429: the key's limit or budget)."""
-        from mcp.shared.exceptions import MCPError
-
         await self.started()
         starting = [link.ready(link.server.timeout) for link in self._links(server)
                     if link.state == "starting"]
@@ -271,8 +261,6 @@ class Hub:
         except Unavailable as exc:
             outcome = "timeout" if isinstance(exc, TimedOut) else "unavailable"
             raise
-        except MCPError as exc:
-            raise UpstreamError(exc.code, exc.error.message) from exc
         except asyncio.CancelledError:
             outcome, status = "cancelled", 499
             raise

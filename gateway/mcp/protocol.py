@@ -25,8 +25,8 @@ from mcp_types.version import (
 from gateway.core.call import Identity
 from gateway.guardrails.screening import GuardrailViolation
 from gateway.mcp.catalog import Catalog
-from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown, UpstreamError
-from gateway.mcp.unavailable import TimedOut, Unavailable
+from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown
+from gateway.mcp.unavailable import TimedOut, Unavailable, UpstreamError
 from gateway.mcp.upstream import Progress
 
 # The JSON-RPC code a refused call (a key's limit or budget) carries beside its HTTP 429.

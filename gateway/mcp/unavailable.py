@@ -12,3 +12,11 @@ class Unavailable(Exception):
 class TimedOut(Unavailable):
     """The server did not answer within its timeout (a JSON-RPC request timeout to the
     client, `timeout` in the audit row)."""
+
+
+class UpstreamError(Exception):
+    """The upstream answered the call with a JSON-RPC error (`code`, `message`)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code

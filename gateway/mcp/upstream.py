@@ -34,7 +34,7 @@ from gateway.core.settings.mcp import McpServer
 from gateway.mcp.names import namespaced
 from gateway.mcp.oauth import ClientCredentials
 from gateway.mcp.posting import SESSION, Lost, ToolPoster
-from gateway.mcp.unavailable import TimedOut, Unavailable
+from gateway.mcp.unavailable import TimedOut, Unavailable, UpstreamError
 from providers.contract.errors import GatewayError
 from providers.contract.log import get_logger
 from providers.contract.redact import mask_credentials
@@ -208,7 +208,7 @@ class Link:
                    progress: Progress | None) -> tuple[dict[str, Any], int | None]:
         """Call `tool` within the server's timeout: its `CallToolResult` as JSON, and the
         size of the message it was read from when posted directly (None through the SDK);
-        errors as `asked` raises them."""
+        the server's JSON-RPC error as UpstreamError, the rest as `asked` raises them."""
         poster = self.poster
 
         async def ask(client: Client) -> tuple[dict[str, Any], int | None]:
@@ -218,7 +218,10 @@ class Link:
             result = await client.call_tool(tool, arguments, progress_callback=progress)
             return result.model_dump(mode="json", by_alias=True, exclude_none=True), None
 
-        return await self.asked(ask)
+        try:
+            return await self.asked(ask)
+        except MCPError as exc:  # the server's own error, told as the gateway's
+            raise UpstreamError(exc.code, exc.error.message) from exc
 
     def _live(self) -> Client:
         if self.client is None or self.state != "ready":
