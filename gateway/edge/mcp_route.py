@@ -52,8 +52,8 @@ class McpRoute:
             from gateway.edge.mcp_exchange import serve as imported
 
             serve = self._serve = imported
-        await serve(scope, receive, send, state["runtime"], hub,
-                                 state["mcp_sessions"], state["mcp_cancels"], path)
+        await serve(scope, receive, send, state["runtime"], hub, state["mcp_sessions"],
+                    state["mcp_cancels"], path)
 
 
 def base_url(scope: Scope) -> str:
