@@ -96,6 +96,33 @@ def test_a_server_that_does_not_answer_fails_the_call_within_its_timeout(
     assert "did not answer within 1s" in str(failed)
 
 
+def test_a_call_past_its_server_s_timeout_is_a_request_timeout_counted_as_one(
+        tmp_path: Path) -> None:
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    with FakeMcp("slow") as slow:
+        gateway = GatewayProcess(tmp_path, doc_with({"slow": {"url": slow.url, "timeout": 1}})
+                                 ).start(timeout=60)
+        try:
+            answer = WEB.post(f"{gateway.url}/mcp", json={
+                "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "slow_wait_until_cancelled", "arguments": {},
+                           "_meta": meta}}, headers={
+                "authorization": f"Bearer {KEY}",
+                "accept": "application/json, text/event-stream",
+                "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+                "mcp-name": "slow_wait_until_cancelled"})
+            metrics = WEB.get(f"{gateway.url}/metrics",
+                              headers={"authorization": f"Bearer {KEY}"}).text
+        finally:
+            gateway.stop()
+
+    error = answer.json()["error"]
+    assert error["code"] == -32001 and "did not answer within 1s" in error["message"]
+    assert 'outcome="timeout"' in next(line for line in metrics.splitlines()
+                                       if line.startswith("llms_mcp_tool_calls_total"))
+
+
 def test_a_spawned_server_that_dies_is_started_again(tmp_path: Path) -> None:
     doc = doc_with({"local": {"command": STDIO}})
     gateway = GatewayProcess(tmp_path, doc).start(timeout=60)

@@ -165,8 +165,12 @@ class Exchange:
             return
         streamed = message["method"] == "tools/call" \
             and "text/event-stream" in self.headers.get("accept", "")
+        progress = streamed and _progress_asked(message)  # only then can the call tell any
+        if session is None and not progress:
+            await self._answer_here(asking, message, streamed)
+            return
         events: asyncio.Queue[dict[str, Any]] | None = None
-        if streamed and _progress_asked(message):  # only then can the call tell anything
+        if progress:
             told: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
             events = told
 
@@ -188,7 +192,35 @@ class Exchange:
                     return
                 finally:
                     call.cancel()  # the client left: the upstream hears it at once
-        answered = self._result(call, message.get("id"), committed)
+        await self._answered(asking, self._result(call, message.get("id"), committed),
+                             committed)
+
+    async def _answer_here(self, asking: protocol.Asking, message: dict[str, Any],
+                           streamed: bool) -> None:
+        """A request that nothing else needs a handle on (no session to cancel it through, no
+        progress to relay) answered in this task: no task of its own, no waits on it. A
+        streamed answer is kept alive meanwhile (`KeepAlive`)."""
+        alive = KeepAlive(self.send) if streamed else None
+        try:
+            with self.runtime.serving(self.headers, "mcp"):
+                async with DisconnectGuard(self.receive):  # the upstream hears a leaving client
+                    answered = await protocol.answer(self.hub, asking, message)
+        except ClientDisconnected:
+            return
+        except GatewayError as exc:  # a refusal: its own status, or said in-band once committed
+            if alive is None or not alive.committed:
+                raise
+            answered = protocol.error(message["id"], protocol.REFUSED, exc.message)
+        finally:
+            if alive is not None:
+                await alive.stop()
+        if alive is not None and alive.gone:
+            return
+        await self._answered(asking, answered, alive is not None and alive.committed)
+
+    async def _answered(self, asking: protocol.Asking, answered: dict[str, Any],
+                        committed: bool) -> None:
+        """The JSON-RPC answer sent: the last event of a committed stream, else JSON."""
         if committed:
             await self._event(answered, more=False)
             return
@@ -243,6 +275,49 @@ class Exchange:
         data = self.runtime.live.redactor.encoded(msgspec.json.encode(payload))
         await self.send({"type": "http.response.body",
                          "body": b"event: message\ndata: " + data + b"\n\n", "more_body": more})
+
+
+class KeepAlive:
+    """A streamed answer's keep-alive while its call runs in the request's task: past
+    `KEEP_ALIVE` seconds the SSE head is committed and a comment sent every `KEEP_ALIVE`
+    seconds, by a task started only then (most calls end long before)."""
+
+    __slots__ = ("_send", "_stopped", "_task", "_timer", "_waking", "committed", "gone")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.committed = False  # the head is sent (or being sent)
+        self.gone = False  # a send failed: the client left
+        self._stopped = False
+        self._task: asyncio.Task[None] | None = None
+        self._waking: asyncio.Event | None = None
+        self._timer = asyncio.get_running_loop().call_later(KEEP_ALIVE, self._start)
+
+    def _start(self) -> None:
+        self._waking = asyncio.Event()
+        self._task = asyncio.create_task(self._ping(self._waking))
+
+    async def _ping(self, waking: asyncio.Event) -> None:
+        try:
+            while not self._stopped:
+                if not self.committed:
+                    self.committed = True
+                    await self._send({"type": "http.response.start", "status": 200,
+                                      "headers": SSE_HEAD})
+                await self._send({"type": "http.response.body", "body": b": ping\n\n",
+                                  "more_body": True})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waking.wait(), KEEP_ALIVE)
+        except OSError:
+            self.gone = True
+
+    async def stop(self) -> None:
+        """No more comments: back once the one being sent (if any) is."""
+        self._stopped = True
+        self._timer.cancel()
+        if self._task is not None and self._waking is not None:
+            self._waking.set()
+            await self._task
 
 
 def _progress_asked(message: dict[str, Any]) -> bool:

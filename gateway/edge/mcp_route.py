@@ -13,6 +13,7 @@ the call, and the upstream hears it at once. Everything that leaves is redacted.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -31,6 +32,7 @@ class McpRoute:
     def __init__(self, inner: ASGIApp, app: Litestar) -> None:
         self.inner = inner
         self.app = app
+        self._serve: Callable[..., Awaitable[None]] | None = None  # `mcp_exchange.serve`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == ScopeType.HTTP else ""
@@ -41,12 +43,17 @@ class McpRoute:
         if path != PREFIX and not path.startswith(PREFIX + "/"):
             await self.inner(scope, receive, send)
             return
+        # Read as items: as attributes, each is found only after an AttributeError.
         state = self.app.state
-        await state.mcp.loaded()  # the SDK, imported once, off the event loop
-        from gateway.edge import mcp_exchange
+        hub = state["mcp"]
+        await hub.loaded()  # the SDK, imported once, off the event loop
+        serve = self._serve
+        if serve is None:  # imported at the first request (an import per call costs too)
+            from gateway.edge.mcp_exchange import serve as imported
 
-        await mcp_exchange.serve(scope, receive, send, state.runtime, state.mcp,
-                                 state.mcp_sessions, state.mcp_cancels, path)
+            serve = self._serve = imported
+        await serve(scope, receive, send, state["runtime"], hub, state["mcp_sessions"],
+                    state["mcp_cancels"], path)
 
 
 def base_url(scope: Scope) -> str:

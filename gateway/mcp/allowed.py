@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+from gateway.accounts.account import Account
 from gateway.core.call import Identity
 
 Lists = tuple[tuple[str, ...], ...]
@@ -16,8 +17,9 @@ Lists = tuple[tuple[str, ...], ...]
 def lists_of(identity: Identity | None) -> Lists:
     """The allow-lists that apply to `identity` (a virtual key's and its team's); none for a
     configured key, or an open gateway's anonymous caller."""
-    found = getattr(identity, "mcp_tools", ())
-    return found if isinstance(found, tuple) else ()
+    # Looked for by type: `getattr` with a default raises and drops an AttributeError per call
+    # on a configured key, which has no such field.
+    return identity.mcp_tools if isinstance(identity, Account) else ()
 
 
 def allows(lists: Lists, name: str) -> bool:

@@ -20,9 +20,9 @@ from typing import Any
 from mcp.shared.exceptions import MCPError
 
 from gateway.core.call import Identity
-from gateway.mcp.hub import FIRST_CONNECT, Hub, ToolUnknown, UpstreamError
+from gateway.mcp.hub import FIRST_CONNECT, Hub, ToolUnknown
 from gateway.mcp.names import namespaced, namespaced_uri, server_of_uri
-from gateway.mcp.unavailable import Unavailable
+from gateway.mcp.unavailable import Unavailable, UpstreamError
 from gateway.mcp.upstream import Link
 
 # What addresses each item of a listing, beside its `name`, by the field MCP's result names it.

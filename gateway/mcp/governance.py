@@ -62,13 +62,16 @@ class Governed:
                 self.charge = await accounts.hold(self.identity, nano(self.price))
                 record.charge = self.charge
 
-    @contextlib.contextmanager
-    def span(self) -> Iterator[None]:
+    def span(self) -> contextlib.AbstractContextManager[None]:
         """The call's `execute_tool` span, a child of the request's (when traced)."""
+        if self.runtime.tracing is None:
+            return contextlib.nullcontext()
+        return self._spanned()
+
+    @contextlib.contextmanager
+    def _spanned(self) -> Iterator[None]:
         tracing = self.runtime.tracing
-        if tracing is None:
-            yield
-            return
+        assert tracing is not None
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         with tracing.tracer.start_as_current_span(

@@ -32,8 +32,10 @@ class ToolGuard:
     def in_force(self, snapshot: Snapshot, identity: Identity | None
                  ) -> tuple[Guardrail, ...]:
         """The guardrails a call by `identity` passes: its key's and team's."""
+        if not snapshot.guardrails:  # first: a configured key has no `guardrails` field
+            return ()
         named: tuple[str, ...] = getattr(identity, "guardrails", ())
-        if not named or not snapshot.guardrails:
+        if not named:
             return ()
         compiled = self._compiled
         if compiled is None or compiled[0] is not snapshot:

@@ -26,7 +26,7 @@ from gateway.mcp.audit import AuditRows
 from gateway.mcp.governance import Governed
 from gateway.mcp.guarding import ToolGuard, ToolScreen
 from gateway.mcp.names import namespaced
-from gateway.mcp.unavailable import Unavailable
+from gateway.mcp.unavailable import TimedOut, Unavailable
 from gateway.state.runtime import Runtime
 from providers.contract.errors import GatewayError
 
@@ -37,6 +37,9 @@ if TYPE_CHECKING:  # the SDK is imported by a gateway that has MCP servers, only
 
 UNAVAILABLE_META = "llms-gateway/unavailable"  # `_meta` of a listing: servers that could not say
 STARTING = 30.0  # seconds a request waits for the MCP servers' links to be made at all
+# The most a result's JSON grows when encoded again from what it was read from: a number
+# spelled short comes back long ("1e15" is 1000000000000000.0), and `isError` may be added.
+GROWTH = 5
 FIRST_CONNECT = 10.0  # seconds a listing waits for a server's first connection (a call: its
 # server's timeout)
 
@@ -46,14 +49,6 @@ class ToolUnknown(Exception):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"Unknown tool: {name[:128]}")
-
-
-class UpstreamError(Exception):
-    """The upstream answered the call with a JSON-RPC error (`code`, `message`)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(slots=True)
@@ -117,6 +112,8 @@ class Hub:
         """The SDK and the links' module, imported once, in a thread: their first import takes
         seconds, which the event loop must not wait through, and one import at a time (two
         threads importing the SDK at once can deadlock on its module locks)."""
+        if self._upstream is not None:  # every request to `/mcp` asks
+            return self._upstream
         async with self._loading:
             if self._upstream is None:
                 self._upstream = await asyncio.to_thread(_import_sdk)
@@ -209,11 +206,11 @@ class Hub:
         the name is an allowed one of a server that is not connected."""
         if not allows(lists_of(identity), name):
             raise ToolUnknown(name)
+        separator = self.separator
         for link in self._links(server):
-            prefix = f"{link.server.name}{self.separator}"
-            for tool in link.known():
-                if namespaced(link.server.name, tool.name, self.separator) == name:
-                    return link, tool.name
+            if (tool_name := link.named(separator).get(name)) is not None:
+                return link, tool_name
+            prefix = f"{link.server.name}{separator}"
             if name.startswith(prefix) and link.state != "ready":  # its tools are not known
                 raise Unavailable(f"MCP server '{link.server.name}' is unavailable"
                                   + (f": {link.error}" if link.error else ""))
@@ -227,8 +224,6 @@ class Hub:
         result screened by the key's guardrails. Raises ToolUnknown, Unavailable (down, failed,
         or past the server's timeout), UpstreamError, GuardrailViolation, or a GatewayError
         (429: the key's limit or budget)."""
-        from mcp.shared.exceptions import MCPError
-
         await self.started()
         starting = [link.ready(link.server.timeout) for link in self._links(server)
                     if link.state == "starting"]
@@ -251,9 +246,8 @@ class Hub:
                 governed.arguments = None  # until screened: a blocked value is never kept
                 arguments = governed.arguments = screen.arguments(arguments)
             with governed.span():
-                shown = await link.call(tool, arguments, progress)
-            size = len(msgspec.json.encode(shown))
-            if size > spec.max_result_bytes:
+                shown, read = await link.call(tool, arguments, progress)
+            if (size := _over(shown, read, spec.max_result_bytes)) is not None:
                 outcome = "too_large"
                 return _failed(f"The result of {name} is {size} bytes, over the "
                                f"{spec.max_result_bytes} its server may return")
@@ -265,10 +259,8 @@ class Hub:
             outcome, status = GuardrailViolation.code, 400
             raise
         except Unavailable as exc:
-            outcome = "timeout" if "did not answer" in str(exc) else "unavailable"
+            outcome = "timeout" if isinstance(exc, TimedOut) else "unavailable"
             raise
-        except MCPError as exc:
-            raise UpstreamError(exc.code, exc.error.message) from exc
         except asyncio.CancelledError:
             outcome, status = "cancelled", 499
             raise
@@ -287,6 +279,15 @@ def _import_sdk() -> ModuleType:
     """The links' module, and the SDK's parts the edge reads requests with."""
     importlib.import_module("mcp.shared.inbound")
     return importlib.import_module("gateway.mcp.upstream")
+
+
+def _over(result: dict[str, Any], read: int | None, most: int) -> int | None:
+    """The size of `result` as JSON when over `most`; None when within it (known without
+    encoding it again when the message it was `read` from was small enough)."""
+    if read is not None and read * GROWTH + 64 <= most:
+        return None
+    size = len(msgspec.json.encode(result))
+    return size if size > most else None
 
 
 def _failed(message: str) -> dict[str, Any]:

@@ -120,6 +120,7 @@ class ToolPoster:
         self.header_maps: Mapping[str, dict[tuple[str, ...], str]] = {}
         self._ids = itertools.count(1)
         self._envelope: dict[str, Any] = {}
+        self._head: dict[str, str] = {}
         self._cancelling: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -152,11 +153,25 @@ class ToolPoster:
         self.version, self.session_id, self.auth = version, session_id, auth
         self._envelope = {PROTOCOL_VERSION_META_KEY: version, CLIENT_INFO_META_KEY:
                           _client_info(), CLIENT_CAPABILITIES_META_KEY: {}}
+        # Every call's headers but the tool's, built once per connection. No compression is
+        # asked for here rather than by `compressed=False` (which looks and copies per call):
+        # the same wire, a configured `Accept-Encoding` winning as there.
+        head = {**self.headers, "content-type": "application/json", "accept": ACCEPT}
+        if not any(name.lower() == "accept-encoding" for name in head):
+            head["accept-encoding"] = "identity"
+        if version is not None:
+            head[MCP_PROTOCOL_VERSION_HEADER] = version
+        if session_id:
+            head[SESSION] = session_id
+        if version in MODERN_PROTOCOL_VERSIONS:
+            head[MCP_METHOD_HEADER] = "tools/call"
+        self._head = head
 
     async def call(self, tool: str, arguments: dict[str, Any] | None,
-                   progress: Progress | None) -> dict[str, Any]:
-        """The `CallToolResult` as JSON; MCPError for the server's JSON-RPC error, Lost when
-        this connection cannot answer, a transport error (`GatewayError`) as it is raised."""
+                   progress: Progress | None) -> tuple[dict[str, Any], int]:
+        """The `CallToolResult` as JSON and the size of the message it came in; MCPError for
+        the server's JSON-RPC error, Lost when this connection cannot answer, a transport
+        error (`GatewayError`) as it is raised."""
         version = self.version
         assert version is not None
         request_id = f"llms-gateway-{next(self._ids)}"
@@ -164,14 +179,10 @@ class ToolPoster:
         if arguments is not None:
             params["arguments"] = arguments
         meta: dict[str, Any] = {"progressToken": request_id} if progress is not None else {}
-        headers = {**self.headers, "content-type": "application/json", "accept": ACCEPT,
-                   MCP_PROTOCOL_VERSION_HEADER: version, MCP_NAME_HEADER: encode_header_value(tool)}
+        headers = {**self._head, MCP_NAME_HEADER: encode_header_value(tool)}
         session_id = self.session_id
-        if session_id:
-            headers[SESSION] = session_id
         if version in MODERN_PROTOCOL_VERSIONS:
             meta.update(self._envelope)
-            headers[MCP_METHOD_HEADER] = "tools/call"
             if (mapped := self.header_maps.get(tool)) and arguments:
                 headers.update(mcp_param_headers(mapped, arguments))
         if meta:
@@ -200,24 +211,24 @@ class ToolPoster:
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
         answer = await self.transport.request("POST", self.url, headers=headers, body=body,
-                                              link=self.link, connect_timeout=CONNECT_TIMEOUT,
-                                              compressed=False)
+                                              link=self.link, connect_timeout=CONNECT_TIMEOUT)
         if answer.status == 401 and auth is not None:  # revoked or expired early: once more
             answer.close()
             headers["authorization"] = f"Bearer {await auth.token(stale=token)}"
             answer = await self.transport.request(
                 "POST", self.url, headers=headers, body=body, link=self.link,
-                connect_timeout=CONNECT_TIMEOUT, compressed=False)
+                connect_timeout=CONNECT_TIMEOUT)
         return answer
 
     async def _answer(self, answer: HttpResponse, request_id: str, progress: Progress | None
-                      ) -> dict[str, Any]:
+                      ) -> tuple[dict[str, Any], int]:
         status = answer.status
         kind = answer.headers.get("content-type", "").partition(";")[0].strip().lower()
         if status >= 400 or status == 202:
             await self._refused(answer, status, kind)
         if kind == "application/json":
-            return self._result(self._decoded(await answer.read()), request_id)
+            data = await answer.read()
+            return self._result(self._decoded(data), request_id), len(data)
         if kind != "text/event-stream":
             raise Lost(f"the server answered tools/call as {kind[:64] or 'nothing'}")
         return await self._streamed(answer, request_id, progress)
@@ -233,18 +244,18 @@ class ToolPoster:
         raise MCPError(INTERNAL_ERROR, f"the server answered tools/call with HTTP {status}")
 
     async def _streamed(self, answer: HttpResponse, request_id: str, progress: Progress | None
-                        ) -> dict[str, Any]:
+                        ) -> tuple[dict[str, Any], int]:
         """The answer event of an SSE answer, the call's progress relayed until it comes."""
         reader = sse.Reader(max_line=self.most)
         while chunk := await answer.readany():
             for event in reader.feed(chunk):
                 if event.data and (found := await self._heard(event.data, request_id, progress)):
-                    return self._result(found, request_id)
+                    return self._result(found, request_id), len(event.data)
             if reader.garbage:
                 raise Lost(f"the server's answer is not SSE or over {self.most} bytes an event")
         for event in reader.flush():
             if event.data and (found := await self._heard(event.data, request_id, progress)):
-                return self._result(found, request_id)
+                return self._result(found, request_id), len(event.data)
         raise Lost("the server's stream ended without an answer")
 
     async def _heard(self, data: bytes, request_id: str, progress: Progress | None

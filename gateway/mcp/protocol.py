@@ -25,8 +25,8 @@ from mcp_types.version import (
 from gateway.core.call import Identity
 from gateway.guardrails.screening import GuardrailViolation
 from gateway.mcp.catalog import Catalog
-from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown, UpstreamError
-from gateway.mcp.unavailable import Unavailable
+from gateway.mcp.hub import UNAVAILABLE_META, Hub, ToolUnknown
+from gateway.mcp.unavailable import TimedOut, Unavailable, UpstreamError
 from gateway.mcp.upstream import Progress
 
 # The JSON-RPC code a refused call (a key's limit or budget) carries beside its HTTP 429.
@@ -102,7 +102,7 @@ async def answer(hub: Hub, asking: Asking, message: dict[str, Any]) -> dict[str,
     except ToolUnknown as exc:
         return error(request_id, types.INVALID_PARAMS, str(exc))
     except Unavailable as exc:
-        code = types.REQUEST_TIMEOUT if "did not answer" in str(exc) else types.INTERNAL_ERROR
+        code = types.REQUEST_TIMEOUT if isinstance(exc, TimedOut) else types.INTERNAL_ERROR
         return error(request_id, code, str(exc))
     except UpstreamError as exc:
         return error(request_id, exc.code, str(exc))

@@ -31,9 +31,10 @@ from mcp.shared.inbound import x_mcp_header_map
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.core.settings.mcp import McpServer
+from gateway.mcp.names import namespaced
 from gateway.mcp.oauth import ClientCredentials
 from gateway.mcp.posting import SESSION, Lost, ToolPoster
-from gateway.mcp.unavailable import Unavailable
+from gateway.mcp.unavailable import TimedOut, Unavailable, UpstreamError
 from providers.contract.errors import GatewayError
 from providers.contract.log import get_logger
 from providers.contract.redact import mask_credentials
@@ -60,6 +61,7 @@ class Link:
         self.restarts = 0
         self.since = time.time()
         self.tools: list[types.Tool] = []
+        self._named: tuple[list[types.Tool], str, dict[str, str]] | None = None
         self.client: Client | None = None
         self._lost = asyncio.Event()
         self._stopping = False
@@ -192,20 +194,34 @@ class Link:
         """The tools as last listed (the connection's first listing, the periodic one)."""
         return self.tools
 
+    def named(self, separator: str) -> dict[str, str]:
+        """The tools as last listed by their namespaced names: name to upstream name (made
+        again when a listing or the separator changes)."""
+        tools, made = self.tools, self._named
+        if made is None or made[0] is not tools or made[1] != separator:
+            found = {namespaced(self.server.name, tool.name, separator): tool.name
+                     for tool in reversed(tools)}  # the first of a name wins, as it did
+            made = self._named = (tools, separator, found)
+        return made[2]
+
     async def call(self, tool: str, arguments: dict[str, Any] | None,
-                   progress: Progress | None) -> dict[str, Any]:
-        """Call `tool` within the server's timeout: its `CallToolResult` as JSON; errors as
-        `asked` raises them."""
+                   progress: Progress | None) -> tuple[dict[str, Any], int | None]:
+        """Call `tool` within the server's timeout: its `CallToolResult` as JSON, and the
+        size of the message it was read from when posted directly (None through the SDK);
+        the server's JSON-RPC error as UpstreamError, the rest as `asked` raises them."""
         poster = self.poster
 
-        async def ask(client: Client) -> dict[str, Any]:
+        async def ask(client: Client) -> tuple[dict[str, Any], int | None]:
             if poster is not None and poster.ready:
                 poster.bounded(self.server.max_result_bytes)
                 return await poster.call(tool, arguments, progress)
             result = await client.call_tool(tool, arguments, progress_callback=progress)
-            return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+            return result.model_dump(mode="json", by_alias=True, exclude_none=True), None
 
-        return await self.asked(ask)
+        try:
+            return await self.asked(ask)
+        except MCPError as exc:  # the server's own error, told as the gateway's
+            raise UpstreamError(exc.code, exc.error.message) from exc
 
     def _live(self) -> Client:
         if self.client is None or self.state != "ready":
@@ -233,8 +249,8 @@ class Link:
             async with asyncio.timeout(limit):
                 return await ask(client)
         except TimeoutError:
-            raise Unavailable(f"MCP server '{self.server.name}' did not answer within "
-                              f"{limit:g}s") from None
+            raise TimedOut(f"MCP server '{self.server.name}' did not answer within "
+                           f"{limit:g}s") from None
         except MCPError as exc:
             if exc.code == types.CONNECTION_CLOSED:
                 raise self._failed(exc) from exc
