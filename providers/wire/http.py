@@ -23,6 +23,7 @@ from providers.contract.errors import (
 from providers.contract.spec import Timeouts
 from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 from providers.wire.deadline import DATA, EVERY_CHUNK, Deadline, read_stream
+from providers.wire.expiry import Expiries
 from providers.wire.upstream_errors import MAX_ERROR_BODY, error_for_status
 
 
@@ -50,6 +51,7 @@ class HttpUpstream:
         # Built once, not per request. Whole answers may come compressed (the transport decodes
         # them); streams ask for none (`compressed=False`).
         self._headers = dict(headers)
+        self._expiries = Expiries(timeouts.total)  # whole answers' totals, one timer for all
 
     def credentials(self) -> Mapping[str, str]:
         """The headers every request carries but its body type: credentials, configured
@@ -80,18 +82,21 @@ class HttpUpstream:
 
     async def _whole(self, method: str, url: str, body: bytes | None,
                      extra: Mapping[str, str] | None = None) -> tuple[bytes, Mapping[str, str]]:
+        expiry = self._expiries.start()
         try:
-            async with asyncio.timeout(self.timeouts.total):
-                response = await self._transport.request(
-                    method, url, headers={**self._headers, **extra} if extra else self._headers,
-                    body=body, link=self._link,
-                    connect_timeout=self.timeouts.connect)
-                try:
-                    payload = await response.read()
-                finally:
-                    response.close()
-        except TimeoutError:
+            response = await self._transport.request(
+                method, url, headers={**self._headers, **extra} if extra else self._headers,
+                body=body, link=self._link, connect_timeout=self.timeouts.connect)
+            try:
+                payload = await response.read()
+            finally:
+                response.close()
+        except asyncio.CancelledError:
+            if not expiry.lapsed():
+                raise
             raise TotalTimeout(f"no complete answer within {self.timeouts.total:g}s") from None
+        finally:
+            self._expiries.end(expiry)
         if not 200 <= response.status < 300:
             raise error_for_status(self.name, response.status, payload, response.headers,
                                    self.secret)
