@@ -125,9 +125,12 @@ class Journal:
         buffer = self.buffer
         while buffer:
             size = 0
-            if not self.held and len(buffer) <= BATCH_ROWS:  # the usual case: all, at once
-                batch = list(buffer)
-                buffer.clear()
+            if not self.held:  # the usual case: rows only, taken without a look at each
+                if len(buffer) <= BATCH_ROWS:
+                    batch = list(buffer)
+                    buffer.clear()
+                else:
+                    batch = [buffer.popleft() for _ in range(BATCH_ROWS)]
             else:
                 batch = []
                 while buffer and len(batch) < BATCH_ROWS and size < BATCH_BYTES:
