@@ -2,7 +2,8 @@
 
     valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \
         --callgrind-out-file=/tmp/cg.%p .venv/bin/python bench/callgrind.py [--requests 1000]
-        [--out /tmp/cg.%p] [inprocess.py's options: --stream | --assembled, --chunks N, --key]
+        [--out /tmp/cg.%p] [--threads] [--flush N]
+        [inprocess.py's options: --stream | --assembled, --chunks N, --key, --logs]
 
 `bench/inprocess.py`'s app, canned upstream and client, with callgrind's instrumentation off
 until the 500 warm-up requests are done: it counts only the `--requests` after them (start-up,
@@ -10,6 +11,13 @@ imports and the warm-up run at valgrind's uninstrumented speed), then prints ins
 request from the file callgrind wrote. Switched on and off by callgrind's client requests
 (`valgrind/callgrind.h`), built once into a small library with `cc`. Kernel time (a syscall's
 own work) is not counted; everything the process executes is, the interpreter included.
+
+By default only the thread serving requests is counted. `--threads` counts every thread (run
+valgrind with `--collect-atstart=yes` then: collection is switched per thread, instrumentation
+for the process), so the request log's writes in aiosqlite's thread are counted too; `--flush N`
+writes the spend rows and the request log's buffer every N measured requests and after the
+last, as their tasks would once a second (in-process requests never give the loop's timers a
+turn, but the log's writes do: without it, spend rows are written only with the log on).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION;
                       CALLGRIND_TOGGLE_COLLECT; }
 void cg_stop(void) { CALLGRIND_TOGGLE_COLLECT; CALLGRIND_DUMP_STATS_AT("measured");
                      CALLGRIND_STOP_INSTRUMENTATION; }
+void cg_start_all(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void cg_stop_all(void) { CALLGRIND_DUMP_STATS_AT("measured"); CALLGRIND_STOP_INSTRUMENTATION; }
 """
 
 
@@ -51,8 +61,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--out", default="/tmp/cg.%p",
                         help="valgrind's --callgrind-out-file, %%p for the pid")
+    parser.add_argument("--threads", action="store_true",
+                        help="count every thread (valgrind's --collect-atstart=yes)")
+    parser.add_argument("--flush", type=int, default=0,
+                        help="write spend rows and the request log every N measured requests")
     args, rest = parser.parse_known_args()
     counter = switch()
+    start, stop = (counter.cg_start_all, counter.cg_stop_all) if args.threads \
+        else (counter.cg_start, counter.cg_stop)
     requests = args.requests
 
     async def measure(app: Any, body: bytes, transport: Any, _: int, __: bool, key: str
@@ -70,10 +86,20 @@ def main() -> None:
             await runtime.apply(runtime.configured)
             for _ in range(500):
                 await client.request()
-            counter.cg_start()
-            for _ in range(requests):
+            journal = inprocess.litestar_of(app).state.journal
+
+            async def flush() -> None:
+                await runtime.accounts.flush()  # spend rows: written with the log on or off
+                await journal.flush()
+
+            if args.flush:
+                await flush()  # the warm-up's rows, before counting
+            start()
+            for done in range(1, requests + 1):
                 await client.request()
-            counter.cg_stop()
+                if args.flush and (done % args.flush == 0 or done == requests):
+                    await flush()
+            stop()
             if client.statuses != {200: 500 + requests}:
                 sys.exit(f"not every answer was a 200: {client.statuses}")
 

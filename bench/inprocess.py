@@ -121,13 +121,18 @@ async def lifespan(app: App) -> AsyncIterator[None]:
         await running
 
 
-def services_of(app: App) -> Any:
-    """The live `Runtime` of a started app: on the state of the Litestar app behind `Front`."""
+def litestar_of(app: App) -> Any:
+    """The Litestar app behind `Front` and whatever layers wrap it."""
     from litestar import Litestar
 
     while not isinstance(app, Litestar):
         app = app.app
-    return app.state.runtime
+    return app
+
+
+def services_of(app: App) -> Any:
+    """The live `Runtime` of a started app: on the state of the Litestar app behind `Front`."""
+    return litestar_of(app).state.runtime
 
 
 class Client:

@@ -20,7 +20,8 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import msgspec
 
@@ -30,7 +31,7 @@ from gateway.core.settings import Route
 from gateway.core.settings.logs import LogsConfig
 from gateway.observe.observers import status_of
 from gateway.requestlog.capture import DISABLED, NOT_CAPTURED, STORED, Bodies
-from gateway.requestlog.store import Store
+from gateway.requestlog.store import PLAIN, Spelling, Store
 from providers.contract.log import get_logger
 from providers.contract.redact import Redactor, mask_credentials
 
@@ -39,9 +40,16 @@ MAX_BUFFERED = 50_000  # rows waiting to be written
 MAX_HELD_BYTES = 64 * 1024 * 1024  # bodies waiting with them
 BATCH_ROWS = 1_000  # rows per insert
 BATCH_BYTES = 8 * 1024 * 1024  # ... and bodies per insert
-NO_TOKENS = (None, None, None, None)
-# A row's last columns (payload, request_body, response_body) while its bodies wait for the writer.
-UNWRITTEN = (STORED, None, None)
+Row = tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class Held:
+    """A buffered row whose bodies wait for the writer to redact and cut them."""
+
+    row: Row
+    bodies: Bodies
+    size: int  # their bytes
 
 
 class Journal:
@@ -59,13 +67,18 @@ class Journal:
         self.cost_of = cost_of  # what the request is charged, as its spend row says
         self.flush_interval = flush_interval
         self.clock = clock
-        # (its row, its bodies while they wait to be redacted and cut, their bytes)
-        self.buffer: deque[tuple[tuple[Any, ...], Bodies | None, int]] = deque()
+        # Rows in the order their requests ended; a row that kept bodies waits as `Held`.
+        self.buffer: deque[Row | Held] = deque()
         self.held = 0  # bytes of bodies in the buffer
         self.dropped = 0  # rows lost to a full buffer while the database was down
         self._purged = 0.0
         # The upstream models and first tries' attempts, found once per batch written.
         self._models, self._chains = _Models(route_of), _Chains()
+        self._null = null = store.spelling.null
+        # A row's last columns (payload, request_body, response_body) when it keeps no bodies,
+        # and while its bodies wait for the writer.
+        self._payloads = {state: (state, null, null) for state in (DISABLED, NOT_CAPTURED)}
+        self._unwritten = (STORED, null, null)
 
     def ended(self, record: Record) -> None:
         """The record's listener: the request's row buffered (its bodies, if kept, with it)."""
@@ -73,19 +86,28 @@ class Journal:
             return
         buffer = self.buffer
         if len(buffer) >= MAX_BUFFERED:
-            self.held -= buffer.popleft()[2]
+            if isinstance(lost := buffer.popleft(), Held):
+                self.held -= lost.size
             self.dropped += 1
         bodies, kept = record.bodies, None
         if isinstance(bodies, Bodies):
             if bodies.held and self.held + bodies.held <= MAX_HELD_BYTES:
                 kept = bodies
-                self.held += bodies.held
             else:
                 bodies = NOT_CAPTURED
-        made = row(self.clock(), record, self.cost_of(record), self._models(record),
-                   _payload(bodies, settings) if kept is None else UNWRITTEN,
-                   self._chains(record))
-        buffer.append((made, kept, 0 if kept is None else kept.held))
+        if kept is not None:
+            payload = self._unwritten
+        elif isinstance(bodies, str):
+            payload = self._payloads.get(bodies) or (bodies, self._null, self._null)
+        else:  # refused before the capture stage decided
+            payload = self._payloads[NOT_CAPTURED if settings.capture == "bodies" else DISABLED]
+        made = row(self.clock(), record, self.cost_of(record), self._models.of(record), payload,
+                   self._chains.of(record), self.store.spelling)
+        if kept is None:
+            buffer.append(made)
+        else:
+            self.held += kept.held
+            buffer.append(Held(made, kept, kept.held))
 
     async def run(self) -> None:
         """Forever: the buffer written, old rows purged."""
@@ -100,17 +122,25 @@ class Journal:
 
     async def flush(self) -> None:
         """Write the buffered rows, a batch at a time; on failure the batch stays, in order."""
-        while self.buffer:
-            batch: list[tuple[tuple[Any, ...], Bodies | None, int]] = []
+        buffer = self.buffer
+        while buffer:
             size = 0
-            while self.buffer and len(batch) < BATCH_ROWS and size < BATCH_BYTES:
-                batch.append(item := self.buffer.popleft())
-                size += item[2]
+            if not self.held:  # the usual case: rows only, taken without a look at each
+                if len(buffer) <= BATCH_ROWS:
+                    batch = list(buffer)
+                    buffer.clear()
+                else:
+                    batch = [buffer.popleft() for _ in range(BATCH_ROWS)]
+            else:
+                batch = []
+                while buffer and len(batch) < BATCH_ROWS and size < BATCH_BYTES:
+                    batch.append(entry := buffer.popleft())
+                    size += entry.size if isinstance(entry, Held) else 0
             self._models, self._chains = _Models(self.route_of), _Chains()
             try:
-                await self.store.write(self.rows(batch))
+                await self.store.write(self.rows(batch) if size else cast(list[Row], batch))
             except BaseException:
-                self.buffer.extendleft(reversed(batch))
+                buffer.extendleft(reversed(batch))
                 raise
             self.held -= size
 
@@ -132,13 +162,13 @@ class Journal:
             get_logger().warning("request_log_unwritten", rows=len(self.buffer),
                                  error=str(exc))
 
-    def rows(self, batch: list[tuple[tuple[Any, ...], Bodies | None, int]]
-             ) -> list[tuple[Any, ...]]:
+    def rows(self, batch: list[Row | Held]) -> list[Row]:
         """Each buffered row as written (tuples in `COLUMNS`' order): its bodies, if it kept
         any, redacted and cut."""
         most, redactor = (self.settings() or LogsConfig()).max_body_bytes, self.redactor()
-        return [made if bodies is None else made[:-3] + _stored(bodies, most, redactor)
-                for made, bodies, _ in batch]
+        null = self.store.spelling.null
+        return [entry.row[:-3] + _stored(entry.bodies, most, redactor, null)
+                if isinstance(entry, Held) else entry for entry in batch]
 
     def status(self) -> dict[str, Any]:
         """What `/status.json` says of the request log: on or off, rows waiting to be written,
@@ -154,14 +184,16 @@ class _Models:
         self.route_of = route_of
         self.found: dict[tuple[str | None, str | None], str | None] = {}
 
-    def __call__(self, record: Record) -> str | None:
-        alias, provider = served = (record.alias if record.known_model else None,
-                                    record.provider)
-        if served not in self.found:
+    def of(self, record: Record) -> str | None:
+        served = (record.alias if record.known_model else None, record.provider)
+        try:
+            return self.found[served]
+        except KeyError:
+            alias, provider = served
             route = self.route_of(alias, provider) \
                 if alias is not None and provider is not None else None
-            self.found[served] = route.upstream_model if route is not None else None
-        return self.found[served]
+            found = self.found[served] = route.upstream_model if route is not None else None
+            return found
 
 
 class _Chains:
@@ -171,7 +203,7 @@ class _Chains:
     def __init__(self) -> None:
         self.found: dict[str, str] = {}
 
-    def __call__(self, record: Record) -> str | None:
+    def of(self, record: Record) -> str | None:
         provider = record.provider
         if provider is None or record.failed or record.lost or record.from_store \
                 or record.hedge_won or (record.resumes is not None and record.resumes.ok):
@@ -182,24 +214,35 @@ class _Chains:
 
 
 def row(at: float, record: Record, cost: float | None, model: str | None,
-        bodies: tuple[str, str | None, str | None], chain: str | None = None
-        ) -> tuple[Any, ...]:
+        bodies: tuple[str, Any, Any], chain: str | None = None, spelling: Spelling = PLAIN
+        ) -> Row:
     """One request's row, in `COLUMNS`' order (a plain tuple: the writer makes one per
     request, on the same core as the requests): `at` when it ended (its `time` is when it
     arrived), `bodies` its payload's state and its bodies as kept, `chain` its attempts as
-    JSON if already encoded (pure)."""
+    JSON if already encoded, NULL and booleans as `spelling` says (pure)."""
+    null, flags = spelling.null, spelling.flags
     usage, resumes, guardrails = record.usage, record.resumes, record.guardrails
+    key, team, alias = record.key_id, record.team, record.alias if record.known_model else None
+    ttft, overhead, error = record.ttft, record.overhead, record.error_code
+    provider = record.provider
+    if usage is None:
+        prompt = completion = cached = written = null
+    else:
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        cached, written = usage.cached_tokens, usage.cache_write_tokens
     return (
-        at - record.duration, record.request_id, record.key_id, record.team, record.endpoint,
-        record.model, record.alias if record.known_model else None, model, record.provider,
-        record.stream, chain or msgspec.json.encode(attempts(record)).decode(),
-        record.hedged, record.hedge_won, record.cache_hit, record.replayed,
-        resumes.ok if resumes is not None else 0,
+        at - record.duration, record.request_id, null if key is None else key,
+        null if team is None else team, record.endpoint,
+        null if (requested := record.model) is None else requested,
+        null if alias is None else alias, null if model is None else model,
+        null if provider is None else provider, flags[record.stream],
+        chain or msgspec.json.encode(attempts(record)).decode(),
+        flags[record.hedged], flags[record.hedge_won], flags[record.cache_hit],
+        flags[record.replayed], resumes.ok if resumes is not None else 0,
         msgspec.json.encode(guardrails).decode() if guardrails else "[]",
-        _ms(record.ttft), record.duration * 1000, _ms(record.overhead),
-        *((usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
-           usage.cache_write_tokens) if usage is not None else NO_TOKENS),
-        cost, status_of(record), record.error_code,
+        null if ttft is None else _ms(ttft), record.duration * 1000,
+        null if overhead is None else _ms(overhead), prompt, completion, cached, written,
+        null if cost is None else cost, status_of(record), null if error is None else error,
         record.outcome.value if record.outcome is not None else "unknown", *bodies)
 
 
@@ -220,20 +263,13 @@ def attempts(record: Record) -> list[dict[str, Any]]:
     return chain
 
 
-def _payload(bodies: object, settings: LogsConfig) -> tuple[str, None, None]:
-    """The payload's state of a row that keeps no bodies (`bodies`: the record's)."""
-    if isinstance(bodies, str):
-        return bodies, None, None
-    # Refused before the capture stage decided.
-    return (NOT_CAPTURED if settings.capture == "bodies" else DISABLED), None, None
-
-
-def _stored(bodies: Bodies, most: int, redactor: Redactor) -> tuple[str, str, str | None]:
-    """The bodies as stored: redacted, then cut to `most` bytes."""
+def _stored(bodies: Bodies, most: int, redactor: Redactor, null: Any
+            ) -> tuple[str, str, Any]:
+    """The bodies as stored: redacted, then cut to `most` bytes (no answer: `null`)."""
     request = f"[multipart upload: {bodies.uploaded} bytes, not kept]" if bodies.uploaded \
         else rendered(bodies.request, most, redactor)
     answer = "".join(bodies.text) if bodies.text else bodies.answer.decode("utf-8", "replace")
-    return STORED, request, rendered(answer, most, redactor) if answer else None
+    return STORED, request, rendered(answer, most, redactor) if answer else null
 
 
 def rendered(data: bytes | str, most: int, redactor: Redactor) -> str:
@@ -244,5 +280,6 @@ def rendered(data: bytes | str, most: int, redactor: Redactor) -> str:
     return cleaned[:most].decode("utf-8", "ignore")
 
 
-def _ms(seconds: float | None) -> float | None:
-    return round(seconds * 1000, 3) if seconds is not None else None
+def _ms(seconds: float) -> float:
+    """Milliseconds to the microsecond (`round(x, 3)` formats the float: many times dearer)."""
+    return round(seconds * 1_000_000) / 1000

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,23 @@ PURGE_BATCH = 5_000  # rows deleted per transaction
 # SQLite's limit. A statement per row would bind as many values, but run the table's
 # AUTOINCREMENT bookkeeping and the statement's setup once per row.
 ROWS_PER_INSERT = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Spelling:
+    """What a row holds for NULL in its nullable columns, and for false and true, as its
+    database's driver binds them cheapest."""
+
+    null: Any
+    flags: tuple[Any, Any]  # (false, true)
+
+
+PLAIN = Spelling(None, (False, True))  # asyncpg takes only these for NULL and booleans
+# sqlite3 adapts every None and bool it binds (a registry lookup and a call each: most of a
+# row's binding). It binds a NaN as a double, which SQLite stores as NULL (as it always stored
+# a NaN), and 0 and 1 as integers, which SQLite stored for a bool anyway: the same row, read
+# back the same.
+SQLITE = Spelling(math.nan, (0, 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +76,7 @@ class Store:
         self.engine = engine
         self._insert = insert("request_log", COLUMNS, engine.dialect.paramstyle)
         self._sqlite = engine.dialect.name == "sqlite"
+        self.spelling = SQLITE if self._sqlite else PLAIN  # how `Journal` spells its rows
         if self._sqlite:
             plain_binds()
 
