@@ -147,8 +147,8 @@ class _Assembler:
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk of the stream."""
-        for event in self.reader.feed(chunk):
-            self._data(event.data)
+        for data in self.reader.data(chunk):
+            self._data(data)
 
     def flush(self) -> None:
         """The body ended: an event it did not close with a blank line counts too."""
@@ -256,6 +256,9 @@ class ChatAssembler(_Assembler):
     object_name = "chat.completion"
 
     def _data(self, payload: bytes) -> None:
+        if payload == sse.DONE:  # not JSON: no decoding tried and failed
+            super()._data(payload)
+            return
         try:
             chunk = _CHUNK.decode(payload)
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):

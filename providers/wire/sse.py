@@ -108,6 +108,24 @@ class Reader:
             self._hold(tail)
         return events
 
+    def data(self, chunk: bytes) -> list[bytes]:
+        """The data of the events `chunk` completes, as `feed` gives them (names dropped).
+        A chunk of whole events of one `data: ` line each, as upstreams write chat chunks, is
+        split at once, with no line-by-line reading and no `Event` made."""
+        if self._fresh and chunk and not chunk.startswith(_BOM):
+            self._fresh = False  # as `feed` would: no byte order mark to drop
+        if (self._fresh or self._partial or self._cr or self._data or self._skipping
+                or self._name is not None or len(chunk) > self.max_line
+                or not chunk.endswith(b"\n\n") or not chunk.startswith(b"data: ")
+                or b"\r" in chunk):
+            return [event.data for event in self.feed(chunk)]
+        found = chunk[6:-2].split(b"\n\ndata: ")
+        # Each event one `data: ` line: the only line ends are the blank lines' (no payload
+        # holds one); otherwise read as any chunk is, line by line.
+        if chunk.count(b"\n") != 2 * len(found):
+            return [event.data for event in self.feed(chunk)]
+        return found
+
     def flush(self) -> list[Event]:
         """At the end of the body: the last line and the event it belongs to, blank line or
         not. The reader then reads a new body (`garbage` stays as it was)."""
