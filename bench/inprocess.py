@@ -1,6 +1,7 @@
 """The gateway's own code per request, driven in-process: no server, no upstream, no load noise.
 
-    .venv/bin/python bench/inprocess.py [--stream | --assembled] [--chunks 2] [--requests 10000]
+    .venv/bin/python bench/inprocess.py [--stream | --assembled] [--chunks 2] [--together]
+                                        [--requests 10000]
                                         [--profile] [--key none|static|virtual]
                                         [--logs metadata|bodies]
 
@@ -9,7 +10,8 @@ The app `gateway serve` runs (`gateway.app.create_app()`) is called as a plain A
 then POST /v1/chat/completions after POST, each body at hand at once, the answer's messages
 counted. The upstream is a `Transport` (the contract's interface) answering from memory with the
 bench upstream's canned completion, or a stream of `--chunks` events, the last with
-finish_reason, each after a turn of the event loop as a chunk from a socket would be. It takes
+finish_reason, each after a turn of the event loop as a chunk from a socket would be (with
+`--together`, all in one read: how the bench's upstream's stream reaches a busy gateway). It takes
 the place of the app's own through public attributes: `Runtime.transport`, then
 `Runtime.apply`, which builds the providers anew on it. Prints µs per request, best and all of
 five rounds; `--profile` adds cProfile's top functions. On this shared machine wrk's req/s moves
@@ -53,11 +55,14 @@ App = Any  # an ASGI app: create_app()'s, whatever layers it puts in front of Li
 class CannedAnswer:
     """An upstream answer from memory, read as `contract.transport.HttpResponse` reads."""
 
-    def __init__(self, headers: Mapping[str, str], chunks: list[bytes]) -> None:
+    def __init__(self, headers: Mapping[str, str], chunks: list[bytes],
+                 ends_at_once: bool = False) -> None:
         self.status = 200
         self.headers = CIMultiDictProxy(CIMultiDict(headers))
         self._chunks = chunks
         self._next = 0
+        # The body's end came with its last chunk (a socket's one read): no turn to wait for it.
+        self._ends_at_once = ends_at_once
         self._error: BaseException | None = None
 
     async def read(self, limit: int | None = None) -> bytes:
@@ -66,8 +71,8 @@ class CannedAnswer:
         return body if limit is None else body[:limit]
 
     async def readany(self) -> bytes:
-        if self._next:  # the next chunk comes in a later turn of the loop
-            await asyncio.sleep(0)
+        if self._next and not (self._ends_at_once and self._next == len(self._chunks)):
+            await asyncio.sleep(0)  # the next chunk comes in a later turn of the loop
         if self._error is not None:
             raise self._error
         if self._next == len(self._chunks):
@@ -85,8 +90,9 @@ class CannedAnswer:
 class CannedTransport(Transport):
     """Every upstream request answered at once from memory: a whole completion, or a stream."""
 
-    def __init__(self, chunks: int | None) -> None:
+    def __init__(self, chunks: int | None, together: bool = False) -> None:
         self.chunks = chunks
+        self.together = together
         self.requests = 0
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str],
@@ -95,8 +101,9 @@ class CannedTransport(Transport):
         self.requests += 1
         if self.chunks is None:
             return CannedAnswer({"Content-Type": "application/json"}, [COMPLETION])
+        events = [CHUNK] * (self.chunks - 1) + [LAST]
         return CannedAnswer({"Content-Type": "text/event-stream"},
-                            [CHUNK] * (self.chunks - 1) + [LAST])
+                            [b"".join(events)] if self.together else events, self.together)
 
     async def close(self) -> None:
         pass
@@ -234,6 +241,9 @@ def main() -> None:
                         help="whole answers asked upstream as streams and assembled")
     parser.add_argument("--chunks", type=int, default=2,
                         help="events per stream (--stream, --assembled)")
+    parser.add_argument("--together", action="store_true",
+                        help="the stream's events in one read, as the bench's upstream's "
+                             "reach a gateway serving 10 clients")
     parser.add_argument("--requests", type=int, default=10000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--key", choices=("none", "static", "virtual"), default="none")
@@ -255,7 +265,7 @@ def main() -> None:
     body = json.dumps({"model": "bench-model", "stream": args.stream, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     streams = args.stream or args.assembled
-    transport = CannedTransport(max(1, args.chunks) if streams else None)
+    transport = CannedTransport(max(1, args.chunks) if streams else None, args.together)
     uvloop.run(measure(app, body, transport, args.requests, args.profile, args.key))
 
 

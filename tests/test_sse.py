@@ -242,3 +242,22 @@ def test_drop_events_returns_the_chunk_itself_when_it_drops_nothing(chunk: bytes
 ])
 def test_data_of_complete_events_is_what_the_reader_reads(complete: bytes) -> None:
     assert data_of(complete) == [e.data for e in Reader().feed(complete)]
+
+
+def test_data_reads_what_feed_reads_however_the_bytes_come() -> None:
+    """`Reader.data`, which splits whole `data: ` events at once, against `feed`, with chunks
+    that are such events and chunks that are not (a BOM, a CR, a name, a held line)."""
+    pieces = [b"data: a\n\n", b'data: {"b": 2}\n\n', b"data: \n\n", b"data: [DONE]\n\n",
+              b"data: x", b"\n", b"\n\n", b"data:", b"event: e\n", b": c\n\n", b"\r\n",
+              b"\xef\xbb\xbf", b"data: a\n\ndata: b\n\n"]
+    rng = random.Random(11)
+    for _ in range(3000):
+        stream = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 20)))
+        cuts = sorted(rng.sample(range(len(stream) + 1), k=min(rng.randrange(4), len(stream))))
+        chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+        fed, split = Reader(), Reader()
+        expected = [event.data for chunk in chunks for event in fed.feed(chunk)]
+        assert [data for chunk in chunks for data in split.data(chunk)] == expected, chunks
+        assert split.flush() == fed.flush() and split.garbage == fed.garbage, chunks
+    whole = b"data: a\n\ndata: b\n\n"
+    assert Reader(max_line=8).data(whole) == [e.data for e in Reader(max_line=8).feed(whole)]

@@ -147,8 +147,8 @@ class _Assembler:
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk of the stream."""
-        for event in self.reader.feed(chunk):
-            self._data(event.data)
+        for data in self.reader.data(chunk):
+            self._data(data)
 
     def flush(self) -> None:
         """The body ended: an event it did not close with a blank line counts too."""
@@ -266,31 +266,40 @@ class ChatAssembler(_Assembler):
             self.error_event = payload
             return
         self.data_events += 1
-        top = self.top
-        for name in _TOP:
-            if name not in top and (value := getattr(chunk, name)):
-                top[name] = value
+        self._take_top(chunk)
         if chunk.usage:
             self.usage = chunk.usage
-        for choice in chunk.choices or ():
-            self._grow_typed(choice)
+        for choice in chunk.choices or ():  # one, nearly always: `_grow`'s typed twin, inlined
+            grown = self.choices.get(choice.index)
+            if grown is None:
+                grown = self.choices[choice.index] = self._new(choice.index)
+            if (delta := choice.delta) is not None:
+                if delta.role:
+                    grown["message"]["role"] = delta.role
+                if delta.content is not None:
+                    grown["_texts"].setdefault("content", []).append(delta.content)
+            if choice.finish_reason is not None:
+                grown["finish_reason"] = choice.finish_reason
+                self._ended.add(choice.index)
+            if choice.stop_reason is not msgspec.UNSET:
+                grown["stop_reason"] = choice.stop_reason
+            if choice.matched_stop is not msgspec.UNSET:
+                grown["matched_stop"] = choice.matched_stop
 
-    def _grow_typed(self, choice: _Choice) -> None:
-        grown = self.choices.get(choice.index)
-        if grown is None:
-            grown = self.choices[choice.index] = self._new(choice.index)
-        if (delta := choice.delta) is not None:
-            if delta.role:
-                grown["message"]["role"] = delta.role
-            if delta.content is not None:
-                grown["_texts"].setdefault("content", []).append(delta.content)
-        if choice.finish_reason is not None:
-            grown["finish_reason"] = choice.finish_reason
-            self._ended.add(choice.index)
-        if choice.stop_reason is not msgspec.UNSET:
-            grown["stop_reason"] = choice.stop_reason
-        if choice.matched_stop is not msgspec.UNSET:
-            grown["matched_stop"] = choice.matched_stop
+    def _take_top(self, chunk: _Chunk) -> None:
+        """The first value given of each `_TOP` field (`_event` says why the first), field by
+        field: a loop over their names would look each up by name, in every event."""
+        top = self.top
+        if chunk.id and "id" not in top:
+            top["id"] = chunk.id
+        if chunk.created and "created" not in top:
+            top["created"] = chunk.created
+        if chunk.model and "model" not in top:
+            top["model"] = chunk.model
+        if chunk.system_fingerprint and "system_fingerprint" not in top:
+            top["system_fingerprint"] = chunk.system_fingerprint
+        if chunk.service_tier and "service_tier" not in top:
+            top["service_tier"] = chunk.service_tier
 
     def _new(self, index: int) -> dict[str, Any]:
         return {"index": index, "message": {"role": "assistant", "content": None},

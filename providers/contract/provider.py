@@ -85,7 +85,8 @@ class Outgoing:
         body.pop("stream_options", None)
         return Outgoing(self.endpoint, msgspec.json.encode(body), self.model, stream,
                         self.request_id, key_id=self.key_id, choices=self.choices,
-                        betas=self.betas, resumes=self.resumes, priority=self.priority)
+                        betas=self.betas, resumes=self.resumes, priority=self.priority,
+                        _json=body)  # not decoded again by the kind that builds its body
 
     def with_body(self, endpoint: str, body: dict[str, Any]) -> Outgoing:
         """The same request as another endpoint's body (what a bridge sends on)."""

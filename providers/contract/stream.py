@@ -125,8 +125,8 @@ class SSEWatch:
             self._utf8.decode(chunk)
         except UnicodeDecodeError:
             self.malformed = True
-        for event in self.reader.feed(chunk):
-            self._event(event.data)
+        for data in self.reader.data(chunk):
+            self._event(data)
 
     def end(self) -> None:
         """The body is over: an event it did not close with a blank line counts too."""

@@ -8,7 +8,6 @@ deprecated `function_call` shape for clients that asked with `functions`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -212,7 +211,11 @@ def normalize_reply(body: bytes, legacy: bool) -> bytes:
     return msgspec.json.encode(answer) if changed else body
 
 
-_EVENT_NEEDS = re.compile(rb'"reasoning|"tool_calls"|"finish_reason"\s*:\s*"tool_calls"')
+def _needs_change(events: bytes) -> bool:
+    """Whether `events` may hold a field `StreamNormalizer` changes (a reasoning field, tool
+    calls, a `tool_calls` finish): two substring searches, far cheaper than a pattern's
+    alternatives tried at every quote of a chunk (`find`, not `in`: see `sse.Reader.data`)."""
+    return events.find(b'"reasoning') >= 0 or events.find(b'"tool_calls"') >= 0
 
 
 class StreamNormalizer:
@@ -226,7 +229,7 @@ class StreamNormalizer:
     def feed(self, chunk: bytes) -> bytes:
         """Normalised complete events from this chunk (plus any held from the last one)."""
         complete = self._framer.feed(chunk)
-        if not complete or not _EVENT_NEEDS.search(complete):
+        if not complete or not _needs_change(complete):
             return complete
         return b"".join(self._event(e) for e in sse.split(complete))
 
@@ -235,7 +238,7 @@ class StreamNormalizer:
         return self._framer.flush()
 
     def _event(self, raw: bytes) -> bytes:
-        if not _EVENT_NEEDS.search(raw) or (event := sse.parse(raw)) is None:
+        if not _needs_change(raw) or (event := sse.parse(raw)) is None:
             return raw
         try:
             chunk = msgspec.json.decode(event.data)

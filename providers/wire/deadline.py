@@ -104,7 +104,7 @@ class Watchdog:
         self._waiting = False
         seen = self._tail + chunk if self._tail else chunk
         self._tail = chunk[1 - len(self._progress):]
-        if self._progress not in seen:
+        if seen.find(self._progress) < 0:  # not `in`: see `sse.Reader.data`
             return
         self._idle_from = None
         if not self._started:  # from the first-token limit to the idle one: re-arm, once
