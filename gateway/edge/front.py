@@ -188,12 +188,7 @@ class Front:
             await request.discard()
 
     def _welcome(self, scope: Scope) -> bool:
-        host, origins = None, []
-        for name, value in scope["headers"]:
-            if name == b"host":
-                host = value
-            elif name == b"origin":
-                origins.append(value.decode("latin-1"))
+        _, _, host, origins = read_head(scope)
         return self.origins.refusal(host, origins) is None
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> None:
