@@ -40,7 +40,7 @@ def test_a_cancel_from_elsewhere_is_not_mistaken_for_the_total() -> None:
         task.cancel()  # the client left
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert not expiries.waiting, "an ended answer is no longer watched"
+        assert not expiries.timer.waiting, "an ended answer is no longer watched"
 
     asyncio.run(main())
 
@@ -49,8 +49,8 @@ def test_the_timer_runs_only_while_answers_are_awaited() -> None:
     async def main() -> None:
         expiries = Expiries(0.05)
         assert await _wait(expiries, 0.0) == "answered"
-        assert expiries.handle is not None, "the sweep is due once more"
-        expiries.sweep()  # that sweep, run now
-        assert expiries.handle is None, "it found nothing and did not come back"
+        assert expiries.timer.handle is not None, "the sweep is due once more"
+        expiries.timer.sweep()  # that sweep, run now
+        assert expiries.timer.handle is None, "it found nothing and did not come back"
 
     asyncio.run(main())

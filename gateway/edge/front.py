@@ -34,7 +34,7 @@ from gateway.core.delivery import Streamed, Whole
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
 from gateway.core.record import Record, request_id
 from gateway.edge import passthrough
-from gateway.edge.disconnect import Arming, DisconnectGuard
+from gateway.edge.disconnect import Arming, DisconnectGuard, new_arming
 from gateway.edge.guard import Limits, answer, read_head
 from gateway.edge.origins import Origins
 from gateway.pipeline import relay
@@ -138,7 +138,7 @@ class Front:
         self.others: ASGIApp = others if others is not None else app
         self.origins = origins
         self.limits = limits
-        self.arming = Arming()  # the disconnect guards of its requests
+        self.arming = new_arming()  # the disconnect guards of its requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != _HTTP:

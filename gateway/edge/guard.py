@@ -29,6 +29,7 @@ from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Sen
 from gateway.core.errors import HeadersTooLarge, RequestTimeout
 from gateway.core.settings import ServerConfig
 from providers.contract.errors import GatewayError, error_body
+from providers.wire.expiry import Sweep
 
 _DISCONNECT: ReceiveMessage = {"type": "http.disconnect"}
 # ": " and CRLF around each header line as the client sent it.
@@ -78,7 +79,11 @@ class Limits:
     def __init__(self, *, max_header_bytes: int, body_timeout: float) -> None:
         self.max_header_bytes = max_header_bytes
         self.body_timeout = body_timeout
-        self.overdue = Overdue(min(1.0, body_timeout / 10))
+        # The bodies being waited for, checked against their deadlines by one timer: a timer
+        # per request would cost more than all the rest of the guard. A body is cut at most
+        # a tenth of its time (or a second) late.
+        self.overdue: Sweep[BodyDeadline] = Sweep(min(1.0, body_timeout / 10),
+                                                  BodyDeadline.expire)
 
     @classmethod
     def of(cls, server: ServerConfig) -> Limits:
@@ -123,38 +128,6 @@ class Guard:
         await self.inner(scope, deadline.receive, deadline.send)
 
 
-class Overdue:
-    """The bodies being waited for, checked against their deadlines every `interval` seconds by
-    one timer, which runs only while some are waited for: a timer per request would cost more
-    than all the rest of the guard. A body is cut at most `interval` late."""
-
-    __slots__ = ("handle", "interval", "waiting")
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.waiting: set[BodyDeadline] = set()
-        self.handle: asyncio.TimerHandle | None = None
-
-    def add(self, waiter: BodyDeadline) -> None:
-        """Watch `waiter` until `discard`."""
-        self.waiting.add(waiter)
-        if self.handle is None:
-            self.handle = asyncio.get_running_loop().call_later(self.interval, self.sweep)
-
-    def discard(self, waiter: BodyDeadline) -> None:
-        """Stop watching `waiter`."""
-        self.waiting.discard(waiter)
-
-    def sweep(self) -> None:
-        """Expire every waiter past its deadline; come back while any are left."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for waiter in [w for w in self.waiting if w.deadline <= now]:
-            self.waiting.discard(waiter)
-            waiter.expire()
-        self.handle = loop.call_later(self.interval, self.sweep) if self.waiting else None
-
-
 def _overdue_error() -> RequestTimeout:
     return RequestTimeout("The request body did not arrive in time")
 
@@ -168,14 +141,15 @@ class BodyDeadline:
     After a 408, whatever the app still sends (its own error answer) is dropped: the client has
     its answer already."""
 
-    __slots__ = ("_receive", "_send", "answered", "deadline", "done", "expired", "overdue",
-                 "started", "task")
+    __slots__ = ("_receive", "_send", "answered", "done", "due", "expired", "overdue", "started",
+                 "task")
 
-    def __init__(self, receive: Receive, send: Send, timeout: float, overdue: Overdue) -> None:
+    def __init__(self, receive: Receive, send: Send, timeout: float,
+                 overdue: Sweep[BodyDeadline]) -> None:
         self._receive = receive
         self._send = send
         self.overdue = overdue
-        self.deadline = asyncio.get_running_loop().time() + timeout
+        self.due = asyncio.get_running_loop().time() + timeout  # the body's deadline
         self.task: asyncio.Task[Any] | None = None  # the one waiting in `receive`
         self.done = False  # the body's last chunk has arrived
         self.expired = False
