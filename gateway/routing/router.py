@@ -163,19 +163,22 @@ class _Trying:
         elif isinstance(exc, ContextLengthExceeded) and route.context_window is not None:
             self.overflowed = max(self.overflowed or 0, route.context_window)
 
-    async def turn(self, at: int) -> _Won:
+    def turn(self, at: int) -> Coroutine[Any, Any, _Won]:
         """The candidate at `at`, raced against the next one when hedging; its answer whole
-        when the client asked for it whole."""
+        when the client asked for it whole (to await: no frame of its own to resume)."""
         hedging = self.routing.hedging
         self.at += 1
         # An excluded candidate (circuit open, cooling down) is never hedged into: a hedge
         # doubles the load on it; it waits until the others have failed.
         if hedging is None or at + 1 >= len(self.candidates) \
                 or self.candidates[at + 1].plan.forced:
-            return await self._tries(self.candidates[at], gather=True)
-        first = self.candidates[at]
+            return self._tries(self.candidates[at], gather=True)
+        return self._hedged(self.candidates[at], self.candidates[at + 1], hedging)
+
+    async def _hedged(self, first: _Candidate, second: _Candidate, hedging: AliasHedging
+                      ) -> _Won:
         return await self._gathered(await self._race(
-            first, self.candidates[at + 1], hedging, hedging.delay(first.plan.route.provider)))
+            first, second, hedging, hedging.delay(first.plan.route.provider)))
 
     async def _race(self, first: _Candidate, second: _Candidate, hedging: AliasHedging,
                     after: float) -> _Won:
@@ -230,12 +233,16 @@ class _Trying:
     def _tries(self, candidate: _Candidate, gather: bool) -> Coroutine[Any, Any, _Won]:
         """The tries at one candidate, to await; with one try (the default) that try itself,
         without a retry loop around it (a frame less to resume on every upstream read)."""
-        async def once() -> _Won:
-            won = await self._accounted(candidate, lambda: self._try(candidate))
-            return await self._gathered(won) if gather else won
-
         retries = candidate.provider.spec.retries
-        return once() if retries.attempts <= 1 else _retrying(once, retries)
+        if retries.attempts <= 1:
+            return self._once(candidate, gather)
+        return _retrying(lambda: self._once(candidate, gather), retries)
+
+    async def _once(self, candidate: _Candidate, gather: bool) -> _Won:
+        won = await self._accounted(candidate, lambda: self._try(candidate))
+        if gather and not self.request.stream and isinstance(won.answer, Gathering):
+            return await self._gathered(won)
+        return won
 
     async def _try(self, candidate: _Candidate) -> _Won:
         provider, route = candidate.provider, candidate.plan.route

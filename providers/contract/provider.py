@@ -9,7 +9,7 @@ it talked to.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -184,12 +184,13 @@ class Provider(ABC):
     def stream(self, request: Outgoing, upstream_model: str) -> AsyncIterator[bytes]:
         """Stream OpenAI-format SSE bytes; failures before the first chunk allow failover."""
 
-    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
-        """One try: a peeked stream for a streamed request, else the whole reply. Adapters
-        (`gateway.adapters`) override this; kinds implement `send` and `stream`."""
+    def answer(self, request: Outgoing, upstream_model: str) -> Coroutine[Any, Any, Answer]:
+        """One try, to await: a peeked stream for a streamed request, else the whole reply.
+        Adapters (`gateway.adapters`) override this; kinds implement `send` and `stream`. Not
+        a coroutine itself: it would be one more frame to resume on every upstream read."""
         if request.stream:
-            return await peek(self.stream(request, upstream_model), request.choices)
-        return await self.send(request, upstream_model)
+            return peek(self.stream(request, upstream_model), request.choices)
+        return self.send(request, upstream_model)
 
     async def batch_api(self, method: str, path: str, body: bytes | None = None,
                         content_type: str = "application/json") -> bytes:

@@ -7,7 +7,7 @@ spellings it understands (`providers.kinds.compat`). Answers come back normalise
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -135,11 +135,14 @@ class OpenAIProvider(Provider):
             body = normalize_reply(body, self._legacy(request))
         return Reply(body, content_type, usage)
 
-    async def answer(self, request: Outgoing, upstream_model: str) -> Answer:
+    def answer(self, request: Outgoing, upstream_model: str) -> Coroutine[Any, Any, Answer]:
         """Speech is audio bytes, relayed as they come (its first bytes before the try
         counts as answered); every other endpoint as any kind answers it."""
         if request.endpoint != SPEECH:
-            return await super().answer(request, upstream_model)
+            return super().answer(request, upstream_model)
+        return self._speech(request, upstream_model)
+
+    async def _speech(self, request: Outgoing, upstream_model: str) -> Answer:
         headers, chunks = await self.http.flow(
             self.url(SPEECH, upstream_model),
             build_body(request, upstream_model, self.spec, self.options))
