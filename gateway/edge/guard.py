@@ -21,6 +21,7 @@ Only `scope`, `receive` and `send` are touched, so any ASGI server runs it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from litestar.enums import ScopeType
@@ -162,10 +163,14 @@ class BodyDeadline:
             self.expired = True
             self.task.cancel()
 
-    async def receive(self) -> ReceiveMessage:
-        """The next message; `http.disconnect` once the body is overdue."""
+    def receive(self) -> Awaitable[ReceiveMessage]:
+        """The next message, to await; `http.disconnect` once the body is overdue. With the
+        body in, the server's own `receive`: nothing of this guard's left to resume."""
         if self.done:
-            return await self._receive()
+            return self._receive()
+        return self._within()
+
+    async def _within(self) -> ReceiveMessage:
         if self.expired:
             return self._overdue()
         self.task = task = asyncio.current_task()
@@ -195,10 +200,15 @@ class BodyDeadline:
             raise _overdue_error()
         return _DISCONNECT
 
-    async def send(self, message: Message) -> None:
-        """Pass the app's message on, unless the 408 went out in its place."""
+    def send(self, message: Message) -> Awaitable[None]:
+        """Pass the app's message on (the server's own `send`, to await), unless the 408 went
+        out in its place."""
         if self.answered:
-            return
+            return _dropped()
         if message["type"] == "http.response.start":
             self.started = True
-        await self._send(message)
+        return self._send(message)
+
+
+async def _dropped() -> None:
+    """What sending a message the client will never read comes to."""
