@@ -53,11 +53,14 @@ def build_body(request: Outgoing, upstream_model: str, spec: ProviderSpec,
         return request.raw
     if translate:  # translation changes nested messages: work on a fresh copy
         body: dict[str, Any] = translate_request(decode_body(request.raw), options)
-    else:
-        body = dict(request.json())
+    else:  # top-level fields only: the rest goes as it came, not decoded
+        body = request.fields()
     body["model"] = upstream_model
     if add_usage:
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        asked = body.get("stream_options")
+        if isinstance(asked, msgspec.Raw):
+            asked = msgspec.json.decode(asked)
+        body["stream_options"] = {**(asked or {}), "include_usage": True}
     for name in spec.drop_params:
         body.pop(name, None)
     body.update(spec.params)
