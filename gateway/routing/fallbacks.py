@@ -15,9 +15,10 @@ own refusal, or `provider_error` listing every attempt of every alias.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from gateway.core.errors import AllProvidersFailed, Attempt, ContextTooLong
 from gateway.core.settings import Route, Snapshot
@@ -73,7 +74,7 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
             if kept:
                 served = await _attempt(name, kept, request, chain, held)
                 if failed:
-                    served = dataclasses.replace(served, failed=(*failed, *served.failed))
+                    served = msgspec.structs.replace(served, failed=(*failed, *served.failed))
                 # Read only for an alias with a chain for refusals: it costs a decode.
                 refusals = _within(chain.snapshot.chains.after(alias, POLICY), may_reach) \
                     if rest is None else ()
@@ -90,7 +91,7 @@ async def attempt(alias: str, routes: tuple[Route, ...], request: Outgoing, chai
             rest = _within(chain.snapshot.chains.after(alias, failure_class(failed)), may_reach)
         stage = _next(rest, chain)
     if held is not None:  # nothing else answered: the filtered answer is the answer
-        return held[0], dataclasses.replace(held[1], failed=tuple(failed))
+        return held[0], msgspec.structs.replace(held[1], failed=tuple(failed))
     raise _failure(alias, failed, refused, max(windows, default=None), need)
 
 

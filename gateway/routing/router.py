@@ -23,9 +23,9 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from gateway.core.errors import AllProvidersFailed, Attempt, CircuitOpen, ModelNotFound
@@ -66,8 +66,9 @@ def retry_delay(retries: Retries, tries_done: int, retry_after: float | None,
     return delay
 
 
-@dataclass(frozen=True, slots=True)
-class Routing:
+# Structs, not frozen dataclasses: made for every request, and a frozen dataclass's __init__
+# sets each field through object.__setattr__.
+class Routing(msgspec.Struct, frozen=True):
     """What trying candidates uses beside them: circuit and cooldown state, the latencies the
     latency strategy learns from, and the alias's hedging (None: no hedging)."""
 
@@ -76,8 +77,10 @@ class Routing:
     hedging: AliasHedging | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Served:
+UNWATCHED = Routing()  # no health, no latencies, no hedging
+
+
+class Served(msgspec.Struct, frozen=True):
     """A successful answer, who served it, and every failed try before it."""
 
     answer: Answer
@@ -93,8 +96,7 @@ class Served:
         return len(self.failed) + 1
 
 
-@dataclass(frozen=True, slots=True)
-class Lost:
+class Lost(msgspec.Struct, frozen=True):
     """A try that lost a hedge race after it was sent: a provider bills a request it was
     sent (its prompt, at least) whether or not its answer is read; `usage` when it came."""
 
@@ -102,14 +104,12 @@ class Lost:
     usage: Usage | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
+class _Candidate(msgspec.Struct, frozen=True):
     provider: Provider
     plan: Planned
 
 
-@dataclass(frozen=True, slots=True)
-class _Won:
+class _Won(msgspec.Struct, frozen=True):
     answer: Answer
     candidate: _Candidate
     took: float
@@ -304,7 +304,7 @@ class _Trying:
 
 
 async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str, Provider],
-                  request: Outgoing, routing: Routing = Routing()) -> Served:
+                  request: Outgoing, routing: Routing = UNWATCHED) -> Served:
     """Try the routes in order with per-candidate retries; AllProvidersFailed if none answers.
 
     With `routing.health`, candidates whose circuit is open or who are cooling down go last,

@@ -69,6 +69,17 @@ class Outgoing:
                 else dict(form.fields(self.raw, self.content_type))
         return self._json
 
+    def fields(self) -> dict[str, Any]:
+        """The body's top-level fields in a fresh dict, to change and encode again: decoded
+        when the body was decoded already, else each value as the bytes it came as
+        (`msgspec.Raw`, encoded back as it is: the gateway checked the body when it came)."""
+        if self._json is not None:
+            return dict(self._json)
+        try:
+            return _TOP_LEVEL.decode(self.raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return dict(self.json())  # not a JSON object: its decode says what is wrong
+
     def renamed(self, model: str) -> Outgoing:
         """The same request naming `model`, in its body too (an upload's `model` field
         rewritten in place, the rest of its bytes as they came)."""
@@ -95,6 +106,11 @@ class Outgoing:
                         choices=self.choices, resumes=self.resumes, priority=self.priority)
 
 
+# A body's top-level fields, their values left as bytes: what changes a field or two decodes
+# no more than that.
+_TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
 def decode_body(raw: bytes) -> dict[str, Any]:
     """A client's body, whole, for a kind that translates it. The gateway checked its head;
     a value past what it can hold (an integer past 64 bits in any field) is the client's."""
@@ -112,8 +128,7 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(msgspec.Struct, frozen=True):  # a Struct: made for every whole answer
     """A complete, successful upstream answer, already in OpenAI's format."""
 
     body: bytes
