@@ -13,7 +13,7 @@ import asyncio
 import codecs
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -88,12 +88,12 @@ _EVENTS = msgspec.json.Decoder(_Event)
 _MESSAGES_USAGE_EVENTS = msgspec.json.Decoder(_MessagesUsage)
 
 
-@dataclass(slots=True)
-class SSEWatch:
+class SSEWatch(msgspec.Struct):
     """The watch of a relayed stream: each data event decoded once, into what it must tell.
 
     A stream is `finished` once every choice it started, and each of the `choices` the request
-    asked for, has a `finish_reason`."""
+    asked for, has a `finish_reason`. A Struct: one is made for every stream, and a dataclass
+    runs its defaults' factories in Python."""
 
     choices: int = 1  # the request's `n`: choices the stream owes even if it never starts them
     data_events: int = 0
@@ -101,12 +101,12 @@ class SSEWatch:
     error_event: bytes | None = None
     malformed: bool = False
     usage: Usage | None = None
-    reader: sse.Reader = field(default_factory=sse.Reader, repr=False)
-    _messages_usage: dict[str, Any] = field(default_factory=dict, repr=False)
-    _started: set[int] = field(default_factory=set, repr=False)
-    _ended: set[int] = field(default_factory=set, repr=False)
-    _utf8: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(), repr=False)
+    reader: sse.Reader = msgspec.field(default_factory=sse.Reader)
+    _messages_usage: dict[str, Any] = msgspec.field(default_factory=dict)
+    _started: set[int] = msgspec.field(default_factory=set)
+    _ended: set[int] = msgspec.field(default_factory=set)
+    _utf8: codecs.IncrementalDecoder = msgspec.field(
+        default_factory=codecs.getincrementaldecoder("utf-8"))
 
     @property
     def garbage(self) -> bool:

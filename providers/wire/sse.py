@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 DONE = b"[DONE]"
 
@@ -34,8 +35,7 @@ _LINE_ENDS = re.compile(rb"(\r\n|\r|\n)")
 _LINE_BREAKS = re.compile(rb"\r\n|\r|\n")
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(msgspec.Struct, frozen=True):
     """One dispatched event: its data lines joined by LF, and its `event:` name if any."""
 
     data: bytes
@@ -45,19 +45,6 @@ class Event:
     def done(self) -> bool:
         """The OpenAI-style end of a stream, `data: [DONE]`."""
         return self.data == DONE
-
-
-# A frozen dataclass's __init__ sets each field through object.__setattr__; the slots' own
-# descriptors set them in half the time, and an event is made for every event of every stream.
-_set_data = Event.__dict__["data"].__set__
-_set_name = Event.__dict__["name"].__set__
-
-
-def _event(data: bytes, name: bytes | None) -> Event:
-    event = Event.__new__(Event)
-    _set_data(event, data)
-    _set_name(event, name)
-    return event
 
 
 class Reader:
@@ -154,7 +141,7 @@ class Reader:
             if not line:
                 if self._data:
                     data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
-                    events.append(_event(data, self._name))
+                    events.append(Event(data, self._name))
                     self._data = []
                 self._name = None
             elif len(line) > longest:  # as if it had come in pieces: dropped
