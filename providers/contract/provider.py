@@ -25,8 +25,7 @@ from providers.contract.transport import Transport, UpstreamSocket
 from providers.contract.usage import Usage
 
 
-@dataclass(slots=True)
-class Resumes:
+class Resumes(msgspec.Struct):  # a Struct: every request makes one
     """What resuming a request's broken streams came to (`gateway.adapters.resume`): one
     client request's, shared by every request derived from it, read by its record."""
 
