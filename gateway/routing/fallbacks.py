@@ -131,9 +131,11 @@ def _within(aliases: tuple[str, ...], may_reach: frozenset[str] | None) -> list[
 
 
 def _sized(routes: tuple[Route, ...], chain: Chain, alias: str) -> bool:
-    fallen = chain.snapshot.chains.chains.get(alias, {})
-    return any(r.context_window is not None or r.max_output_tokens is not None
-               for r in routes) or any(fallen.values())
+    for route in routes:  # once per request: a plain loop, no generator
+        if route.context_window is not None or route.max_output_tokens is not None:
+            return True
+    fallen = chain.snapshot.chains.chains.get(alias)
+    return fallen is not None and any(fallen.values())
 
 
 def failure_class(failed: Sequence[Attempt]) -> str:

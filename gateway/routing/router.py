@@ -233,16 +233,11 @@ class _Trying:
     def _tries(self, candidate: _Candidate, gather: bool) -> Coroutine[Any, Any, _Won]:
         """The tries at one candidate, to await; with one try (the default) that try itself,
         without a retry loop around it (a frame less to resume on every upstream read)."""
-        retries = candidate.provider.spec.retries
-        if retries.attempts <= 1:
-            return self._once(candidate, gather)
-        return _retrying(lambda: self._once(candidate, gather), retries)
+        def once() -> Coroutine[Any, Any, _Won]:
+            return self._accounted(candidate, lambda: self._try(candidate), gather)
 
-    async def _once(self, candidate: _Candidate, gather: bool) -> _Won:
-        won = await self._accounted(candidate, lambda: self._try(candidate))
-        if gather and not self.request.stream and isinstance(won.answer, Gathering):
-            return await self._gathered(won)
-        return won
+        return once() if candidate.provider.spec.retries.attempts <= 1 \
+            else _retrying(once, candidate.provider.spec.retries)
 
     async def _try(self, candidate: _Candidate) -> _Won:
         provider, route = candidate.provider, candidate.plan.route
@@ -258,12 +253,13 @@ class _Trying:
             self.routing.hedging.observe(provider.name, took)
         return _Won(answer, candidate, took)
 
-    async def _accounted(self, candidate: _Candidate, run: Callable[[], Awaitable[_Won]]
-                         ) -> _Won:
+    async def _accounted(self, candidate: _Candidate, run: Callable[[], Awaitable[_Won]],
+                         gather: bool = False) -> _Won:
         """`run` with the candidate's circuit claimed and its outcome recorded: a failure in
         `failed` and in its circuit, a success in its circuit. A candidate refused before its
         first try (another request holds the half-open probe) is tried again, forced, after
-        the others: skipped, it could still be the one to answer."""
+        the others: skipped, it could still be the one to answer. With `gather`, a whole
+        answer still gathering is then read to its end, accounted in turn."""
         health, plan = self.routing.health, candidate.plan
         provider, route, policy = candidate.provider, plan.route, candidate.provider.spec.circuit
         retries = provider.spec.retries
@@ -300,6 +296,8 @@ class _Trying:
             judged(won.answer, health, plan, policy, claim, self.request.resumes)
         elif health is not None:
             health.succeeded(plan, policy)
+        if gather and not self.request.stream and isinstance(won.answer, Gathering):
+            return await self._gathered(won)
         return won
 
 
