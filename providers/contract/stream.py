@@ -25,6 +25,7 @@ from providers.contract.messages import usage_of
 from providers.contract.redact import mask_credentials
 from providers.contract.usage import Usage, from_payload
 from providers.wire import sse
+from providers.wire.expiry import Expiry
 
 # A Responses API stream is over once the response completed, stopped short, or failed; a
 # Messages API stream once its message stopped.
@@ -321,11 +322,24 @@ async def read_to_end(rest: AsyncIterator[bytes]) -> None:
     its body, which frees its connection for the next request. Closed unread, the connection
     would be closed too, and every stream would pay a new connect (a TLS handshake to a remote
     API). Servers such as uvicorn send that end in a write of its own; gives up after
-    `END_OF_BODY_GRACE`, as a client of the upstream alone would not wait forever either."""
-    with contextlib.suppress(TimeoutError, ProviderError):
-        async with asyncio.timeout(END_OF_BODY_GRACE):
-            async for _ in rest:
-                pass
+    `END_OF_BODY_GRACE`, as a client of the upstream alone would not wait forever either.
+    One timer, told apart from any other cancellation as `asyncio.timeout` tells its own
+    (`Expiry`), without that context manager's frames and state: every stream pays for it."""
+    task = asyncio.current_task()
+    assert task is not None, "awaited in a task"
+    loop = asyncio.get_running_loop()
+    grace = Expiry(task, loop.time() + END_OF_BODY_GRACE)
+    timer = loop.call_at(grace.due, grace.expire)
+    try:
+        async for _ in rest:
+            pass
+    except (TimeoutError, ProviderError):
+        pass
+    except asyncio.CancelledError:
+        if not grace.lapsed():
+            raise
+    finally:
+        timer.cancel()
 
 
 async def close_quietly(chunks: AsyncIterator[bytes]) -> None:
