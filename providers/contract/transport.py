@@ -27,14 +27,17 @@ from types import TracebackType
 from typing import Protocol, Self
 from urllib.parse import urlsplit
 
+import msgspec
+
 # The largest whole answer (also after decompression) unless llms.json says otherwise.
 DEFAULT_MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 PROXY_SCHEMES = ("http", "https")  # what the transport can speak to a proxy (no SOCKS)
 
 
-@dataclass(frozen=True, slots=True)
-class TlsOptions:
+# Structs, frozen: a `Link` is hashed for every request (the transport's routes are keyed by
+# it), and a frozen dataclass hashes in Python.
+class TlsOptions(msgspec.Struct, frozen=True):
     """A provider's `"tls"` in llms.json: a private CA, a client certificate, or no checks."""
 
     ca_file: str | None = None
@@ -43,8 +46,7 @@ class TlsOptions:
     verify: bool = True
 
 
-@dataclass(frozen=True, slots=True, repr=False)
-class Link:
+class Link(msgspec.Struct, frozen=True):
     """How to reach one upstream: through which proxy (None: directly), with which TLS options,
     and how many bytes a whole answer may take. Its repr hides the proxy's credentials."""
 
