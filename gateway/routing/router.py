@@ -124,7 +124,9 @@ class _Trying:
         self.candidates = candidates
         self.routing = routing
         self.failed: list[Attempt] = []
-        self.tried: set[Route] = set()
+        # A list: a Route hashes all its fields in Python, and it is looked in only when a
+        # circuit refuses a try.
+        self.tried: list[Route] = []
         self.at = 0
         self.hedged = self.hedge_won = False
         self.lost: list[Lost] = []
@@ -268,7 +270,7 @@ class _Trying:
             if route not in self.tried:
                 self.candidates.append(_Candidate(provider, plan._replace(forced=True)))
             raise CircuitOpen(f"circuit open for {route.provider}/{route.upstream_model}")
-        self.tried.add(route)
+        self.tried.append(route)
         verdict = False
         try:
             won = await run()
