@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import msgspec
 import structlog
 
+from gateway.core.record import Outcome
 from providers.contract.log import get_logger
 from providers.contract.redact import Redactor
 
@@ -78,12 +79,15 @@ class JsonLine:
     """The last processor: adds level, pid and an ISO UTC timestamp, returns the JSON line with
     every configured secret removed."""
 
-    __slots__ = ("_pid", "_redaction", "_second")
+    __slots__ = ("_pid", "_redaction", "_request_head", "_second")
 
     def __init__(self, pid: int, redaction: LogRedaction) -> None:
         self._pid = pid
         self._redaction = redaction
         self._second: tuple[int, str] = (-1, "")  # one attribute: threads may log too
+        # The `request` line's fields after its own, up to its timestamp's second: made once a
+        # second, kept as `_second` is.
+        self._request_head: tuple[int, bytes] = (-1, b"")
 
     def __call__(self, _: Any, method: str, event: structlog.typing.EventDict) -> bytes:
         event["level"] = _LEVEL_NAMES.get(method, method)
@@ -92,23 +96,33 @@ class JsonLine:
         return self._redaction.redactor.encoded(msgspec.json.encode(event, enc_hook=str))
 
     def request(self, line: RequestLine, extra: dict[str, Any] | None) -> bytes:
-        """The `request` line as the processor would make it of the same fields: the Struct's
-        JSON, `extra`'s fields, then event, level, pid and timestamp, spliced as bytes."""
-        tail = b',"event":"request","level":"info","pid":%d,"timestamp":"%s"}' % (
-            self._pid, self.timestamp(time.time()).encode())
+        """The `request` line as the processor would make it of the same fields, newline
+        ended: the Struct's JSON, `extra`'s fields, then event, level, pid and timestamp,
+        spliced as bytes."""
+        now = time.time()
+        second = int(now)
+        cached, head = self._request_head
+        if second != cached:
+            head = b',"event":"request","level":"info","pid":%d,"timestamp":"%s' % (
+                self._pid, self._up_to(second).encode())
+            self._request_head = (second, head)
         body = msgspec.json.encode(line)[:-1]
         if extra:
             body += b"," + msgspec.json.encode(extra, enc_hook=str)[1:-1]
-        return self._redaction.redactor.encoded(body + tail)
+        return self._redaction.redactor.encoded(
+            b'%s%s.%06dZ"}\n' % (body, head, int((now - second) * 1_000_000)))
 
     def timestamp(self, now: float) -> str:
         """`2026-11-23T16:53:22.123456Z`; the part up to the second is formatted once a second."""
         second = int(now)
+        return f"{self._up_to(second)}.{int((now - second) * 1_000_000):06d}Z"
+
+    def _up_to(self, second: int) -> str:
         cached, text = self._second
         if second != cached:
             text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._second = (second, text)
-        return f"{text}.{int((now - second) * 1_000_000):06d}Z"
+        return text
 
 
 class RequestLine(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -122,7 +136,7 @@ class RequestLine(msgspec.Struct, kw_only=True, omit_defaults=True):
     alias: str | None = None  # when not the name sent
     provider: str | None
     status: int
-    outcome: str | None
+    outcome: Outcome | None  # encoded as its value
     attempts: int
     failed: list[str] | None
     stream: bool
@@ -166,7 +180,7 @@ class RequestLog:
             get_logger().info("request", **msgspec.json.decode(msgspec.json.encode(line)),
                               **(extra or {}))
             return
-        self._stream.write(self._line.request(line, extra) + b"\n")
+        self._stream.write(self._line.request(line, extra))
         if self._flushing:
             return
         try:

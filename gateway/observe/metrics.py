@@ -1,7 +1,6 @@
 """Prometheus metrics, recorded once per request when it ends (`record`).
 
-Labels are bounded: model aliases from the config (an unknown model is `_unknown`), provider
-names, endpoints, statuses and failure reasons. Never a user string, never a key.
+Labels are bounded (`gateway.observe.values`, the families and where their numbers are kept).
 
 In one process the numbers are plain Python (`LocalValues`), turned into Prometheus' text when
 `/metrics` is scraped: prometheus_client's metric objects take a lock per increment, nine per
@@ -13,174 +12,42 @@ prometheus_client (`SharedValues`), whose files `/metrics` on any worker sums.
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    multiprocess,
-)
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from gateway.core.errors import Attempt
+from gateway.observe.values import (
+    CACHE_LOOKUPS,
+    CACHE_STORED,
+    FAILOVERS,
+    GUARDRAIL_ACTIONS,
+    HEDGES,
+    INFLIGHT,
+    KEYED,
+    MCP_CALLS,
+    MCP_LATENCY,
+    QUEUE_DEPTH,
+    QUEUE_DROPPED,
+    QUEUE_WAIT,
+    RESUMES,
+    LocalValues,
+    SharedValues,
+    Values,
+)
 from gateway.routing.health import ProviderHealth
 from gateway.routing.hedging import Hedging
 from providers.contract.usage import Usage
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+__all__ = ["INFLIGHT", "LocalValues", "Metrics", "SharedValues"]  # what others import here
 CIRCUIT_VALUES = {"closed": 0, "half_open": 1, "open": 2, "cooling_down": 3}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a dict key per record
-class Family:
-    """One metric: a counter, or a histogram when it has buckets."""
-
-    name: str
-    help: str
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] | None = None
-
-
-REQUESTS = Family("llms_requests", "Requests by endpoint, model, provider, status",
-                  ("endpoint", "model", "provider", "status"))
-LATENCY = Family("llms_request_duration_seconds", "End-to-end time, to the last byte for streams",
-                 ("model", "provider"), LATENCY_BUCKETS)
-TTFT = Family("llms_time_to_first_token_seconds",
-              "Streams: time until the first chunk reached the client", ("model", "provider"),
-              LATENCY_BUCKETS)
-OVERHEAD = Family("llms_gateway_overhead_seconds",
-                  "Non-streamed answers: total time minus upstream time", (), OVERHEAD_BUCKETS)
-FAILOVERS = Family("llms_failovers", "Failed tries that moved a request on",
-                   ("model", "provider", "reason"))
-ATTEMPTS = Family("llms_attempts_per_request", "Tries per answered request", (),
-                  (1, 2, 3, 4, 6, 10))
-TOKENS = Family("llms_tokens", "Tokens by kind (prompt, completion, reasoning)",
-                ("model", "provider", "kind"))
-COST = Family("llms_cost_usd", "Cost at the prices in llms.json", ("model", "provider"))
-CACHE_LOOKUPS = Family("llms_cache_lookups", "Response cache lookups by result (hit, miss, "
-                       "bypass: the client said no-cache)", ("model", "result"))
-CACHE_STORED = Family("llms_cache_stored_bytes", "Bytes of answers put in the response cache",
-                      ("model",))
-HEDGES = Family("llms_hedges", "Hedged requests: started, and won by the hedge",
-                ("model", "result"))
-RESUMES = Family("llms_resumes", "Broken streams resumed by another try: ok (its continuation "
-                 "went on), failed (none could continue)", ("model", "result"))
-QUEUE_WAIT = Family("llms_queue_wait_seconds", "Time a request waited for a slot under "
-                    "server.max_concurrency (0 when one was free), by key", ("key",),
-                    LATENCY_BUCKETS)
-QUEUE_DROPPED = Family("llms_queue_dropped", "Requests that left the queue without a slot, by "
-                       "key and reason: full, deadline (refused early), timeout, client_left",
-                       ("key", "reason"))
-GUARDRAIL_ACTIONS = Family("llms_guardrail_actions", "Values guardrails met, by guardrail, "
-                           "category (EMAIL, SECRET, ...) and action taken",
-                           ("guardrail", "category", "action"))
-MCP_CALLS = Family("llms_mcp_tool_calls", "MCP tool calls through the gateway, by server, tool "
-                   "(its upstream name) and outcome", ("server", "tool", "outcome"))
-MCP_LATENCY = Family("llms_mcp_tool_call_duration_seconds", "MCP tool calls' time, by server",
-                     ("server",), LATENCY_BUCKETS)
-FAMILIES = (REQUESTS, LATENCY, TTFT, OVERHEAD, FAILOVERS, ATTEMPTS, TOKENS, COST, CACHE_LOOKUPS,
-            CACHE_STORED, HEDGES, RESUMES, QUEUE_WAIT, QUEUE_DROPPED, GUARDRAIL_ACTIONS,
-            MCP_CALLS, MCP_LATENCY)
-# The families labelled by key: a key's id is shown only to who may read every key's.
-KEYED = frozenset(family.name for family in FAMILIES if "key" in family.labels)
-INFLIGHT = ("llms_inflight_requests", "Requests in the gateway: served, or queued for a slot")
-QUEUE_DEPTH = ("llms_queue_depth", "Requests waiting for a slot under server.max_concurrency")
-
-Labels = tuple[Any, ...]  # label values; exported as str()
-
-
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-
-
-class Values(Protocol):
-    """Where `Metrics.record` puts its numbers."""
-
-    def inc(self, family: Family, labels: Labels, amount: float = 1.0) -> None: ...
-
-    def observe(self, family: Family, labels: Labels, value: float) -> None: ...
-
-
-class LocalValues:
-    """This process's numbers, in plain dicts: the event loop is their only writer."""
-
-    def __init__(self) -> None:
-        self._rows: dict[Family, dict[Labels, Any]] = {family: {} for family in FAMILIES}
-
-    def inc(self, family: Family, labels: Labels, amount: float = 1.0) -> None:
-        rows = self._rows[family]
-        rows[labels] = rows.get(labels, 0.0) + amount
-
-    def observe(self, family: Family, labels: Labels, value: float) -> None:
-        assert family.buckets is not None
-        rows = self._rows[family]
-        if (row := rows.get(labels)) is None:  # a count per bucket, +Inf's, then the sum
-            row = rows[labels] = [0] * (len(family.buckets) + 1) + [0.0]
-        row[bisect_left(family.buckets, value)] += 1  # a bucket counts values <= its bound
-        row[-1] += value
-
-    def collect(self) -> Iterator[Metric]:
-        """Every family in Prometheus' terms, as it stands now."""
-        for family, rows in self._rows.items():
-            names = list(family.labels)
-            if family.buckets is None:
-                counter = CounterMetricFamily(family.name, family.help, labels=names)
-                for labels, total in rows.items():
-                    counter.add_metric([str(v) for v in labels], total)
-                yield counter
-                continue
-            histogram = HistogramMetricFamily(family.name, family.help, labels=names)
-            bounds = [_go_float(b) for b in family.buckets] + ["+Inf"]
-            for labels, row in rows.items():
-                cumulative, running = [], 0
-                for bound, count in zip(bounds, row[:-1], strict=True):
-                    running += count
-                    cumulative.append((bound, running))
-                histogram.add_metric([str(v) for v in labels], cumulative, row[-1])
-            yield histogram
-
-
-class SharedValues:
-    """prometheus_client's metric objects, for several workers: each writes its own files."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._metrics: dict[Family, Counter | Histogram] = {
-            family: (Counter(family.name, family.help, family.labels, registry=registry)
-                     if family.buckets is None else
-                     Histogram(family.name, family.help, family.labels, buckets=family.buckets,
-                               registry=registry))
-            for family in FAMILIES}
-        self._children: dict[tuple[Family, Labels], Any] = {}
-        self.inflight = Gauge(*INFLIGHT, registry=registry, multiprocess_mode="livesum")
-        self.queued = Gauge(*QUEUE_DEPTH, registry=registry, multiprocess_mode="livesum")
-
-    def inc(self, family: Family, labels: Labels, amount: float = 1.0) -> None:
-        self._child(family, labels).inc(amount)
-
-    def observe(self, family: Family, labels: Labels, value: float) -> None:
-        self._child(family, labels).observe(value)
-
-    def _child(self, family: Family, labels: Labels) -> Any:
-        if (child := self._children.get((family, labels))) is None:
-            metric = self._metrics[family]
-            child = metric.labels(*(str(v) for v in labels)) if labels else metric
-            self._children[(family, labels)] = child
-        return child
 
 
 class Metrics:
@@ -228,25 +95,10 @@ class Metrics:
                cost: float | None) -> None:
         """Count one finished request."""
         values = self.values
-        values.inc(REQUESTS, (endpoint, model, provider or "none", status))
+        values.answered(endpoint, model, provider, status, duration, ttft, upstream, attempts,
+                        usage, cost)
         for attempt in failed:
             values.inc(FAILOVERS, (model, attempt.provider, attempt.reason))
-        if provider is None:
-            return
-        served = (model, provider)
-        values.observe(LATENCY, served, duration)
-        values.observe(ATTEMPTS, (), attempts)
-        if ttft is not None:
-            values.observe(TTFT, served, ttft)
-        if upstream is not None:
-            values.observe(OVERHEAD, (), max(0.0, duration - upstream))
-        if usage is not None:
-            values.inc(TOKENS, (model, provider, "prompt"), usage.prompt_tokens)
-            values.inc(TOKENS, (model, provider, "completion"), usage.completion_tokens)
-            if usage.reasoning_tokens:
-                values.inc(TOKENS, (model, provider, "reasoning"), usage.reasoning_tokens)
-        if cost:
-            values.inc(COST, served, cost)
 
     def tool_call(self, server: str, tool: str, outcome: str, seconds: float) -> None:
         """An MCP tool call ended (`gateway.mcp.governance`)."""
@@ -355,9 +207,3 @@ class _HedgingCollector(Collector):
             for row in view["delays"]:
                 delay.add_metric([alias, row["provider"]], row["delay_s"])
         yield from (delay, used, refused)
-
-
-def _go_float(value: float) -> str:
-    """A bucket bound as Prometheus writes it (`le="0.5"`, `le="+Inf"`)."""
-    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
-    return text

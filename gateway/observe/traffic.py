@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+import msgspec
+
 from gateway.core.errors import QueueTimeout
 from providers.contract.errors import ModelLoading, Overloaded, PoolFull, PoolNotReady
 
@@ -70,17 +72,14 @@ class RecentTraffic:
         self._seconds: deque[_Second] = deque(maxlen=HORIZON)
         self._rng = random.Random(0)
 
-    def _now(self) -> _Second:
-        now = int(self.clock())
-        if not self._seconds or self._seconds[-1].at != now:
-            self._seconds.append(_Second(now))
-        return self._seconds[-1]
-
     def add(self, duration: float, ok: bool, client_error: bool = False,
             cache_hit: bool = False, hedged: bool = False,
             refused: Refusal | None = None) -> None:
         """One finished request: a success, a failure, the client's own 4xx, or a refusal."""
-        second = self._now()
+        now, seconds = int(self.clock()), self._seconds
+        if not seconds or (second := seconds[-1]).at != now:
+            second = _Second(now)
+            seconds.append(second)
         second.cache_hits += cache_hit
         second.hedges += hedged
         if client_error:
@@ -139,8 +138,7 @@ def _pct(samples: list[float], q: float) -> float | None:
 PROVIDER_EVENTS = 20_000  # per provider: bounded whatever the load
 
 
-@dataclass(slots=True)
-class _Served:
+class _Served(msgspec.Struct, gc=False):  # made per request: a Struct's init is C's own
     at: float
     failed: bool
     refused: Refusal | None = None
@@ -164,7 +162,9 @@ class ProviderTraffic:
 
     def served(self, provider: str, ttft: float | None, cost: float | None) -> None:
         """A try at `provider` answered."""
-        self._of(provider).append(_Served(self.clock(), False, None, ttft, cost))
+        if (events := self._events.get(provider)) is None:
+            events = self._of(provider)
+        events.append(_Served(self.clock(), False, None, ttft, cost))
 
     def failed(self, provider: str, reason: str) -> None:
         """A try at `provider` failed for `reason` (`ProviderError.reason`): a refusal when the
