@@ -19,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, cast
 
 import msgspec
 
 from gateway.core.errors import DatabaseUnavailable
-from gateway.core.record import Record
+from gateway.core.record import Outcome, Record
 from gateway.core.settings import Route
 from gateway.core.settings.logs import LogsConfig
 from gateway.observe.observers import status_of
@@ -41,6 +42,9 @@ MAX_HELD_BYTES = 64 * 1024 * 1024  # bodies waiting with them
 BATCH_ROWS = 1_000  # rows per insert
 BATCH_BYTES = 8 * 1024 * 1024  # ... and bodies per insert
 Row = tuple[Any, ...]
+# A row's `outcome`, looked up: reading an enum member's `value` calls a descriptor, on 3.11.
+_OUTCOMES: Mapping[Outcome | None, str] = MappingProxyType(
+    {None: "unknown", **{outcome: outcome.value for outcome in Outcome}})
 
 
 @dataclass(slots=True)
@@ -74,6 +78,7 @@ class Journal:
         self._purged = 0.0
         # The upstream models and first tries' attempts, found once per batch written.
         self._models, self._chains = _Models(route_of), _Chains()
+        self._spelling = store.spelling
         self._null = null = store.spelling.null
         # A row's last columns (payload, request_body, response_body) when it keeps no bodies,
         # and while its bodies wait for the writer.
@@ -102,7 +107,7 @@ class Journal:
         else:  # refused before the capture stage decided
             payload = self._payloads[NOT_CAPTURED if settings.capture == "bodies" else DISABLED]
         made = row(self.clock(), record, self.cost_of(record), self._models.of(record), payload,
-                   self._chains.of(record), self.store.spelling)
+                   self._chains.of(record), self._spelling)
         if kept is None:
             buffer.append(made)
         else:
@@ -224,14 +229,15 @@ def row(at: float, record: Record, cost: float | None, model: str | None,
     usage, resumes, guardrails = record.usage, record.resumes, record.guardrails
     key, team, alias = record.key_id, record.team, record.alias if record.known_model else None
     ttft, overhead, error = record.ttft, record.overhead, record.error_code
-    provider = record.provider
+    provider, duration = record.provider, record.duration
     if usage is None:
         prompt = completion = cached = written = null
     else:
         prompt, completion = usage.prompt_tokens, usage.completion_tokens
         cached, written = usage.cached_tokens, usage.cache_write_tokens
+    # Milliseconds to the microsecond (`round(x, 3)` formats the float: many times dearer).
     return (
-        at - record.duration, record.request_id, null if key is None else key,
+        at - duration, record.request_id, null if key is None else key,
         null if team is None else team, record.endpoint,
         null if (requested := record.model) is None else requested,
         null if alias is None else alias, null if model is None else model,
@@ -240,10 +246,10 @@ def row(at: float, record: Record, cost: float | None, model: str | None,
         flags[record.hedged], flags[record.hedge_won], flags[record.cache_hit],
         flags[record.replayed], resumes.ok if resumes is not None else 0,
         msgspec.json.encode(guardrails).decode() if guardrails else "[]",
-        null if ttft is None else _ms(ttft), record.duration * 1000,
-        null if overhead is None else _ms(overhead), prompt, completion, cached, written,
-        null if cost is None else cost, status_of(record), null if error is None else error,
-        record.outcome.value if record.outcome is not None else "unknown", *bodies)
+        null if ttft is None else round(ttft * 1_000_000) / 1000, duration * 1000,
+        null if overhead is None else round(overhead * 1_000_000) / 1000,
+        prompt, completion, cached, written, null if cost is None else cost,
+        status_of(record), null if error is None else error, _OUTCOMES[record.outcome], *bodies)
 
 
 def attempts(record: Record) -> list[dict[str, Any]]:
@@ -279,7 +285,3 @@ def rendered(data: bytes | str, most: int, redactor: Redactor) -> str:
     cleaned = redactor.text(mask_credentials(text)).encode()
     return cleaned[:most].decode("utf-8", "ignore")
 
-
-def _ms(seconds: float) -> float:
-    """Milliseconds to the microsecond (`round(x, 3)` formats the float: many times dearer)."""
-    return round(seconds * 1_000_000) / 1000
