@@ -345,11 +345,13 @@ def _shown(changes: Mapping[str, Any]) -> dict[str, Any]:
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     # WAL: readers (the directory's poll) never wait on the spend writer; a busy database is
-    # waited on, not failed at once, when several processes share the file.
+    # waited on, not failed at once, when several processes share the file. A batch insert's
+    # statement journal (its undo record) stays in memory rather than spilling to a temp file.
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA temp_store=MEMORY")
     cursor.close()
 
 
