@@ -121,10 +121,10 @@ class Call:
         self.state: dict[str, Any] = {}
         self._closers: list[Callable[[], None]] | None = None
 
-    async def read(self) -> bytes:
+    def read(self) -> Awaitable[bytes]:
         """The whole body (read once, by admission), told to `meter` as it is read; a
-        `GatewayError` past its bound."""
-        return await self._reader(self.meter)
+        `GatewayError` past its bound. The reader's own awaitable: no frame of its own."""
+        return self._reader(self.meter)
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run `closer` once the call is over: its answer sent, or abandoned."""
