@@ -14,7 +14,6 @@ only those something in force can use; the innermost call is the relay (route, d
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
@@ -143,9 +142,20 @@ class Call:
 
 def compose(stages: Sequence[Stage], inner: Next) -> Next:
     """The stages as one callable, the first outermost, `inner` at the bottom. Each stage is
-    bound to the one after it by `functools.partial` (a stage names that parameter
-    `following`): calling the stack runs no frame of its own between two stages."""
+    bound to the one after it (`_bound`): calling the stack runs no coroutine of its own
+    between two stages."""
     composed = inner
     for stage in reversed(stages):
-        composed = functools.partial(stage, following=composed)
+        composed = _bound(stage, composed)
     return composed
+
+
+def _bound(stage: Stage, following: Next) -> Next:
+    """`stage` with `following` given: a plain call handing back the stage's coroutine. Not
+    `functools.partial(stage, following=...)`: a partial with a keyword builds a dict on
+    every call."""
+
+    def bound(call: Call) -> Awaitable[Delivery]:
+        return stage(call, following)
+
+    return bound
