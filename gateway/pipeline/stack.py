@@ -98,7 +98,7 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[tuple[Stage, boo
         built.append(previous(runtime.responses))
     if accounting is not None:
         virtual.append(accounts.budget(accounting, live.prices, snapshot.chains,
-                                       lambda alias: able(runtime, endpoint, alias)))
+                                       lambda alias: able(live, endpoint, alias)))
         built.append(virtual[-1])
     if endpoint in LOOPS and snapshot.mcp_servers:  # one hold; each round waits its turn
         built.append(LOOPS[endpoint](lambda: runtime.tools, snapshot.mcp,
