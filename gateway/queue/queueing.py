@@ -25,7 +25,8 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from gateway.core.errors import QueueTimeout
 from gateway.core.limits import PRIORITY_BOUND, KeyLimits
@@ -43,8 +44,7 @@ _ANONYMOUS = KeyLimits(ANONYMOUS)
 FULL, DEADLINE, TIMEOUT, LEFT = "full", "deadline", "timeout", "client_left"
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(msgspec.Struct, frozen=True):
     """What a request asks of the queue: whose it is, its priority, how long it may wait."""
 
     key: str
