@@ -59,9 +59,18 @@ def fallen(exc: Exception, record: Record, redactor: Redactor) -> Delivery:
 
 def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
     """The bottom of `endpoint`'s stack for `live`'s snapshot: route, then deliver."""
+    # Each alias's routing is fixed for the snapshot (its policy; the registries live on):
+    # made for its first call, then reused.
+    routings: dict[str, router.Routing] = {}
+
+    def routing(alias: str) -> router.Routing:
+        found = routings.get(alias)
+        if found is None:
+            found = routings[alias] = _routing(runtime, live, alias)
+        return found
+
     chain = fallbacks.Chain(live.snapshot, live.adapted[endpoint],
-                            lambda name: ordered(runtime, live, endpoint, name),
-                            lambda name: _routing(runtime, live, name))
+                            lambda name: ordered(runtime, live, endpoint, name), routing)
 
     async def serve(call: Call) -> Delivery:
         record, outgoing = call.record, call.outgoing
