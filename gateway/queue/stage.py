@@ -28,9 +28,13 @@ def room(queue: Queue, queue_timeout: float, enter: Callable[[], None],
     async def stage(call: Call, following: Next) -> Delivery:
         ticket = queue.ticket()
         enter()
-        call.on_close(lambda: leave(ticket))
         holding = queue.bodies.holding(queue.retry_after)
-        call.on_close(holding.release)
+
+        def close() -> None:  # its body's bytes, then its slot or place, given back
+            holding.release()
+            leave(ticket)
+
+        call.on_close(close)
         call.meter = holding.take
         turn = turn_of(call.headers, call.key.limits if call.key is not None else None,
                        queue_timeout)
