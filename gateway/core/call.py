@@ -5,8 +5,10 @@ endpoint, headers, a way to read its body, its record, and how the client's leav
 (`watching`). Nothing below the edge sees ASGI, so a batch line, an MCP call or a Realtime
 session runs the same stages with nothing faked.
 
-A *stage* is one async callable `(call, following) -> delivery`: it may answer itself, refuse
-with a `GatewayError`, or call `following` (the rest of the stack) and adapt what comes back.
+A *stage* is one callable `(call, following) -> awaitable delivery`: it may answer itself,
+refuse with a `GatewayError`, or call `following` (the rest of the stack) and adapt what comes
+back. One that only checks the call before passing it on can be a plain function returning
+`following(call)` itself: it keeps no frame of its own while the rest of the call runs.
 The stages of an endpoint are composed once per config snapshot (`gateway.pipeline.stack`),
 only those something in force can use; the innermost call is the relay (route, deliver).
 """
