@@ -39,8 +39,10 @@ CUT_OFF = frozenset({"unavailable", "bad_response", "timeout", "first_token_time
                      "idle_timeout", "total_timeout"})
 
 
-def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) -> Stage:
-    """The stage that finds the call's key and checks its limits."""
+def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter,
+         accounted: Next | None = None) -> Stage:
+    """The stage that finds the call's key and checks its limits. `accounted`: the stages a
+    virtual key's call goes on to (its budget among them), when they are not `following`."""
 
     async def stage(call: Call, following: Next) -> Delivery:
         key = call.key if call.caller else await auth.admitted(call.headers, snapshot, accounts)
@@ -50,6 +52,8 @@ def keys(snapshot: Snapshot, accounts: Accounts | None, limiter: RateLimiter) ->
             account = key if isinstance(key, Account) else None
             if account is not None and accounts is not None:
                 accounts.check(account, call.record)
+                if accounted is not None:
+                    following = accounted
             team = account.team_limits if account is not None else None
             if (left := limiter.admit(key.limits, team)) is not None:
                 rate_limited(call.record, left)

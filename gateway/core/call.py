@@ -5,8 +5,10 @@ endpoint, headers, a way to read its body, its record, and how the client's leav
 (`watching`). Nothing below the edge sees ASGI, so a batch line, an MCP call or a Realtime
 session runs the same stages with nothing faked.
 
-A *stage* is one async callable `(call, following) -> delivery`: it may answer itself, refuse
-with a `GatewayError`, or call `following` (the rest of the stack) and adapt what comes back.
+A *stage* is one callable `(call, following) -> awaitable delivery`: it may answer itself,
+refuse with a `GatewayError`, or call `following` (the rest of the stack) and adapt what comes
+back. One that only checks the call before passing it on can be a plain function returning
+`following(call)` itself: it keeps no frame of its own while the rest of the call runs.
 The stages of an endpoint are composed once per config snapshot (`gateway.pipeline.stack`),
 only those something in force can use; the innermost call is the relay (route, deliver).
 """
@@ -14,7 +16,6 @@ only those something in force can use; the innermost call is the relay (route, d
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
@@ -121,10 +122,10 @@ class Call:
         self.state: dict[str, Any] = {}
         self._closers: list[Callable[[], None]] | None = None
 
-    async def read(self) -> bytes:
+    def read(self) -> Awaitable[bytes]:
         """The whole body (read once, by admission), told to `meter` as it is read; a
-        `GatewayError` past its bound."""
-        return await self._reader(self.meter)
+        `GatewayError` past its bound. The reader's own awaitable: no frame of its own."""
+        return self._reader(self.meter)
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run `closer` once the call is over: its answer sent, or abandoned."""
@@ -143,9 +144,20 @@ class Call:
 
 def compose(stages: Sequence[Stage], inner: Next) -> Next:
     """The stages as one callable, the first outermost, `inner` at the bottom. Each stage is
-    bound to the one after it by `functools.partial` (a stage names that parameter
-    `following`): calling the stack runs no frame of its own between two stages."""
+    bound to the one after it (`_bound`): calling the stack runs no coroutine of its own
+    between two stages."""
     composed = inner
     for stage in reversed(stages):
-        composed = functools.partial(stage, following=composed)
+        composed = _bound(stage, composed)
     return composed
+
+
+def _bound(stage: Stage, following: Next) -> Next:
+    """`stage` with `following` given: a plain call handing back the stage's coroutine. Not
+    `functools.partial(stage, following=...)`: a partial with a keyword builds a dict on
+    every call."""
+
+    def bound(call: Call) -> Awaitable[Delivery]:
+        return stage(call, following)
+
+    return bound

@@ -4,6 +4,8 @@ is replayed. Built for the endpoints that generate (`flight.ENDPOINTS`)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from gateway.core.call import Call, Delivery, Next, Stage, staying
 from gateway.core.settings import IdempotencyConfig
 from gateway.idempotency.flight import Idempotency, answer, keyed
@@ -12,13 +14,13 @@ from gateway.idempotency.flight import Idempotency, answer, keyed
 def idempotency(keys: Idempotency, config: IdempotencyConfig) -> Stage:
     """The stage that answers a keyed request once, whoever asks again."""
 
-    async def stage(call: Call, following: Next) -> Delivery:
+    def stage(call: Call, following: Next) -> Awaitable[Delivery]:
         sent = keyed(call.headers, call.record)
         if sent is None:
-            return await following(call)
+            return following(call)
         # The run is the flight's, not this client's: what follows watches no client.
         watching, call.watching = call.watching, staying
-        return await answer(keys, sent, call.raw, call.record, config, watching,
-                            lambda: following(call))
+        return answer(keys, sent, call.raw, call.record, config, watching,
+                      lambda: following(call))
 
     return stage

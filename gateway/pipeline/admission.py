@@ -47,7 +47,7 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
         # `find`, not `in`: `in` on bytes makes and drops a TypeError each time.
         if priced or raw.find(b'"provider"') >= 0 or sorting.HEADER in call.headers:
             raw, call.asked = preferences.asked(endpoint, call.headers, raw, head, priced)
-        call.routes = ordered(runtime, endpoint, alias, call.asked)
+        call.routes = ordered(runtime, live, endpoint, alias, call.asked)
         if getattr(head, "tools", None):
             call.routes = tools.tool_routes(alias, call.routes, providers)
         record.known_model, record.alias = True, alias
@@ -81,21 +81,21 @@ def _alias(snapshot: Snapshot, model: str, key: object, accounts: Accounts | Non
     return alias
 
 
-def ordered(runtime: Runtime, endpoint: str, alias: str,
+def ordered(runtime: Runtime, live: Live, endpoint: str, alias: str,
             asked: preferences.Asked | None = None) -> tuple[Route, ...]:
-    """`alias`'s candidates for `endpoint`, in the order its strategy (or the request's own
-    sort, `asked`) gives; ModelNotFound when none serves it."""
-    routes = able(runtime, endpoint, alias)
+    """`alias`'s candidates for `endpoint` under `live` (the snapshot the call's stages were
+    composed for), in the order its strategy (or the request's own sort, `asked`) gives;
+    ModelNotFound when none serves it."""
+    routes = able(live, endpoint, alias)
     if asked is not None:
         return preferences.ordered(runtime, alias, routes, asked)
-    return strategy.ordered(alias, routes, runtime.live.snapshot.policy(alias).routing,
+    return strategy.ordered(alias, routes, live.snapshot.policy(alias).routing,
                             runtime.spread, runtime.latencies, throughputs=runtime.throughputs)
 
 
-def able(runtime: Runtime, endpoint: str, alias: str) -> tuple[Route, ...]:
-    """`alias`'s candidates that can serve `endpoint`, in file order (no strategy's turn
-    taken); a `GatewayError` when none can."""
-    live = runtime.live
+def able(live: Live, endpoint: str, alias: str) -> tuple[Route, ...]:
+    """`alias`'s candidates under `live` that can serve `endpoint`, in file order (no
+    strategy's turn taken); a `GatewayError` when none can."""
     routes = router.candidates(live.snapshot, alias)
     if endpoint == embeddings.ENDPOINT:
         return embeddings.embedding_routes(alias, routes, live.providers)

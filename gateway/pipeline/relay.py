@@ -59,16 +59,25 @@ def fallen(exc: Exception, record: Record, redactor: Redactor) -> Delivery:
 
 def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
     """The bottom of `endpoint`'s stack for `live`'s snapshot: route, then deliver."""
+    # Each alias's routing is fixed for the snapshot (its policy; the registries live on):
+    # made for its first call, then reused.
+    routings: dict[str, router.Routing] = {}
+
+    def routing(alias: str) -> router.Routing:
+        found = routings.get(alias)
+        if found is None:
+            found = routings[alias] = _routing(runtime, live, alias)
+        return found
+
     chain = fallbacks.Chain(live.snapshot, live.adapted[endpoint],
-                            lambda name: ordered(runtime, endpoint, name),
-                            lambda name: _routing(runtime, name))
+                            lambda name: ordered(runtime, live, endpoint, name), routing)
 
     async def serve(call: Call) -> Delivery:
         record, outgoing = call.record, call.outgoing
         assert outgoing is not None, "admission builds the request before it is served"
         asked = call.asked  # a request's own sort and price bound hold for its fallbacks too
         followed = chain if asked is None else dataclasses.replace(
-            chain, candidates=lambda name: ordered(runtime, endpoint, name, asked))
+            chain, candidates=lambda name: ordered(runtime, live, endpoint, name, asked))
         try:
             runtime.stage("provider")
             began = time.perf_counter()
@@ -114,9 +123,9 @@ def _lost(lost: tuple[router.Lost, ...], record: Record, outgoing: Outgoing, liv
         record.beside(try_.usage or prompt, live.prices.get((try_.provider, alias)))
 
 
-def _routing(runtime: Runtime, alias: str) -> router.Routing:
-    """How `alias`'s candidates are tried: health, latencies, its own hedging."""
-    policy = runtime.live.snapshot.policy(alias).routing
+def _routing(runtime: Runtime, live: Live, alias: str) -> router.Routing:
+    """How `alias`'s candidates are tried under `live`: health, latencies, its own hedging."""
+    policy = live.snapshot.policy(alias).routing
     hedging = runtime.hedging.of(alias, policy.hedge_after, policy.hedge_budget,
                                  policy.hedge_min)
     return router.Routing(runtime.health, runtime.latencies, hedging)

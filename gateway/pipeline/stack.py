@@ -26,6 +26,12 @@ accounts, `previous` on `/v1/responses`, `idempotency` on the endpoints that gen
 `cache` on those it serves when some alias caches, `semantic` on chat when some alias has
 `cache.semantic`, `finishing` with accounts. Tracing's span is what the edge serves the
 whole call within (`Runtime.serving`), so it also covers writing the answer.
+
+`budget` and `finishing` act for a virtual key alone (only its call holds a charge), so the
+stages after `keys` are composed twice: with them for a call whose key is a virtual one, and
+without them for any other (a static key, or none on an open gateway). `keys`, which finds the
+identity, goes on down the one composed for it: a call pays for no stage its identity never
+uses.
 """
 
 from __future__ import annotations
@@ -58,18 +64,30 @@ LOOPS = {"responses": tool_loop, "messages": connector}
 
 def stacks(runtime: Runtime, live: Live) -> Mapping[str, Next]:
     """Every relay endpoint's stages for `live`'s snapshot, as one callable each."""
-    return {endpoint: compose(stages(runtime, live, endpoint), innermost(runtime, live, endpoint))
-            for endpoint in HEADS}
+    return {endpoint: stack(runtime, live, endpoint) for endpoint in HEADS}
 
 
-def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
-    """The stages a call to `endpoint` passes under `live`'s snapshot, outermost first."""
+def stack(runtime: Runtime, live: Live, endpoint: str) -> Next:
+    """`endpoint`'s stages for `live`'s snapshot as one callable: `keys`, then the stages
+    composed for the identity it finds (those of a virtual key only for one)."""
+    serve = innermost(runtime, live, endpoint)
+    after = stages(runtime, live, endpoint)
+    plain = compose([stage for stage, virtual in after if not virtual], serve)
+    accounted = compose([stage for stage, _ in after], serve) \
+        if any(virtual for _, virtual in after) else None
+    return compose([accounts.keys(live.snapshot, runtime.accounts, runtime.limiter, accounted)],
+                   plain)
+
+
+def stages(runtime: Runtime, live: Live, endpoint: str) -> list[tuple[Stage, bool]]:
+    """The stages a call to `endpoint` passes after `keys` under `live`'s snapshot, outermost
+    first, each with whether it acts for a virtual key's call alone."""
     snapshot, accounting = live.snapshot, runtime.accounts
     built: list[Stage] = [
-        accounts.keys(snapshot, accounting, runtime.limiter),
         queue.room(runtime.queue, snapshot.server.queue_timeout, runtime.enter, runtime.leave),
         admission(runtime, live, endpoint),
     ]
+    virtual: list[Stage] = []  # those a virtual key's call alone passes
     if guarding.configured(snapshot) and guarded(endpoint):  # before anything keeps the text
         built.append(guardrails(guarding.Guardrails(snapshot, runtime.entity_models),
                                 runtime.metrics,
@@ -79,8 +97,9 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
     if endpoint == "responses":  # before the budget: the hold prices the whole conversation
         built.append(previous(runtime.responses))
     if accounting is not None:
-        built.append(accounts.budget(accounting, live.prices, snapshot.chains,
-                                     lambda alias: able(runtime, endpoint, alias)))
+        virtual.append(accounts.budget(accounting, live.prices, snapshot.chains,
+                                       lambda alias: able(live, endpoint, alias)))
+        built.append(virtual[-1])
     if endpoint in LOOPS and snapshot.mcp_servers:  # one hold; each round waits its turn
         built.append(LOOPS[endpoint](lambda: runtime.tools, snapshot.mcp,
                                      {server.name for server in snapshot.mcp_servers}))
@@ -94,5 +113,6 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[Stage]:
                             Routing(runtime.health, runtime.latencies))
         built.append(semantic.stage_of(snapshot, runtime.semantic, embedder, runtime.metrics))
     if accounting is not None:
-        built.append(accounts.finishing())
-    return built
+        virtual.append(accounts.finishing())
+        built.append(virtual[-1])
+    return [(stage, stage in virtual) for stage in built]

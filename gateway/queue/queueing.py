@@ -25,7 +25,8 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from gateway.core.errors import QueueTimeout
 from gateway.core.limits import PRIORITY_BOUND, KeyLimits
@@ -43,8 +44,7 @@ _ANONYMOUS = KeyLimits(ANONYMOUS)
 FULL, DEADLINE, TIMEOUT, LEFT = "full", "deadline", "timeout", "client_left"
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(msgspec.Struct, frozen=True):
     """What a request asks of the queue: whose it is, its priority, how long it may wait."""
 
     key: str
@@ -197,14 +197,17 @@ class Queue:
     def leave(self, ticket: Ticket) -> None:
         """`ticket`'s request is done, or abandoned: its slot goes to the next in line, or it
         leaves the line. Safe to call once per ticket whatever happened to it."""
-        self._unqueue(ticket)
+        if ticket.entry is not None:
+            self._unqueue(ticket)
         if ticket not in self.running:
             return
-        saturated = bool(self.order) or len(self.running) >= self.max_concurrency
+        waiting = bool(self.order)
+        saturated = waiting or len(self.running) >= self.max_concurrency
         self.running.discard(ticket)
         assert ticket.started is not None
         self.pace.released(self.clock() - ticket.started, saturated)
-        self._hand()
+        if waiting:  # else nobody to hand its slot to
+            self._hand()
 
     def expected_wait(self, ahead: int) -> float:
         """Seconds until a request with `ahead` before it gets a slot, at the measured pace."""

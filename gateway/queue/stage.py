@@ -12,7 +12,7 @@ without waiting.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gateway.core.call import Call, Delivery, Next, Stage
 from gateway.queue.queueing import Queue, Ticket, Turn, turn_of
@@ -25,19 +25,23 @@ def room(queue: Queue, queue_timeout: float, enter: Callable[[], None],
          leave: Callable[[Ticket], None]) -> Stage:
     """The stage that takes the call's ticket and checks there is room for it."""
 
-    async def stage(call: Call, following: Next) -> Delivery:
+    def stage(call: Call, following: Next) -> Awaitable[Delivery]:
         ticket = queue.ticket()
         enter()
-        call.on_close(lambda: leave(ticket))
         holding = queue.bodies.holding(queue.retry_after)
-        call.on_close(holding.release)
+
+        def close() -> None:  # its body's bytes, then its slot or place, given back
+            holding.release()
+            leave(ticket)
+
+        call.on_close(close)
         call.meter = holding.take
         turn = turn_of(call.headers, call.key.limits if call.key is not None else None,
                        queue_timeout)
         queue.check_room(turn)
         call.state[TICKET], call.state[TURN] = ticket, turn
         call.priority = turn.priority
-        return await following(call)
+        return following(call)
 
     return stage
 
@@ -45,13 +49,20 @@ def room(queue: Queue, queue_timeout: float, enter: Callable[[], None],
 def turn(queue: Queue) -> Stage:
     """The stage that waits for the call's slot (a client that leaves leaves the queue)."""
 
-    async def stage(call: Call, following: Next) -> Delivery:
+    def stage(call: Call, following: Next) -> Awaitable[Delivery]:
         ticket: Ticket = call.state[TICKET]
         wanted: Turn = call.state[TURN]
-        if not queue.start_now(ticket, wanted):
-            async with call.watching():
-                await queue.wait(ticket, wanted)
-            call.record.detail["queued_ms"] = round(ticket.waited * 1000, 2)  # its log line
-        return await following(call)
+        if queue.start_now(ticket, wanted):
+            return following(call)
+        return _waited(queue, ticket, wanted, call, following)
 
     return stage
+
+
+async def _waited(queue: Queue, ticket: Ticket, wanted: Turn, call: Call, following: Next
+                  ) -> Delivery:
+    """The call served once its turn comes."""
+    async with call.watching():
+        await queue.wait(ticket, wanted)
+    call.record.detail["queued_ms"] = round(ticket.waited * 1000, 2)  # its log line
+    return await following(call)
