@@ -203,7 +203,7 @@ async def _whole(dialect: Dialect, events: AsyncGenerator[Event, None]) -> Deliv
         elif kind == "answer":
             answer, whole = value
             body = msgspec.json.encode(dialect.whole(answer, done))
-            answered: Whole = dataclasses.replace(whole, body=body)
+            answered: Whole = msgspec.structs.replace(whole, body=body)
             return answered
     return None
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+import msgspec
 
 from gateway.cache import store as cache
 from gateway.cache.semantic import owner
@@ -160,8 +162,8 @@ async def keep_whole(caching: Caching, record: Record, body: bytes) -> None:
 
 def keeping(streamed: Streamed, caching: Caching, wants_usage: bool) -> Streamed:
     """The stream as it goes to the client, kept once it completed (and if it fits)."""
-    return replace(streamed, chunks=_kept_stream(streamed.chunks, caching, streamed.record,
-                                                 wants_usage))
+    kept = _kept_stream(streamed.chunks, caching, streamed.record, wants_usage)
+    return msgspec.structs.replace(streamed, chunks=kept)
 
 
 async def _kept_stream(chunks: AsyncGenerator[bytes, None], caching: Caching, record: Record,

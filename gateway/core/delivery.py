@@ -7,7 +7,8 @@ written, ends its record; a stream's generator ends its own record however it st
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from gateway.core.errors import AllProvidersFailed
 from gateway.core.record import Outcome, Record
@@ -19,8 +20,9 @@ from providers.contract.usage import Usage
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@dataclass(frozen=True, slots=True)
-class Whole:
+# Structs, not frozen dataclasses: every request makes one, and a frozen dataclass sets each
+# field through a Python-level `object.__setattr__`.
+class Whole(msgspec.Struct, frozen=True):
     """A whole body, its bytes as they will be sent, and how the request ends once it is."""
 
     body: bytes
@@ -31,8 +33,7 @@ class Whole:
     outcome: Outcome = Outcome.COMPLETED
 
 
-@dataclass(frozen=True, slots=True)
-class Streamed:
+class Streamed(msgspec.Struct, frozen=True):
     """A committed stream: its chunks (the first already at hand) and its headers. Whoever
     sends it must close its generator (`providers.contract.stream.close_quietly`): that ends
     its record."""

@@ -131,7 +131,7 @@ async def _answered(call: Call, delivery: Delivery, in_force: Sequence[Guardrail
             chunks = held(chunks, call, judges, screening, output, out.ask,
                           out.policies.answer_bound(call.alias))
         screen = StreamScreen(kept, output) if output or restores else None
-        return dataclasses.replace(delivery, chunks=_screened(
+        return msgspec.structs.replace(delivery, chunks=_screened(
             chunks, screen, screening, delivery.record, out.metrics, out.tally))
     if isinstance(delivery, Whole):
         if judges and _judgeable(delivery):
@@ -145,7 +145,7 @@ async def _answered(call: Call, delivery: Delivery, in_force: Sequence[Guardrail
             delivery = _whole(delivery, kept, output, out.redactor)
         elif screening.taken:
             _told(delivery.record, screening)
-            delivery = dataclasses.replace(delivery, headers={
+            delivery = msgspec.structs.replace(delivery, headers={
                 **delivery.headers, HEADER: screening.header()})
     _publish(screening, call.record, out.metrics, out.tally)
     return delivery
@@ -181,7 +181,7 @@ async def _judged_first(call: Call, judges: Sequence[Guardrail], screening: Scre
         raise
     if len(screening.taken) != taken and delivery is not None:  # a judge's error let through
         call.record.mark(HEADER, screening.header())
-        delivery = dataclasses.replace(delivery, headers={**delivery.headers,
+        delivery = msgspec.structs.replace(delivery, headers={**delivery.headers,
                                                           HEADER: screening.header()})
     return delivery
 
@@ -280,8 +280,8 @@ def _whole(delivery: Whole, screening: Screening, output: list[Guardrail],
     if screening.taken:
         _told(delivery.record, screening)
     if screened is body:
-        return dataclasses.replace(delivery, headers=headers)
-    return dataclasses.replace(delivery, body=msgspec.json.encode(screened), headers=headers)
+        return msgspec.structs.replace(delivery, headers=headers)
+    return msgspec.structs.replace(delivery, body=msgspec.json.encode(screened), headers=headers)
 
 
 async def _screened(chunks: AsyncGenerator[bytes, None], screen: StreamScreen | None,

@@ -12,7 +12,6 @@ past the cut so a secret is never cut in two before it is found.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
@@ -133,7 +132,7 @@ def kept(delivery: Delivery, bodies: Bodies) -> Delivery:
         return delivery
     if isinstance(delivery, Streamed) and textual(delivery.media_type):
         bodies.media_type, bodies.text, bodies.events = delivery.media_type, [], sse.Reader()
-        return dataclasses.replace(delivery, chunks=_streamed(delivery.chunks, bodies))
+        return msgspec.structs.replace(delivery, chunks=_streamed(delivery.chunks, bodies))
     return delivery
 
 
