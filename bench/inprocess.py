@@ -260,6 +260,9 @@ def main() -> None:
         settings["logs"] = {"capture": args.logs}
     if args.assembled:
         settings["providers"]["fake"]["stream_upstream"] = True
+    if args.key == "virtual":  # a budgeted key is refused a model without a price
+        settings["providers"]["fake"]["models"] = {
+            "bench-model": {"id": "bench-upstream-model", "price": {"input": 1.0, "output": 2.0}}}
     path.write_text(json.dumps(settings))
     app = create_app(config.load(path))
     body = json.dumps({"model": "bench-model", "stream": args.stream, "max_tokens": 16,
