@@ -83,36 +83,36 @@ def stages(runtime: Runtime, live: Live, endpoint: str) -> list[tuple[Stage, boo
     """The stages a call to `endpoint` passes after `keys` under `live`'s snapshot, outermost
     first, each with whether it acts for a virtual key's call alone."""
     snapshot, accounting = live.snapshot, runtime.accounts
-    built: list[Stage] = [
-        queue.room(runtime.queue, snapshot.server.queue_timeout, runtime.enter, runtime.leave),
-        admission(runtime, live, endpoint),
+    # Each with whether a virtual key's call alone passes it.
+    built: list[tuple[Stage, bool]] = [
+        (queue.room(runtime.queue, snapshot.server.queue_timeout, runtime.enter, runtime.leave),
+         False),
+        (admission(runtime, live, endpoint), False),
     ]
-    virtual: list[Stage] = []  # those a virtual key's call alone passes
     if guarding.configured(snapshot) and guarded(endpoint):  # before anything keeps the text
-        built.append(guardrails(guarding.Guardrails(snapshot, runtime.entity_models),
-                                runtime.metrics,
-                                runtime.guardrails, live.redactor, asker(runtime)))
+        built.append((guardrails(guarding.Guardrails(snapshot, runtime.entity_models),
+                                 runtime.metrics,
+                                 runtime.guardrails, live.redactor, asker(runtime)), False))
     if snapshot.logs is not None:  # inside the guardrails: it keeps what providers see
-        built.append(capture(snapshot))
+        built.append((capture(snapshot), False))
     if endpoint == "responses":  # before the budget: the hold prices the whole conversation
-        built.append(previous(runtime.responses))
+        built.append((previous(runtime.responses), False))
     if accounting is not None:
-        virtual.append(accounts.budget(accounting, live.prices, snapshot.chains,
-                                       lambda alias: able(live, endpoint, alias)))
-        built.append(virtual[-1])
+        built.append((accounts.budget(accounting, live.prices, snapshot.chains,
+                                      lambda alias: able(live, endpoint, alias)), True))
     if endpoint in LOOPS and snapshot.mcp_servers:  # one hold; each round waits its turn
-        built.append(LOOPS[endpoint](lambda: runtime.tools, snapshot.mcp,
-                                     {server.name for server in snapshot.mcp_servers}))
-    built.append(queue.turn(runtime.queue))
+        built.append((LOOPS[endpoint](lambda: runtime.tools, snapshot.mcp,
+                                      {server.name for server in snapshot.mcp_servers}), False))
+    built.append((queue.turn(runtime.queue), False))
     if endpoint in flight.ENDPOINTS:
-        built.append(idempotency(runtime.idempotency, snapshot.idempotency))
+        built.append((idempotency(runtime.idempotency, snapshot.idempotency), False))
     if cache.caches(snapshot, endpoint):
-        built.append(cache.stage_of(snapshot, runtime.cache, runtime.metrics))
+        built.append((cache.stage_of(snapshot, runtime.cache, runtime.metrics), False))
     if semantic.caches(snapshot, endpoint):
         embedder = Embedder(snapshot, live.providers, live.adapted["embeddings"], live.prices,
                             Routing(runtime.health, runtime.latencies))
-        built.append(semantic.stage_of(snapshot, runtime.semantic, embedder, runtime.metrics))
+        built.append((semantic.stage_of(snapshot, runtime.semantic, embedder, runtime.metrics),
+                      False))
     if accounting is not None:
-        virtual.append(accounts.finishing())
-        built.append(virtual[-1])
-    return [(stage, stage in virtual) for stage in built]
+        built.append((accounts.finishing(), True))
+    return built

@@ -197,8 +197,7 @@ class Queue:
     def leave(self, ticket: Ticket) -> None:
         """`ticket`'s request is done, or abandoned: its slot goes to the next in line, or it
         leaves the line. Safe to call once per ticket whatever happened to it."""
-        if ticket.entry is not None:
-            self._unqueue(ticket)
+        self._unqueue(ticket)
         if ticket not in self.running:
             return
         waiting = bool(self.order)

@@ -238,8 +238,8 @@ class _Trying:
         def once() -> Coroutine[Any, Any, _Won]:
             return self._accounted(candidate, lambda: self._try(candidate), gather)
 
-        return once() if candidate.provider.spec.retries.attempts <= 1 \
-            else _retrying(once, candidate.provider.spec.retries)
+        retries = candidate.provider.spec.retries
+        return once() if retries.attempts <= 1 else _retrying(once, retries)
 
     async def _try(self, candidate: _Candidate) -> _Won:
         provider, route = candidate.provider, candidate.plan.route
@@ -298,9 +298,7 @@ class _Trying:
             judged(won.answer, health, plan, policy, claim, self.request.resumes)
         elif health is not None:
             health.succeeded(plan, policy)
-        if gather and not self.request.stream and isinstance(won.answer, Gathering):
-            return await self._gathered(won)
-        return won
+        return await self._gathered(won) if gather else won
 
 
 async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str, Provider],
