@@ -14,7 +14,8 @@ finish_reason, each after a turn of the event loop as a chunk from a socket woul
 `--together`, all in one read: how the bench's upstream's stream reaches a busy gateway). It takes
 the place of the app's own through public attributes: `Runtime.transport`, then
 `Runtime.apply`, which builds the providers anew on it. Prints µs per request, best and all of
-five rounds; `--profile` adds cProfile's top functions. On this shared machine wrk's req/s moves
+five rounds; `--profile` adds cProfile's top functions (or, with `LLMS_PROFILE_OUT=FILE`,
+writes them to FILE for pstats). On this shared machine wrk's req/s moves
 ±15% run to run; this moves a few %, which is what it is for: comparing a change before/after.
 `--key static` sends a key of `server.api_keys`; `--key virtual` one made by `POST /admin/keys`
 with a monthly budget, so each request is looked up, held against its budget and settled: the
@@ -32,6 +33,7 @@ import asyncio
 import contextlib
 import cProfile
 import json
+import os
 import pstats
 import sys
 import tempfile
@@ -230,7 +232,10 @@ async def measure(app: App, body: bytes, transport: CannedTransport, requests: i
             for _ in range(requests):
                 await client.request()
             profiler.disable()
-            pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(40)
+            if out := os.environ.get("LLMS_PROFILE_OUT"):  # pstats' file, to read as you like
+                profiler.dump_stats(out)
+            else:
+                pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(40)
 
 
 def main() -> None:

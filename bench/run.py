@@ -380,7 +380,7 @@ def run_parts(parts: list[str], quick: bool, levels: list[int], duration: float,
     return data
 
 
-RATIO = 0.85  # the gateway's req/s at 50 clients against the minimal proxy's, at least
+RATIO = 0.85  # the gateway's req/s at 50 clients against the Litestar proxy's on granian, at least
 HELD = 0.75  # the share of latency rounds in which the gateway must be at or under the minimal
 # proxy: 3 of 4 in a full run
 
