@@ -1,7 +1,8 @@
 # Two images from one file:
 #   docker build -t llms-gateway .                  the gateway alone (remote providers, remote
 #                                                   pool workers; the CPU pool if you add
-#                                                   '.[local]')
+#                                                   '.[local]'); `--build-arg EXTRAS=ner` adds
+#                                                   guardrails' names and places
 #   docker build --target gpu -t llms-gateway:gpu . the official vLLM image with the gateway as its
 #                                                   entrypoint: the pool spawns `vllm serve` per GPU
 #                                                   group (run with --gpus all)
@@ -13,7 +14,11 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY providers providers
-RUN pip install --no-cache-dir . && useradd --system --uid 10001 --create-home gateway
+# Extras to install with the gateway, comma-separated: `--build-arg EXTRAS=ner` for guardrails'
+# names and places (`detect: person`, docs/guardrails.md), which the image lacks by default.
+ARG EXTRAS=
+RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" \
+    && useradd --system --uid 10001 --create-home gateway
 COPY llms.json /etc/llms/llms.json
 # Not root, as the other images: the gateway and the vLLM workers it spawns run as `gateway`,
 # the weights vLLM downloads and the state (keys, spend, worker logs) in that user's home. A
@@ -56,7 +61,9 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY gateway gateway
 COPY providers providers
-RUN pip install --no-cache-dir . && useradd --system --uid 10001 gateway
+# As the gpu image's: `--build-arg EXTRAS=ner` adds guardrails' names and places.
+ARG EXTRAS=
+RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" && useradd --system --uid 10001 gateway
 COPY llms.json /etc/llms/llms.json
 # The state directory (the accounts database when database.url is unset, the pool's worker
 # logs) must be the image user's: made here, or the first start cannot write it. A volume, so

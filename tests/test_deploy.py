@@ -16,8 +16,10 @@ compose configures them, on a PostgreSQL that wants its password, share the keys
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import subprocess
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -27,6 +29,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from dockerfile_parse import DockerfileParser
 
 from gateway.accounts.database import engine_url
 from gateway.config.loader import parse
@@ -152,6 +155,35 @@ def test_the_dockerfile_checks_health_and_pins_vllm() -> None:
     assert not any(image.endswith(":latest") for image, _ in stages)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+def _installed(stage: str, extras: str | None) -> str:
+    """What `pip install` is given in `stage` of the Dockerfile, as its shell expands it with
+    the build argument EXTRAS set (or not)."""
+    parser = DockerfileParser(fileobj=io.BytesIO((ROOT / "Dockerfile").read_bytes()))
+    current, words = None, []
+    for instruction in parser.structure:
+        if instruction["instruction"] == "FROM":
+            current = instruction["value"].split(" AS ")[-1].strip()
+        elif current == stage and instruction["instruction"] == "RUN":
+            words += re.findall(r"pip install --no-cache-dir (\S+)", instruction["value"])
+    assert len(words) == 1, f"one pip install in the {stage} image"
+    env = {"PATH": "/usr/bin:/bin", **({"EXTRAS": extras} if extras is not None else {})}
+    return subprocess.run(["sh", "-c", f"printf %s {words[0]}"], env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("stage", ["gateway", "gpu"])
+def test_an_image_built_with_the_ner_extra_installs_it(stage: str) -> None:
+    """Guardrails' names and places need the `ner` extra, which the images leave out unless the
+    build asks: `docker build --build-arg EXTRAS=ner`."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert "ner" in extras
+    assert _installed(stage, None) == "."
+    assert _installed(stage, "") == "."
+    assert _installed(stage, "ner") == ".[ner]"
+    assert _installed(stage, "ner,local") == ".[ner,local]"
 
 
 # --- the images: what compose mounts and what COPY puts there, for the user the image runs as
