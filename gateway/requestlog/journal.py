@@ -95,9 +95,12 @@ class Journal:
             if (settings := self.settings()) is None:
                 return
             bodies = NOT_CAPTURED if settings.capture == "bodies" else DISABLED
-        payload: tuple[str, Bodies | None, None]
+        payload: tuple[Any, Bodies | None, None]
         if bodies.__class__ is str:
-            payload = self._payloads.get(bodies) or (bodies, None, None)
+            try:
+                payload = self._payloads[bodies]
+            except KeyError:
+                payload = (bodies, None, None)
         elif isinstance(bodies, Bodies) and bodies.held \
                 and self.held + bodies.held <= MAX_HELD_BYTES:
             self.held += bodies.held
