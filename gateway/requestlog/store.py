@@ -46,6 +46,10 @@ NULLABLE = tuple(COLUMNS.index(name) for name in (
     "ttft_ms", "overhead_ms", "prompt_tokens", "completion_tokens", "cached_tokens",
     "cache_write_tokens", "cost", "request_body", "response_body"))
 MAX_SHAPES = 64
+# A page a flush writes before it is full goes in chunks of these sizes; one of 8 rows or more
+# is shaped too (a smaller one's shape would often be its rows' own, a statement each).
+CHUNKS = (32, 16, 8, 4, 2, 1)
+SHAPED_ROWS = 8
 MAX_LITERAL = 256  # characters: a longer text is bound
 
 
@@ -96,7 +100,7 @@ class Store:
             # thread (a cursor made, used, closed), the most of a flush of a few rows.
             driver = (await conn.get_raw_connection()).driver_connection
             assert driver is not None  # checked out: not yet closed
-            statements = [self._statement(page) for page in pages]
+            statements = [made for page in pages for made in self._statements(page)]
             try:
                 for sql, params in _grouped(statements):
                     await driver.executemany(sql, params)
@@ -104,19 +108,31 @@ class Store:
                 raise DatabaseUnavailable(f"The request log's database is unavailable "
                                           f"({type(exc).__name__})") from exc
 
-    def _statement(self, page: list[Any]) -> tuple[str, tuple[Any, ...]]:
-        """SQLite's insert of `page`'s rows and its parameters: a full page's with the values
-        its rows share spelled in (`SHARED`, `NULLABLE`)."""
-        count = len(page) // WIDTH
-        if count < PAGE_ROWS:
-            return _values(count), tuple(page)
-        shape: list[Any] = []
+    def _statements(self, page: list[Any]) -> list[tuple[str, tuple[Any, ...]]]:
+        """SQLite's inserts of `page`'s rows and their parameters: its rows in chunks of
+        `CHUNKS` rows (a handful of statements, each prepared once), a chunk of
+        `SHAPED_ROWS` or more with the values its rows share spelled in."""
+        rows = len(page) // WIDTH
+        if rows == PAGE_ROWS:
+            return [self._statement(page, rows)]
+        made, start = [], 0
+        for size in CHUNKS:
+            while rows - start >= size:
+                made.append(self._statement(page[start * WIDTH:(start + size) * WIDTH], size))
+                start += size
+        return made
+
+    def _statement(self, chunk: list[Any], count: int) -> tuple[str, tuple[Any, ...]]:
+        """The insert of `count` rows, `chunk`, and its parameters (`SHARED`, `NULLABLE`)."""
+        if count < SHAPED_ROWS:
+            return _values(count), tuple(chunk)
+        shape: list[Any] = [count]
         for column in SHARED:
-            values = page[column::WIDTH]
+            values = chunk[column::WIDTH]
             if values.count(first := values[0]) == count:
                 shape += (column, first)
         for column in NULLABLE:
-            if page[column] is None and page[column::WIDTH].count(None) == count:
+            if chunk[column] is None and chunk[column::WIDTH].count(None) == count:
                 shape += (column, None)
         key = tuple(shape)
         try:
@@ -124,12 +140,12 @@ class Store:
         except KeyError:
             if len(self._shapes) >= MAX_SHAPES:
                 self._shapes.clear()
-            shared = dict(zip(shape[::2], shape[1::2], strict=True))
-            sql, bound = self._shapes[key] = _shaped(shared)
+            shared = dict(zip(shape[1::2], shape[2::2], strict=True))
+            sql, bound = self._shapes[key] = _shaped(shared, count)
         step = len(bound)
         params: list[Any] = [None] * (step * count)
         for at, column in enumerate(bound):
-            params[at::step] = page[column::WIDTH]
+            params[at::step] = chunk[column::WIDTH]
         return sql, tuple(params)
 
     async def page(self, filters: Filters, limit: int, after: tuple[float, int] | None
@@ -204,9 +220,9 @@ def _grouped(statements: list[tuple[str, tuple[Any, ...]]]
     return grouped
 
 
-def _shaped(shared: dict[int, Any]) -> tuple[str, tuple[int, ...]]:
-    """A full page's insert with `shared`'s values (by column) spelled in once where SQLite
-    reads them back the same, and the columns it binds (`VALUES`' rows, in order)."""
+def _shaped(shared: dict[int, Any], count: int) -> tuple[str, tuple[int, ...]]:
+    """The insert of `count` rows with `shared`'s values (by column) spelled in once where
+    SQLite reads them back the same, and the columns it binds (`VALUES`' rows, in order)."""
     spelled = {column: text for column, value in shared.items()
                if (text := _literal(value)) is not None}
     bound = tuple(column for column in range(WIDTH) if column not in spelled)
@@ -215,7 +231,7 @@ def _shaped(shared: dict[int, Any]) -> tuple[str, tuple[int, ...]]:
     values = ", ".join([*(f"column{at}" for at in range(1, len(bound) + 1)),
                         *spelled.values()])
     return (f"INSERT INTO request_log ({names}) SELECT {values} "
-            f"FROM (VALUES {', '.join([one] * PAGE_ROWS)})"), bound
+            f"FROM (VALUES {', '.join([one] * count)})"), bound
 
 
 def _literal(value: Any) -> str | None:
