@@ -4,10 +4,10 @@ When a request's record ends, `Journal.ended` (a listener, `gateway.observe.obse
 its row, plain values in `COLUMNS`' order, and adds them to the page being filled: a flat list
 of `PAGE_ROWS` rows, what one insert statement carries (`store.Store.write`). The record itself
 is not held, and neither is a row (a second's rows, each a tuple alive until its batch is
-written, kept the garbage collector busy). What a row shares with many others is left to the
-writer, once a page: the upstream model that served (looked up by alias and provider, as the
-spend table's) and the attempts of a request answered at its first try (one JSON text per
-provider). The bodies a row keeps are redacted and cut by the writer too. The journal's own
+written, kept the garbage collector busy). The attempts of a request answered at its first try
+are its provider's one JSON text, made once; the upstream model that served is left to the
+writer, looked up once a page (by alias and provider, as the spend table's); the bodies a row
+keeps are redacted and cut by the writer too. The journal's own
 task (`run`) writes the pages once per `database.flush_interval`, as spend rows are. A database
 that is down leaves pages buffered (the oldest dropped past `MAX_BUFFERED` rows, counted) and
 bodies held up to `MAX_HELD_BYTES` (past it, a row keeps its metadata and says
@@ -35,7 +35,7 @@ from gateway.core.settings import Route
 from gateway.core.settings.logs import LogsConfig
 from gateway.observe.observers import status_of
 from gateway.requestlog.capture import DISABLED, NOT_CAPTURED, STORED, Bodies
-from gateway.requestlog.store import COLUMNS, PAGE_ROWS, Store
+from gateway.requestlog.store import COLUMNS, PAGE_ROWS, WIDTH, Store
 from providers.contract.log import get_logger
 from providers.contract.redact import Redactor, mask_credentials
 
@@ -47,7 +47,6 @@ BATCH_BYTES = 8 * 1024 * 1024  # ... and bodies per transaction
 MAX_PROVIDERS = 256  # first tries' attempts kept encoded (providers renamed by reloads: a few)
 Row = tuple[Any, ...]
 NO_USAGE = (None, None, None, None)  # a row's tokens without usage
-WIDTH = len(COLUMNS)
 _ALIAS, _MODEL, _PROVIDER = (COLUMNS.index(name) for name in ("alias", "model", "provider"))
 _PAYLOAD, _BODY = COLUMNS.index("payload"), COLUMNS.index("request_body")
 # A row's `outcome`, looked up: on 3.11 an enum member's `value` and its hash (a dict's key)
@@ -196,7 +195,7 @@ class Journal:
             return page
         most, redactor = (self.settings() or LogsConfig()).max_body_bytes, self.redactor()
         page = page[:]
-        for at, kept in enumerate(bodies, 0):
+        for at, kept in enumerate(bodies):
             if isinstance(kept, Bodies):
                 start = at * WIDTH + _PAYLOAD
                 page[start:start + 3] = _stored(kept, most, redactor)
