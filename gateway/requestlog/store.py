@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.accounts.statements import insert, transaction
+from gateway.core.errors import DatabaseUnavailable
 from gateway.requestlog.tables import request_log
 
 COLUMNS = tuple(c.name for c in request_log.c if c.name != "id")
@@ -30,27 +29,28 @@ BODIES = ("request_body", "response_body")
 # What a listed row shows: everything but its bodies (`/admin/logs/{request_id}` has them).
 LISTED = [c for c in request_log.c if c.name not in BODIES]
 PURGE_BATCH = 5_000  # rows deleted per transaction
-# Rows one SQLite insert statement carries: their parameters stay under 999, the oldest
-# SQLite's limit. A statement per row would bind as many values, but run the table's
-# AUTOINCREMENT bookkeeping and the statement's setup once per row.
-ROWS_PER_INSERT = 32
-
-
-@dataclass(frozen=True, slots=True)
-class Spelling:
-    """What a row holds for NULL in its nullable columns, and for false and true, as its
-    database's driver binds them cheapest."""
-
-    null: Any
-    flags: tuple[Any, Any]  # (false, true)
-
-
-PLAIN = Spelling(None, (False, True))  # asyncpg takes only these for NULL and booleans
-# sqlite3 adapts every None and bool it binds (a registry lookup and a call each: most of a
-# row's binding). It binds a NaN as a double, which SQLite stores as NULL (as it always stored
-# a NaN), and 0 and 1 as integers, which SQLite stored for a bool anyway: the same row, read
-# back the same.
-SQLITE = Spelling(math.nan, (0, 1))
+# Rows one SQLite insert statement carries (a page of `journal.Journal`'s buffer): their
+# parameters stay under 999, the oldest SQLite's limit. A statement per row would bind as many
+# values, but run the statement's setup once per row.
+PAGE_ROWS = 32
+WIDTH = len(COLUMNS)
+# On SQLite a full page's statement spells as literals the values all its rows share in these
+# columns (a handful of values each: binding a value costs more than inserting it), and NULL in
+# any column all its rows leave empty; it is made once per set of such values (`MAX_SHAPES`
+# kept: sqlite3 keeps 128 statements prepared per connection).
+SHARED = tuple(COLUMNS.index(name) for name in (
+    "key_id", "team", "endpoint", "requested", "alias", "model", "provider", "stream",
+    "attempts", "hedged", "hedge_won", "cache_hit", "replayed", "resumed", "guardrails",
+    "status", "error_code", "outcome", "payload"))
+NULLABLE = tuple(COLUMNS.index(name) for name in (
+    "ttft_ms", "overhead_ms", "prompt_tokens", "completion_tokens", "cached_tokens",
+    "cache_write_tokens", "cost", "request_body", "response_body"))
+MAX_SHAPES = 64
+# A page a flush writes before it is full goes in chunks of these sizes; one of 8 rows or more
+# is shaped too (a smaller one's shape would often be its rows' own, a statement each).
+CHUNKS = (32, 16, 8, 4, 2, 1)
+SHAPED_ROWS = 8
+MAX_LITERAL = 256  # characters: a longer text is bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,30 +76,77 @@ class Store:
         self.engine = engine
         self._insert = insert("request_log", COLUMNS, engine.dialect.paramstyle)
         self._sqlite = engine.dialect.name == "sqlite"
-        self.spelling = SQLITE if self._sqlite else PLAIN  # how `Journal` spells its rows
+        # A full page's statement and the columns it binds, by the values its rows share.
+        self._shapes: dict[tuple[Any, ...], tuple[str, tuple[int, ...]]] = {}
         if self._sqlite:
             plain_binds()
 
     def _tx(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         return transaction(self.engine, "request log's")
 
-    async def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Insert rows (tuples in `COLUMNS`' order) in one transaction, in order, handed to
-        the driver as they are (on SQLite, `ROWS_PER_INSERT` rows a statement)."""
-        if not rows:
+    async def write(self, pages: Sequence[list[Any]]) -> None:
+        """Insert pages of rows (each a flat list, `WIDTH` values a row in `COLUMNS`' order)
+        in one transaction, in order, handed to the driver as they are (on SQLite, a statement
+        a page, consecutive pages of one statement in one call)."""
+        if not pages:
             return
         async with self._tx() as conn:
             if not self._sqlite:
-                await conn.exec_driver_sql(self._insert, list(rows))
+                await conn.exec_driver_sql(self._insert, [
+                    row for page in pages for row in zip(*[iter(page)] * WIDTH, strict=True)])
                 return
-            whole = len(rows) - len(rows) % ROWS_PER_INSERT
-            if whole:
-                await conn.exec_driver_sql(_values(ROWS_PER_INSERT), [
-                    tuple(chain.from_iterable(rows[start:start + ROWS_PER_INSERT]))
-                    for start in range(0, whole, ROWS_PER_INSERT)])
-            if whole < len(rows):
-                await conn.exec_driver_sql(_values(len(rows) - whole),
-                                           tuple(chain.from_iterable(rows[whole:])))
+            # aiosqlite's connection itself, in SQLAlchemy's transaction: a call per statement,
+            # where `exec_driver_sql` adds an execution context and three trips to the driver's
+            # thread (a cursor made, used, closed), the most of a flush of a few rows.
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None  # checked out: not yet closed
+            statements = [made for page in pages for made in self._statements(page)]
+            try:
+                for sql, params in _grouped(statements):
+                    await driver.executemany(sql, params)
+            except sqlite3.Error as exc:
+                raise DatabaseUnavailable(f"The request log's database is unavailable "
+                                          f"({type(exc).__name__})") from exc
+
+    def _statements(self, page: list[Any]) -> list[tuple[str, tuple[Any, ...]]]:
+        """SQLite's inserts of `page`'s rows and their parameters: its rows in chunks of
+        `CHUNKS` rows (a handful of statements, each prepared once), a chunk of
+        `SHAPED_ROWS` or more with the values its rows share spelled in."""
+        rows = len(page) // WIDTH
+        if rows == PAGE_ROWS:
+            return [self._statement(page, rows)]
+        made, start = [], 0
+        for size in CHUNKS:
+            while rows - start >= size:
+                made.append(self._statement(page[start * WIDTH:(start + size) * WIDTH], size))
+                start += size
+        return made
+
+    def _statement(self, chunk: list[Any], count: int) -> tuple[str, tuple[Any, ...]]:
+        """The insert of `count` rows, `chunk`, and its parameters (`SHARED`, `NULLABLE`)."""
+        if count < SHAPED_ROWS:
+            return _values(count), tuple(chunk)
+        shape: list[Any] = [count]
+        for column in SHARED:
+            values = chunk[column::WIDTH]
+            if values.count(first := values[0]) == count:
+                shape += (column, first)
+        for column in NULLABLE:
+            if chunk[column] is None and chunk[column::WIDTH].count(None) == count:
+                shape += (column, None)
+        key = tuple(shape)
+        try:
+            sql, bound = self._shapes[key]
+        except KeyError:
+            if len(self._shapes) >= MAX_SHAPES:
+                self._shapes.clear()
+            shared = dict(zip(shape[1::2], shape[2::2], strict=True))
+            sql, bound = self._shapes[key] = _shaped(shared, count)
+        step = len(bound)
+        params: list[Any] = [None] * (step * count)
+        for at, column in enumerate(bound):
+            params[at::step] = chunk[column::WIDTH]
+        return sql, tuple(params)
 
     async def page(self, filters: Filters, limit: int, after: tuple[float, int] | None
                    ) -> list[dict[str, Any]]:
@@ -159,6 +206,45 @@ class Store:
             start = end
             await asyncio.sleep(0)
         return deleted
+
+
+def _grouped(statements: list[tuple[str, tuple[Any, ...]]]
+             ) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """Consecutive statements of the same SQL as one, with their parameters in order."""
+    grouped: list[tuple[str, list[tuple[Any, ...]]]] = []
+    for sql, params in statements:
+        if grouped and grouped[-1][0] == sql:
+            grouped[-1][1].append(params)
+        else:
+            grouped.append((sql, [params]))
+    return grouped
+
+
+def _shaped(shared: dict[int, Any], count: int) -> tuple[str, tuple[int, ...]]:
+    """The insert of `count` rows with `shared`'s values (by column) spelled in once where
+    SQLite reads them back the same, and the columns it binds (`VALUES`' rows, in order)."""
+    spelled = {column: text for column, value in shared.items()
+               if (text := _literal(value)) is not None}
+    bound = tuple(column for column in range(WIDTH) if column not in spelled)
+    one = f"({', '.join('?' * len(bound))})"
+    names = ", ".join(COLUMNS[column] for column in (*bound, *spelled))
+    values = ", ".join([*(f"column{at}" for at in range(1, len(bound) + 1)),
+                        *spelled.values()])
+    return (f"INSERT INTO request_log ({names}) SELECT {values} "
+            f"FROM (VALUES {', '.join([one] * count)})"), bound
+
+
+def _literal(value: Any) -> str | None:
+    """`value` as an SQL literal that stores what binding it would (None: bind it)."""
+    if value is None:
+        return "NULL"
+    if value.__class__ is bool:
+        return "1" if value else "0"
+    if value.__class__ is int and -(2 ** 63) <= value < 2 ** 63:
+        return str(value)
+    if value.__class__ is str and len(value) <= MAX_LITERAL and "\x00" not in value:
+        return "'" + value.replace("'", "''") + "'"
+    return None
 
 
 @functools.cache
