@@ -229,14 +229,12 @@ class _Choice(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _Chunk(msgspec.Struct):
-    """The common chat chunk: one choice's role and text, nothing else in its choices (other
-    top-level fields are not kept whole either way). Anything more fails to decode as this
-    and takes the general path."""
+    """The common chat chunk once its id, created and model are known: one choice's role and
+    text, nothing else in its choices (other top-level fields are not kept whole either way).
+    Anything more fails to decode as this and takes the general path. Fields it does not name
+    are skipped by the decoder, unbuilt: the id, created and model every chunk repeats."""
 
     choices: list[_Choice] | None = None
-    id: Any = None
-    created: Any = None
-    model: Any = None
     system_fingerprint: Any = None
     service_tier: Any = None
     usage: Any = None
@@ -244,62 +242,98 @@ class _Chunk(msgspec.Struct):
     error: Any = msgspec.UNSET
 
 
+class _FirstChunk(_Chunk):
+    """The common chat chunk until its id, created and model are known (`_Chunk`)."""
+
+    id: Any = None
+    created: Any = None
+    model: Any = None
+
+
 _CHUNK = msgspec.json.Decoder(_Chunk)
+_FIRST_CHUNK = msgspec.json.Decoder(_FirstChunk)
+_UNDECODABLE = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
+_UNSET = msgspec.UNSET
 
 
 class ChatAssembler(_Assembler):
     """`chat.completion.chunk` events into a `chat.completion`. Text arrives in pieces, kept
     in lists (`_texts`) and joined once in `_done`: appending to a string per event would copy
     the whole answer each time. The common chunk (role and content only) is decoded into typed
-    structs (`_Chunk`); any other takes the general path, as a dict."""
+    structs (`_FirstChunk`, then `_Chunk`); any other takes the general path, as a dict."""
 
     object_name = "chat.completion"
 
+    def __init__(self, choices: int = 1) -> None:
+        super().__init__(choices)
+        self._decode = _FIRST_CHUNK.decode  # `_CHUNK`'s once the id, created and model are in
+
     def _data(self, payload: bytes) -> None:
+        if payload == sse.DONE:  # once a stream: asked here, not by a failed decode's error
+            self.data_events += 1
+            self.done = True
+            return
         try:
-            chunk = _CHUNK.decode(payload)
-        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            chunk = self._decode(payload)
+        except _UNDECODABLE:
             super()._data(payload)  # says what was wrong with it, as for any event
             return
-        if chunk.error is not msgspec.UNSET or chunk.object == "error":
-            self.data_events += 1
+        self.data_events += 1
+        if chunk.error is not _UNSET or chunk.object == "error":
             self.error_event = payload
             return
-        self.data_events += 1
-        self._take_top(chunk)
+        if len(self.top) < 5:
+            self._take_top(chunk)
         if chunk.usage:
             self.usage = chunk.usage
         for choice in chunk.choices or ():  # one, nearly always: `_grow`'s typed twin, inlined
-            grown = self.choices.get(choice.index)
+            index = choice.index
+            grown = self.choices.get(index)
             if grown is None:
-                grown = self.choices[choice.index] = self._new(choice.index)
+                grown = self.choices[index] = self._new(index)
             if (delta := choice.delta) is not None:
                 if delta.role:
                     grown["message"]["role"] = delta.role
-                if delta.content is not None:
-                    grown["_texts"].setdefault("content", []).append(delta.content)
+                if (content := delta.content) is not None:
+                    texts = grown["_texts"]
+                    if (pieces := texts.get("content")) is None:
+                        texts["content"] = [content]
+                    else:
+                        pieces.append(content)
             if choice.finish_reason is not None:
                 grown["finish_reason"] = choice.finish_reason
-                self._ended.add(choice.index)
-            if choice.stop_reason is not msgspec.UNSET:
+                self._ended.add(index)
+            if choice.stop_reason is not _UNSET:
                 grown["stop_reason"] = choice.stop_reason
-            if choice.matched_stop is not msgspec.UNSET:
+            if choice.matched_stop is not _UNSET:
                 grown["matched_stop"] = choice.matched_stop
+
+    def _event(self, event: Mapping[str, Any]) -> None:
+        super()._event(event)
+        self._typed_later()
 
     def _take_top(self, chunk: _Chunk) -> None:
         """The first value given of each `_TOP` field (`_event` says why the first), field by
         field: a loop over their names would look each up by name, in every event."""
         top = self.top
-        if chunk.id and "id" not in top:
-            top["id"] = chunk.id
-        if chunk.created and "created" not in top:
-            top["created"] = chunk.created
-        if chunk.model and "model" not in top:
-            top["model"] = chunk.model
+        if isinstance(chunk, _FirstChunk):
+            if chunk.id and "id" not in top:
+                top["id"] = chunk.id
+            if chunk.created and "created" not in top:
+                top["created"] = chunk.created
+            if chunk.model and "model" not in top:
+                top["model"] = chunk.model
+            self._typed_later()
         if chunk.system_fingerprint and "system_fingerprint" not in top:
             top["system_fingerprint"] = chunk.system_fingerprint
         if chunk.service_tier and "service_tier" not in top:
             top["service_tier"] = chunk.service_tier
+
+    def _typed_later(self) -> None:
+        """Once the id, created and model are in, later chunks' are not decoded at all."""
+        top = self.top
+        if "id" in top and "created" in top and "model" in top:
+            self._decode = _CHUNK.decode
 
     def _new(self, index: int) -> dict[str, Any]:
         return {"index": index, "message": {"role": "assistant", "content": None},
