@@ -84,21 +84,22 @@ class _Gathering(Gathering):
     async def _read(self) -> Reply:
         assembler = self.assembler
         if not assembler.done:
+            size, max_bytes, max_events = self.size, self.max_bytes, self.max_events
             async for chunk in self.rest:
-                self.size += len(chunk)
-                if self.size > self.max_bytes:  # held in memory until whole: bounded
+                size += len(chunk)
+                if size > max_bytes:  # held in memory until whole: bounded
                     raise BadUpstreamResponse(f"answer is larger than max_answer_bytes "
-                                              f"({self.max_bytes})")
-                assembler.feed(chunk)
-                if assembler.broken:
-                    raise ProviderUnavailable("stream broke before it finished")
-                if assembler.data_events > self.max_events:
-                    raise BadUpstreamResponse(f"answer has more events than "
-                                              f"max_answer_events ({self.max_events})")
-                if assembler.done:
-                    break
+                                              f"({max_bytes})")
+                if assembler.take(chunk) or assembler.data_events > max_events:
+                    if assembler.broken:
+                        raise ProviderUnavailable("stream broke before it finished")
+                    if assembler.data_events > max_events:
+                        raise BadUpstreamResponse(f"answer has more events than "
+                                                  f"max_answer_events ({max_events})")
+                    break  # done
             else:
                 assembler.flush()
+            self.size = size
         if assembler.done:  # read the body's end, so its connection is kept for the next request
             await read_to_end(self.rest)
         if assembler.broken or not (assembler.done or assembler.finished) \
@@ -147,8 +148,22 @@ class _Assembler:
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk of the stream."""
-        for data in self.reader.data(chunk):
+        self.take(chunk)
+
+    def take(self, chunk: bytes) -> bool:
+        """`feed`, and whether the stream is done or `broken` (one test for the reader)."""
+        found = self.reader.data(chunk)
+        if found and found[-1] == sse.DONE:  # where a stream's end comes: not decoded
+            del found[-1]
+            for data in found:
+                self._data(data)
+            self.data_events += 1
+            self.done = True
+            return True
+        for data in found:
             self._data(data)
+        return self.error_event is not None or self.malformed or self.reader.garbage \
+            or self.done
 
     def flush(self) -> None:
         """The body ended: an event it did not close with a blank line counts too."""
@@ -269,10 +284,6 @@ class ChatAssembler(_Assembler):
         self._decode = _FIRST_CHUNK.decode  # `_CHUNK`'s once the id, created and model are in
 
     def _data(self, payload: bytes) -> None:
-        if payload == sse.DONE:  # once a stream: asked here, not by a failed decode's error
-            self.data_events += 1
-            self.done = True
-            return
         try:
             chunk = self._decode(payload)
         except _UNDECODABLE:

@@ -23,6 +23,7 @@ from providers.contract.errors import (
     TotalTimeout,
 )
 from providers.contract.spec import Timeouts
+from providers.contract.translate import Translator
 from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 from providers.wire.deadline import DATA, EVERY_CHUNK, Deadline, Watchdog, read_stream
 from providers.wire.expiry import Expiries
@@ -105,9 +106,11 @@ class HttpUpstream:
         return payload, response.headers
 
     async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None,
-                     progress: bytes = DATA) -> AsyncGenerator[bytes, None]:
+                     progress: bytes = DATA, translator: Translator | None = None
+                     ) -> AsyncGenerator[bytes, None]:
         """The body of a 2xx streamed answer as it arrives, within all four timeouts; `extra`
-        headers go with this request only; `progress` marks a data event in its framing."""
+        headers go with this request only; `progress` marks a data event in its framing; with
+        a `translator`, what it makes of the body (`contract.translate.translated`'s loop)."""
         deadline = Deadline(self.timeouts)
         # Its one timer keeps the first-token limit from the request on: on the head, then on
         # the body's first data event (`_opened`'s `asyncio.timeout` would be a second).
@@ -137,15 +140,25 @@ class HttpUpstream:
                     except TimeoutError:
                         raise error(f"no complete answer within {limit:g}s") from None
                     raise AnsweredWhole(payload)
-                # `read_stream`'s loop, written here: one generator less to pass each chunk on.
-                while chunk := await response.readany():
-                    watchdog.got_chunk(chunk)
-                    yield chunk
-                    watchdog.waiting()
+                # `read_stream`'s loop, and `translated`'s, written here: one generator, not
+                # three, to pass each chunk on.
+                if translator is None:
+                    while chunk := await response.readany():
+                        watchdog.got_chunk(chunk)
+                        yield chunk
+                        watchdog.waiting()
+                else:
+                    while chunk := await response.readany():
+                        watchdog.got_chunk(chunk)
+                        if out := translator.feed(chunk):
+                            yield out
+                        watchdog.waiting()
             finally:
                 response.close()
         finally:
             watchdog.stop()
+        if translator is not None and (tail := translator.close()):
+            yield tail
 
     async def flow(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
                    ) -> tuple[Mapping[str, str], AsyncGenerator[bytes, None]]:
