@@ -32,6 +32,7 @@ from providers.contract.stream import (
 from providers.contract.usage import Usage
 
 ENDPOINTS = endpoints.STREAMED_WHOLE
+__all__ = ["ENDPOINTS", "Assembled", "ChatAssembler", "CompletionAssembler", "assembles"]
 
 
 class Assembled(Adapter):

@@ -59,17 +59,21 @@ class Assembler:
     def take(self, chunk: bytes) -> bool:
         """`feed`, and whether the stream is done or `broken` (one test for the reader)."""
         found = self.reader.data(chunk)
-        if found and found[-1] == sse.DONE:  # where a stream's end comes: not decoded
+        done = bool(found) and found[-1] == sse.DONE  # where a stream's end comes
+        if done:  # not decoded, as `_data` would try to
             del found[-1]
-            for data in found:
-                self._data(data)
+        self._events(found)
+        if done:
             self.data_events += 1
             self.done = True
             return True
-        for data in found:
-            self._data(data)
         return self.error_event is not None or self.malformed or self.reader.garbage \
             or self.done
+
+    def _events(self, found: list[bytes]) -> None:
+        """The data of a chunk's events, in order."""
+        for data in found:
+            self._data(data)
 
     def flush(self) -> None:
         """The body ended: an event it did not close with a blank line counts too."""
@@ -195,20 +199,28 @@ class ChatAssembler(Assembler):
         self._after = b""  # from the text's closing quote on,
         self._pieces: list[str] = []  # and the content its choice grows
 
+    def _events(self, found: list[bytes]) -> None:
+        """Each event the template's (`_learn`) grown by its text, in a loop of its own: no
+        call, no attribute read per event; any other by `_data`."""
+        before, after, pieces = self._before, self._after, self._pieces
+        start, taken = len(before), 0
+        for data in found:
+            if before:
+                end = len(data) - len(after)
+                if end >= start and data[:start] == before and data[end:] == after:
+                    try:
+                        pieces.append(_TEXT.decode(data[start - 1:end + 1]))
+                        taken += 1
+                        continue
+                    except _UNDECODABLE:
+                        pass  # not the template's chunk after all: decoded whole
+            self._data(data)
+            if not before and self._before:  # learnt from it: the next may be its like
+                before, after, pieces = self._before, self._after, self._pieces
+                start = len(before)
+        self.data_events += taken
+
     def _data(self, payload: bytes) -> None:
-        if self._before:
-            before, after = self._before, self._after
-            end = len(payload) - len(after)
-            if end >= len(before) and payload[:len(before)] == before \
-                    and payload[end:] == after:
-                try:
-                    text = _TEXT.decode(payload[len(before) - 1:end + 1])
-                except _UNDECODABLE:
-                    pass  # not the template's chunk after all: decoded whole below
-                else:
-                    self.data_events += 1
-                    self._pieces.append(text)
-                    return
         try:
             chunk = _CHUNK.decode(payload)
         except _UNDECODABLE:
@@ -230,15 +242,9 @@ class ChatAssembler(Assembler):
                 if delta.role:
                     grown["message"]["role"] = delta.role
                 if (content := delta.content) is not None:
-                    texts = grown["_texts"]
-                    if (pieces := texts.get("content")) is None:
-                        pieces = texts["content"] = []
+                    pieces = grown["_texts"].setdefault("content", [])
                     pieces.append(content)
-                    if self._learning and delta.role is None and choice.finish_reason is None \
-                            and choice.stop_reason is _UNSET \
-                            and choice.matched_stop is _UNSET and not chunk.usage \
-                            and len(chunk.choices or ()) == 1:
-                        self._learn(payload, content, pieces)
+                    self._learn(payload, chunk, choice, pieces)
             if choice.finish_reason is not None:
                 grown["finish_reason"] = choice.finish_reason
                 self._ended.add(index)
@@ -247,12 +253,20 @@ class ChatAssembler(Assembler):
             if choice.matched_stop is not _UNSET:
                 grown["matched_stop"] = choice.matched_stop
 
-    def _learn(self, payload: bytes, content: str, pieces: list[str]) -> None:
-        """Keep `payload`, a chunk of one choice whose delta is only `content`, as the
-        template, when its text is found for certain: after the one `"content"` key it has,
-        written without spaces, up to the first quote no backslash escapes, and decoding to
-        `content`. Its top-level fields were taken already, so a chunk repeating them adds
-        nothing to them."""
+    def _learn(self, payload: bytes, chunk: _Chunk, choice: _Choice, pieces: list[str]
+               ) -> None:
+        """Keep `payload` as the template if it is a chunk of one choice whose delta is only
+        content (no usage either) and its text is found for certain: after the one
+        `"content"` key it has, written without spaces, up to the first quote no backslash
+        escapes, and decoding to that content. Its top-level fields were taken already, so a
+        chunk repeating them adds nothing to them."""
+        delta = choice.delta
+        if not self._learning or delta is None or delta.role is not None \
+                or choice.finish_reason is not None or choice.stop_reason is not _UNSET \
+                or choice.matched_stop is not _UNSET or chunk.usage \
+                or len(chunk.choices or ()) != 1:
+            return
+        content = delta.content
         self._learning = False
         at = payload.find(_CONTENT)
         if at < 0 or payload.find(b'"content"') != at or payload.find(b'"content"', at + 1) >= 0:
