@@ -91,12 +91,16 @@ class Outgoing:
     def asking(self, stream: bool) -> Outgoing:
         """The same request asking for a stream, or for the whole answer (a stream's usage is
         asked for by the kind that sends it)."""
-        body = {**self.json(), "stream": stream}
+        if self._json is not None:
+            body = {**self._json, "stream": stream}
+        else:  # top-level fields only, the rest as the bytes it came as (`fields`)
+            body = self.fields()
+            body["stream"] = stream
         body.pop("stream_options", None)
         return Outgoing(self.endpoint, msgspec.json.encode(body), self.model, stream,
                         self.request_id, key_id=self.key_id, choices=self.choices,
                         betas=self.betas, resumes=self.resumes, priority=self.priority,
-                        _json=body)  # not decoded again by the kind that builds its body
+                        _json=body if self._json is not None else None)
 
     def with_body(self, endpoint: str, body: dict[str, Any]) -> Outgoing:
         """The same request as another endpoint's body (what a bridge sends on)."""
@@ -138,17 +142,18 @@ class Reply(msgspec.Struct, frozen=True):  # a Struct: made for every whole answ
         """A whole answer holds nothing open."""
 
 
-class Gathering(ABC):
+class Gathering:
     """A whole answer whose first token has come and whose rest is still arriving (a stream
-    assembled for a client that asked for the whole answer)."""
+    assembled for a client that asked for the whole answer). Not an `ABC`: every whole answer
+    is checked against it, and `isinstance` with an ABC runs `ABCMeta.__instancecheck__`."""
 
-    @abstractmethod
     async def reply(self) -> Reply:
         """Read the rest: the whole answer, or a `ProviderError` (still a failover)."""
+        raise NotImplementedError
 
-    @abstractmethod
     async def close(self) -> None:
         """Stop reading; the upstream request is closed."""
+        raise NotImplementedError
 
 
 # What one try at a provider gives, once its first token is there: a whole reply, a peeked

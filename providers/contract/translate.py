@@ -3,7 +3,8 @@
 What each kind knows is pure: a `Translator` fed the upstream's bytes as they come, giving back
 the chunks (SSE bytes) they make whole, and at the clean end whatever its framing still holds.
 The I/O is here, once: read, translate, pass on what there is, and close the upstream request
-however the reading stops (a client gone, an error, the end).
+however the reading stops (a client gone, an error, the end). `HttpUpstream.stream` runs the
+same loop itself when handed the translator: one generator less to pass each chunk through.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from providers.contract.lasting import Lasting
 from providers.contract.provider import Outgoing, ProviderDisabled, Reply
 from providers.contract.refusals import filtered, filtered_first
 from providers.contract.spec import ProviderSpec
-from providers.contract.translate import translated
+from providers.contract.translate import Translator, translated
 from providers.contract.transport import Transport, UpstreamSocket
 from providers.kinds.openai import OpenAIProvider
 from providers.wire import sse
@@ -205,8 +205,9 @@ class BearerUpstream(HttpUpstream):
         return await super().post(url, body, await self._bearer(extra))
 
     async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None,
-                     progress: bytes = DATA) -> AsyncGenerator[bytes, None]:
-        chunks = super().stream(url, body, await self._bearer(extra), progress)
+                     progress: bytes = DATA, translator: Translator | None = None
+                     ) -> AsyncGenerator[bytes, None]:
+        chunks = super().stream(url, body, await self._bearer(extra), progress, translator)
         try:
             async for chunk in chunks:
                 yield chunk

@@ -18,7 +18,6 @@ from providers.contract.answer import check_json
 from providers.contract.provider import Answer, Outgoing, Provider, Reply, decode_body
 from providers.contract.spec import ProviderSpec
 from providers.contract.stream import flowing
-from providers.contract.translate import translated
 from providers.contract.transport import Transport, UpstreamSocket
 from providers.kinds.compat import (
     OPTION_FIELDS,
@@ -197,8 +196,8 @@ class OpenAIProvider(Provider):
                 and used_legacy_functions(request.json()))
 
     def stream(self, request: Outgoing, upstream_model: str) -> AsyncGenerator[bytes, None]:
-        chunks = self.http.stream(self.url(request.endpoint, upstream_model),
-                                  build_body(request, upstream_model, self.spec, self.options))
+        url = self.url(request.endpoint, upstream_model)
+        body = build_body(request, upstream_model, self.spec, self.options)
         if request.endpoint != "chat/completions":
-            return chunks
-        return translated(chunks, StreamNormalizer(self._legacy(request)))
+            return self.http.stream(url, body)
+        return self.http.stream(url, body, translator=StreamNormalizer(self._legacy(request)))

@@ -17,6 +17,7 @@ from providers.contract.errors import (
     TotalTimeout,
 )
 from providers.contract.spec import Timeouts
+from providers.wire.expiry import Expiry
 
 TimeoutKind = type[ProviderTimeout]
 DATA = b"data:"  # what starts a server-sent event's data: progress in an SSE stream
@@ -81,15 +82,21 @@ class Watchdog:
 
     Only data events count as progress: an SSE comment (`: ping`) or a line trickled a byte at
     a time proves nothing, so neither stops the first-token clock nor restarts the idle one.
-    One timer per stream, re-armed only when it fires: a timeout around each read cost a timer
-    and a context manager per chunk, ~10% of the gateway's work per chunk. The idle clock runs
-    only while the gateway waits on the upstream, not while the client is slow to take a chunk.
+    One timer per stream, re-armed only when it fires, or when the idle limit ends before the
+    first token's would: a timeout around each read cost a timer and a context manager per
+    chunk, ~10% of the gateway's work per chunk. The idle clock runs only while the gateway
+    waits on the upstream, not while the client is slow to take a chunk.
+
+    Made with no `reader`, it keeps the first-token limit on the answer's head too: the task
+    awaiting the head is cancelled (`lapsed` tells that cancellation apart), until `opened`
+    hands it the body; one timer for both, where `asyncio.timeout` around the head cost a
+    second timer and its context manager's state.
     """
 
-    __slots__ = ("_deadline", "_handle", "_idle_from", "_loop", "_progress", "_reader",
-                 "_started", "_tail", "_waiting")
+    __slots__ = ("_deadline", "_handle", "_idle_from", "_loop", "_opening", "_progress",
+                 "_reader", "_started", "_tail", "_waiting")
 
-    def __init__(self, reader: Body, deadline: Deadline, progress: bytes = DATA) -> None:
+    def __init__(self, reader: Body | None, deadline: Deadline, progress: bytes = DATA) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = reader
         self._deadline = deadline
@@ -98,7 +105,24 @@ class Watchdog:
         self._idle_from: float | None = None  # since the last data event, once waiting again
         self._progress = progress  # the mark of a data event (another framing has its own)
         self._tail = b""  # the end of the last chunk: the mark may straddle two
-        self._handle = self._loop.call_at(self._due()[0], self._check)
+        due = self._due()[0]
+        # While the head is awaited: the cancellation of the task awaiting it, when it is due.
+        self._opening: Expiry | None = None
+        if reader is None:
+            task = asyncio.current_task()
+            assert task is not None, "awaited in a task"
+            self._opening = Expiry(task, due)
+        self._handle = self._loop.call_at(due, self._check)
+
+    def opened(self, reader: Body) -> None:
+        """The answer's head came: from now the timer fails `reader`'s pending read."""
+        self._reader = reader
+        self._opening = None
+
+    def lapsed(self) -> bool:
+        """Called on a `CancelledError` while the head was awaited: whether it is the
+        first-token limit's own (then taken back), not one asked from elsewhere as well."""
+        return self._opening is not None and self._opening.lapsed()
 
     def got_chunk(self, chunk: bytes) -> None:
         self._waiting = False
@@ -107,10 +131,12 @@ class Watchdog:
         if seen.find(self._progress) < 0:  # not `in`: see `sse.Reader.data`
             return
         self._idle_from = None
-        if not self._started:  # from the first-token limit to the idle one: re-arm, once
+        if not self._started:  # from the first-token limit to the idle one
             self._started = True
-            self._handle.cancel()
-            self._handle = self._loop.call_at(self._due()[0], self._check)
+            due = self._due()[0]
+            if due < self._handle.when():  # else `_check` re-arms it when it fires
+                self._handle.cancel()
+                self._handle = self._loop.call_at(due, self._check)
 
     def waiting(self) -> None:
         now = self._loop.time()
@@ -139,5 +165,8 @@ class Watchdog:
         self._handle = self._loop.call_at(max(at, now + 0.001), self._check)
 
     def _expire(self, error: TimeoutKind) -> None:
-        self._reader.set_exception(error(f"no data within {error.reason.replace('_', ' ')} "
-                                         "limit"))
+        if self._opening is not None:
+            self._opening.expire()
+        elif self._reader is not None:
+            self._reader.set_exception(error(f"no data within {error.reason.replace('_', ' ')} "
+                                             "limit"))

@@ -17,10 +17,13 @@ import msgspec
 from providers.contract.errors import (
     AnsweredWhole,
     BadUpstreamResponse,
+    FirstTokenTimeout,
     ProviderError,
+    ProviderTimeout,
     TotalTimeout,
 )
 from providers.contract.spec import Timeouts
+from providers.contract.translate import Translator
 from providers.contract.transport import DIRECT, HttpResponse, Link, Transport
 from providers.wire.deadline import DATA, EVERY_CHUNK, Deadline, Watchdog, read_stream
 from providers.wire.expiry import Expiries
@@ -103,33 +106,59 @@ class HttpUpstream:
         return payload, response.headers
 
     async def stream(self, url: str, body: bytes, extra: Mapping[str, str] | None = None,
-                     progress: bytes = DATA) -> AsyncGenerator[bytes, None]:
+                     progress: bytes = DATA, translator: Translator | None = None
+                     ) -> AsyncGenerator[bytes, None]:
         """The body of a 2xx streamed answer as it arrives, within all four timeouts; `extra`
-        headers go with this request only; `progress` marks a data event in its framing."""
+        headers go with this request only; `progress` marks a data event in its framing; with
+        a `translator`, what it makes of the body (`contract.translate.translated`'s loop)."""
         deadline = Deadline(self.timeouts)
-        response = await self._opened(url, body, extra, deadline)
+        # Its one timer keeps the first-token limit from the request on: on the head, then on
+        # the body's first data event (`_opened`'s `asyncio.timeout` would be a second).
+        watchdog = Watchdog(None, deadline, progress)
         try:
-            if response.status != 200:
-                await self._raise_for_status(response, deadline)
-            if response.headers.get("Content-Type", "").startswith("application/json"):
-                limit, error = deadline.next_chunk()
-                try:
-                    async with asyncio.timeout(limit):
-                        payload = await response.read()
-                except TimeoutError:
-                    raise error(f"no complete answer within {limit:g}s") from None
-                raise AnsweredWhole(payload)
-            # `read_stream`'s loop, written here: one generator less to pass each chunk on.
-            watchdog = Watchdog(response, deadline, progress)
             try:
-                while chunk := await response.readany():
-                    watchdog.got_chunk(chunk)
-                    yield chunk
-                    watchdog.waiting()
+                response = await self._transport.request(
+                    "POST", url,
+                    headers={**self._headers, **extra} if extra else self._headers, body=body,
+                    link=self._link, connect_timeout=self.timeouts.connect, compressed=False)
+            except asyncio.CancelledError:
+                if not watchdog.lapsed():
+                    raise
+                limit, error = self._head_limit()
+                raise error(f"no response headers within {limit:g}s") from None
+            watchdog.opened(response)
+            try:
+                if response.status != 200:
+                    watchdog.stop()
+                    await self._raise_for_status(response, deadline)
+                if response.headers.get("Content-Type", "").startswith("application/json"):
+                    watchdog.stop()
+                    limit, error = deadline.next_chunk()
+                    try:
+                        async with asyncio.timeout(limit):
+                            payload = await response.read()
+                    except TimeoutError:
+                        raise error(f"no complete answer within {limit:g}s") from None
+                    raise AnsweredWhole(payload)
+                # `read_stream`'s loop, and `translated`'s, written here: one generator, not
+                # three, to pass each chunk on.
+                if translator is None:
+                    while chunk := await response.readany():
+                        watchdog.got_chunk(chunk)
+                        yield chunk
+                        watchdog.waiting()
+                else:
+                    while chunk := await response.readany():
+                        watchdog.got_chunk(chunk)
+                        if out := translator.feed(chunk):
+                            yield out
+                        watchdog.waiting()
             finally:
-                watchdog.stop()
+                response.close()
         finally:
-            response.close()
+            watchdog.stop()
+        if translator is not None and (tail := translator.close()):
+            yield tail
 
     async def flow(self, url: str, body: bytes, extra: Mapping[str, str] | None = None
                    ) -> tuple[Mapping[str, str], AsyncGenerator[bytes, None]]:
@@ -169,6 +198,14 @@ class HttpUpstream:
                 yield chunk
         finally:
             response.close()
+
+    def _head_limit(self) -> tuple[float, type[ProviderTimeout]]:
+        """The first-token limit on an answer's head as `Deadline.first_token` gives it at
+        the start (the total's, named so, when that is shorter)."""
+        timeouts = self.timeouts
+        if timeouts.total <= timeouts.first_token:
+            return timeouts.total, TotalTimeout
+        return timeouts.first_token, FirstTokenTimeout
 
     async def _raise_for_status(self, response: HttpResponse, deadline: Deadline) -> None:
         limit, _ = deadline.next_chunk()

@@ -234,6 +234,10 @@ class Framer:
     def feed(self, chunk: bytes) -> bytes:
         """The complete events `chunk` ends (with what was held before), blank lines
         included; the rest is held for the next call."""
+        if not self._partial and chunk[-2:] == b"\n\n":
+            # Whole events, as upstreams write them: a blank line ends the chunk, the last
+            # boundary there is whatever its line ends are, so nothing is searched.
+            return chunk
         buffer = self._partial + chunk if self._partial else chunk
         end = _last_boundary(buffer)
         if end < 0:
