@@ -1,5 +1,5 @@
-"""The request log's table, as SQLAlchemy Core (`accounts/migrations/versions/0003_request_log.py`
-builds it).
+"""The request log's table, as SQLAlchemy Core (`accounts/migrations/versions/0005_request_log.py`
+builds it; 0007 its key index partial).
 
 A row is one request as it ended. Times are seconds since the epoch (floats), as the spend
 table's; the attempts and guardrail actions are JSON text, written as the driver takes them
