@@ -64,8 +64,27 @@ def wait_answering(url: str, deadline: float) -> None:
     raise RuntimeError(f"{url} did not answer within {START_LIMIT:.0f}s")
 
 
-def control(flag: str) -> None:
-    subprocess.run(["callgrind_control", flag], check=True, capture_output=True)
+def control(flag: str, root: int) -> None:
+    """`callgrind_control flag` for `root` and its descendants only: with no pid it acts on
+    every callgrind run on the machine, another bench's included."""
+    subprocess.run(["callgrind_control", flag, *map(str, _family(root))], check=True,
+                   capture_output=True)
+
+
+def _family(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
 
 
 def worker_instructions(folder: Path) -> dict[str, int]:
@@ -136,9 +155,9 @@ def main() -> None:
         wait_for_port(port, served, timeout=START_LIMIT)
         wait_answering(url, time.monotonic() + START_LIMIT)
         asyncio.run(send(url, args.warm, args.clients))
-        control("-z")
+        control("-z", served.pid)
         ok = asyncio.run(send(url, args.requests, args.clients))
-        control("-d")
+        control("-d", served.pid)
         if ok != args.requests:
             raise RuntimeError(f"{args.requests - ok} of {args.requests} requests failed")
         threads = worker_instructions(out)

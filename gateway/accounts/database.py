@@ -29,7 +29,7 @@ from gateway.core.errors import Conflict, DatabaseUnavailable
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest migration's revision: a database already there is not handed to Alembic, which a
 # worker then never imports (tests/test_teams.py checks it against the scripts).
-HEAD = "0006"
+HEAD = "0007"
 IN_MEMORY = "sqlite:///:memory:"  # a gateway built without a config file: its own, for its life
 DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg",
            "postgres": "postgresql+asyncpg"}

@@ -134,12 +134,13 @@ def charged(record: Record, prompt: int, price_of: Callable[[str, str], Price | 
     for an answer kept from an earlier request, what its usage cost, else a cut stream's
     prompt and events, with the tries billed beside it; `prompt`: the tokens its hold estimated,
     `price_of`: (provider, alias) -> price."""
-    cost = 0.0 if record.from_store else record.cost  # the first request paid for it
-    if cost is None and record.events and record.provider is not None \
-            and record.alias is not None:
+    if record.cache_hit or record.replayed:  # the first request paid for it
+        return 0.0
+    if record.cost is not None:
+        return record.cost
+    if record.events and record.provider is not None and record.alias is not None:
         cost = cut_cost(prompt, record.events, price_of(record.provider, record.alias))
         if cost is not None:
-            cost += record.billed_aside()
-    if cost is None and record.billed_aside():  # no usage of its own, but tries billed
-        cost = record.billed_aside()
-    return cost
+            return cost + record.billed_aside()
+    aside = record.billed_aside()
+    return aside if aside else None  # no usage of its own, but tries billed

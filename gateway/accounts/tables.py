@@ -6,7 +6,7 @@ spend row also carries its UTC day, for grouping by day without a dialect's date
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Column, Float, Index, Integer, MetaData, String, Table
+from sqlalchemy import JSON, Column, Float, Index, Integer, MetaData, String, Table, text
 
 metadata = MetaData()
 
@@ -70,8 +70,11 @@ spend = Table(
     Column("latency_ms", Float, nullable=False),
     Column("status", Integer, nullable=False),
     Index("spend_time", "time"),
-    Index("spend_key_time", "key_id", "time"),
-    Index("spend_team_time", "team", "time"),
+    # Partial: a row without a key (or team) is in no query by key (or team).
+    Index("spend_key_time", "key_id", "time", sqlite_where=text("key_id IS NOT NULL"),
+          postgresql_where=text("key_id IS NOT NULL")),
+    Index("spend_team_time", "team", "time", sqlite_where=text("team IS NOT NULL"),
+          postgresql_where=text("team IS NOT NULL")),
 )
 
 audit = Table(

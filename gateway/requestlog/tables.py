@@ -1,5 +1,5 @@
-"""The request log's table, as SQLAlchemy Core (`accounts/migrations/versions/0003_request_log.py`
-builds it).
+"""The request log's table, as SQLAlchemy Core (`accounts/migrations/versions/0005_request_log.py`
+builds it; 0007 its key index partial).
 
 A row is one request as it ended. Times are seconds since the epoch (floats), as the spend
 table's; the attempts and guardrail actions are JSON text, written as the driver takes them
@@ -9,7 +9,7 @@ spend table's `upstream_model`; `requested` is the name the client sent.
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text, text
 
 metadata = MetaData()
 
@@ -48,6 +48,7 @@ request_log = Table(
     Column("request_body", Text, nullable=True),
     Column("response_body", Text, nullable=True),
     Index("request_log_time", "time", "id"),
-    Index("request_log_key_time", "key_id", "time"),
+    Index("request_log_key_time", "key_id", "time",  # a row without a key: in no query by key
+          sqlite_where=text("key_id IS NOT NULL"), postgresql_where=text("key_id IS NOT NULL")),
     Index("request_log_request_id", "request_id"),
 )
