@@ -39,7 +39,7 @@ from gateway.idempotency.flight import Idempotency
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
-from gateway.observe.observers import counted_by, drawn_by, logged_by, measured_by, spent_by
+from gateway.observe.observers import measured_by, observed_by, spent_by
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.queue.queueing import Queue, Ticket
 from gateway.routing.health import ProviderHealth
@@ -229,8 +229,8 @@ class Runtime:
             traced = (server_spans(),)
         # Told of every request's record when it ends, in this order.
         self.listeners: tuple[Listener, ...] = (
-            counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
-            logged_by(self.request_log), spent_by(self.limiter),
+            observed_by(self.metrics, self.traffic, self.provider_traffic, self.request_log),
+            spent_by(self.limiter),
             measured_by(self.throughputs, self.route_of), *charged, *journaled, *traced,
             self._staged)
         # What composes each snapshot's stages (`gateway.pipeline.stack.stacks`, given by the
