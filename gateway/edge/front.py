@@ -167,7 +167,8 @@ class Front:
             return
         # An item: State finds an attribute only after an AttributeError was raised for it.
         runtime: Runtime = self.app.state["runtime"]
-        runtime.stage("request")
+        if runtime.trace is not None:
+            runtime.trace("request")
         limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
         request = RawRequest(scope, receive, limit, self.arming)
         if (method := scope.get("method")) != "POST":
@@ -215,7 +216,8 @@ class Front:
             return
         try:
             await send_whole(answer, send)
-            runtime.stage("answered")
+            if runtime.trace is not None:
+                runtime.trace("answered")
         finally:  # the request's end is not the client's to wait for: after its answer
             answer.record.end(answer.outcome)
 

@@ -210,7 +210,8 @@ class Runtime:
         self.supervisor = Supervisor()  # the background tasks, restarted when they fail
         self.drain = Drain()  # open streams, ended in-band if still open late in a shutdown
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
-        # profiler such as bench/stages.py; None in production, where it costs one check each.
+        # profiler such as bench/stages.py; None in production, where it costs one check each
+        # (made where the stage is passed: a method doing it was a call each).
         self.trace: Callable[[str], None] | None = None
         # Traces (`gateway.observe.tracing`): None when off, and then nothing of it runs.
         self.tracing = tracing
@@ -263,13 +264,9 @@ class Runtime:
         return next((r for r in self.live.snapshot.routes.get(alias, ())
                      if r.provider == provider), None)
 
-    def stage(self, name: str) -> None:
-        """Tell the profiler, if one listens, that a request passed stage `name`."""
-        if self.trace is not None:
-            self.trace(name)
-
     def _staged(self, _: object) -> None:
-        self.stage("logged")
+        if self.trace is not None:
+            self.trace("logged")
 
     def enter(self) -> None:
         """A relay request arrives (`front.Front`, the one caller); its ticket for a slot
