@@ -109,7 +109,14 @@ class LocalValues:
         self.counter(family, labels)[0] += amount
 
     def observe(self, family: Family, labels: Labels, value: float) -> None:
-        _observe(self.histogram(family, labels), family, value)
+        # `histogram` and `_observe` spelled out for a row that exists: a queue's wait is
+        # observed for every request.
+        buckets = family.buckets
+        assert buckets is not None
+        if (row := self._rows[family].get(labels)) is None:
+            row = self.histogram(family, labels)
+        row[bisect_left(buckets, value)] += 1  # a bucket counts values <= its bound
+        row[-1] += value
 
     def counter(self, family: Family, labels: Labels) -> list[float]:
         """The row of `family` for `labels`: its total."""

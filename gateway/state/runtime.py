@@ -272,7 +272,8 @@ class Runtime:
         """A relay request arrives (`front.Front`, the one caller); its ticket for a slot
         under the concurrency cap (`queue.ticket()`) is waited on at admission."""
         self.inflight += 1
-        self.metrics.add_inflight(1)
+        if self.metrics.shared is not None:  # else read when scraped: no call to make
+            self.metrics.add_inflight(1)
 
     def hold(self) -> Callable[[], None]:
         """A slot taken at once, past the cap if need be, for work already running whose
@@ -284,7 +285,8 @@ class Runtime:
     def leave(self, ticket: Ticket) -> None:
         """Its answer is sent, or abandoned: its slot, or its place in the queue, is free."""
         self.inflight -= 1
-        self.metrics.add_inflight(-1)
+        if self.metrics.shared is not None:
+            self.metrics.add_inflight(-1)
         self.queue.leave(ticket)
 
     async def apply(self, snapshot: Snapshot) -> None:
