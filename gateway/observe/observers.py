@@ -78,24 +78,30 @@ def observed_by(metrics: Metrics, traffic: RecentTraffic, providers: ProviderTra
         if served is not None and not (cache_hit or replayed) and status < 400:
             providers.served(served, ttft if record.stream else record.upstream_time, cost)
         overhead = record.overhead
-        log.write(RequestLine(
+        # Only the fields with a value are passed: each keyword given for a field with a
+        # default costs msgspec's init a search of its own.
+        line = RequestLine(
             request_id=record.request_id, endpoint=record.endpoint, model=record.model,
-            alias=alias if alias != record.model else None, provider=provider, status=status,
-            outcome=outcome, attempts=attempts,
+            provider=provider, status=status, outcome=outcome, attempts=attempts,
             failed=[f"{a.provider}:{a.reason}" for a in failed] if failed else None,
             stream=record.stream, key_id=record.key_id,
             tokens=usage.total_tokens if usage else None,
             cost=round(cost, 8) if cost is not None else None,
             ttft_ms=_ms(ttft) if ttft is not None else None,
             latency_ms=_ms(duration),
-            overhead_ms=_ms(overhead) if overhead is not None else None,
-            error=record.error_code or None,
-            cache="hit" if cache_hit else None,
-            idempotent="replay" if replayed else None,
-            resumed=resumed.ok + resumed.failed if resumed else None,
-            resumes_failed=resumed.failed if resumed else None,
-            resumed_by=resumed.by if resumed else None),
-            record.detail or None)
+            overhead_ms=_ms(overhead) if overhead is not None else None)
+        if alias != record.model:
+            line.alias = alias
+        if record.error_code:
+            line.error = record.error_code
+        if cache_hit:
+            line.cache = "hit"
+        if replayed:
+            line.idempotent = "replay"
+        if resumed is not None:
+            line.resumed, line.resumes_failed = resumed.ok + resumed.failed, resumed.failed
+            line.resumed_by = resumed.by
+        log.write(line, record.detail or None)
     return ended
 
 
