@@ -30,9 +30,9 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.adapters import native
 from gateway.core import endpoints
 from gateway.core.call import Call, ClientDisconnected, Meter, unmetered
-from gateway.core.delivery import Streamed, Whole
+from gateway.core.delivery import STREAM_HEADERS, Streamed, Whole
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
-from gateway.core.record import Record, request_id
+from gateway.core.record import HEADERS, Record, request_id
 from gateway.edge import passthrough
 from gateway.edge.disconnect import Arming, DisconnectGuard, new_arming
 from gateway.edge.guard import Limits, answer, read_head
@@ -56,6 +56,9 @@ RELAY_PATHS = {**{f"/v1/{e}": e for e in endpoints.RELAYED},
 # Read for every request: on Python 3.11 a member read off its enum class goes through
 # `EnumType.__getattr__`'s attribute hook, a call of its own each time.
 _HTTP = ScopeType.HTTP
+# The names of the headers every answer carries, as ASGI sends them: encoded once, not per
+# answer (any other name is encoded as it comes).
+_NAMES = {name: name.lower().encode("latin-1") for name in (*HEADERS, *STREAM_HEADERS)}
 
 
 class RawRequest:
@@ -227,8 +230,9 @@ def _head(status: int, media_type: str, headers: Mapping[str, str],
     encoded = [(b"content-type", media_type.encode("latin-1"))]
     if framing is not None:
         encoded.append(framing)
-    encoded += [(name.lower().encode("latin-1"), value.encode("latin-1"))
-                for name, value in headers.items()]
+    names = _NAMES
+    encoded += [(names[name] if name in names else name.lower().encode("latin-1"),
+                 value.encode("latin-1")) for name, value in headers.items()]
     return {"type": "http.response.start", "status": status, "headers": encoded}
 
 
