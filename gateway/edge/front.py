@@ -154,7 +154,7 @@ class Front:
             await self.others(scope, receive, send)
             return
         size, has_body, host, origins = read_head(scope)
-        refused = self.origins.refusal(host, origins)
+        refused: GatewayError | None = self.origins.refusal(host, origins)
         if refused is None and size > self.limits.max_header_bytes:  # else no call to make
             refused = self.limits.oversize(size)
         if refused is not None:

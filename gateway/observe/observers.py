@@ -19,6 +19,7 @@ from gateway.observe.logs import RequestLine, RequestLog
 from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic, refusal
 from gateway.routing.sorting import Throughputs
+from providers.contract.provider import Resumes
 
 # The status a request that lost its client before any answer is counted with (nginx's).
 CLIENT_CLOSED = 499
@@ -64,9 +65,7 @@ def observed_by(metrics: Metrics, traffic: RecentTraffic, providers: ProviderTra
         resumes = record.resumes
         resumed = resumes if resumes is not None and (resumes.ok or resumes.failed) else None
         if resumed is not None:
-            for result, count in (("ok", resumed.ok), ("failed", resumed.failed)):
-                if count:
-                    metrics.resumed(model, result, count)
+            _resumed(metrics, model, resumed)
         # A 503 because every pool was loading or full is a wait, not a failure.
         refused = refusal((a.reason for a in failed), record.error_code) \
             if status >= 500 else None
@@ -103,6 +102,12 @@ def observed_by(metrics: Metrics, traffic: RecentTraffic, providers: ProviderTra
             line.resumed_by = resumed.by
         log.write(line, record.detail or None)
     return ended
+
+
+def _resumed(metrics: Metrics, model: str, resumed: Resumes) -> None:
+    for result, count in (("ok", resumed.ok), ("failed", resumed.failed)):
+        if count:
+            metrics.resumed(model, result, count)
 
 
 def measured_by(throughputs: Throughputs, route_of: Callable[[str, str], Route | None]
