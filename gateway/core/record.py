@@ -23,6 +23,9 @@ from providers.contract.usage import Price, Usage
 from providers.contract.usage import cost as cost_of
 
 MAX_REQUEST_ID = 128
+# The headers `Record.headers` may give an answer (the edge encodes their names once).
+HEADERS = ("x-request-id", "x-llms-overhead-ms", "x-llms-attempts", "x-llms-provider",
+           "x-llms-model", "x-llms-cost", "x-llms-hedged", "x-llms-resumed")
 
 
 class Outcome(enum.Enum):

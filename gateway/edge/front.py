@@ -30,9 +30,9 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.adapters import native
 from gateway.core import endpoints
 from gateway.core.call import Call, ClientDisconnected, Meter, unmetered
-from gateway.core.delivery import Streamed, Whole
+from gateway.core.delivery import STREAM_HEADERS, Streamed, Whole
 from gateway.core.errors import MethodNotAllowed, RequestTooLarge, ShuttingDown
-from gateway.core.record import Record, request_id
+from gateway.core.record import HEADERS, Record, request_id
 from gateway.edge import passthrough
 from gateway.edge.disconnect import Arming, DisconnectGuard, new_arming
 from gateway.edge.guard import Limits, answer, read_head
@@ -56,6 +56,9 @@ RELAY_PATHS = {**{f"/v1/{e}": e for e in endpoints.RELAYED},
 # Read for every request: on Python 3.11 a member read off its enum class goes through
 # `EnumType.__getattr__`'s attribute hook, a call of its own each time.
 _HTTP = ScopeType.HTTP
+# The names of the headers every answer carries, as ASGI sends them: encoded once, not per
+# answer (any other name is encoded as it comes).
+_NAMES = {name: name.lower().encode("latin-1") for name in (*HEADERS, *STREAM_HEADERS)}
 
 
 class RawRequest:
@@ -151,7 +154,9 @@ class Front:
             await self.others(scope, receive, send)
             return
         size, has_body, host, origins = read_head(scope)
-        refused = self.origins.refusal(host, origins) or self.limits.oversize(size)
+        refused: GatewayError | None = self.origins.refusal(host, origins)
+        if refused is None and size > self.limits.max_header_bytes:  # else no call to make
+            refused = self.limits.oversize(size)
         if refused is not None:
             await answer(send, refused)
             return
@@ -167,7 +172,8 @@ class Front:
             return
         # An item: State finds an attribute only after an AttributeError was raised for it.
         runtime: Runtime = self.app.state["runtime"]
-        runtime.stage("request")
+        if runtime.trace is not None:
+            runtime.trace("request")
         limit = native.upload_limit(endpoint, runtime.live.snapshot.server.max_body_bytes)
         request = RawRequest(scope, receive, limit, self.arming)
         if (method := scope.get("method")) != "POST":
@@ -215,7 +221,8 @@ class Front:
             return
         try:
             await send_whole(answer, send)
-            runtime.stage("answered")
+            if runtime.trace is not None:
+                runtime.trace("answered")
         finally:  # the request's end is not the client's to wait for: after its answer
             answer.record.end(answer.outcome)
 
@@ -225,8 +232,9 @@ def _head(status: int, media_type: str, headers: Mapping[str, str],
     encoded = [(b"content-type", media_type.encode("latin-1"))]
     if framing is not None:
         encoded.append(framing)
-    encoded += [(name.lower().encode("latin-1"), value.encode("latin-1"))
-                for name, value in headers.items()]
+    names = _NAMES
+    encoded += [(names[name] if name in names else name.lower().encode("latin-1"),
+                 value.encode("latin-1")) for name, value in headers.items()]
     return {"type": "http.response.start", "status": status, "headers": encoded}
 
 

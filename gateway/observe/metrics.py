@@ -63,8 +63,10 @@ class Metrics:
         self._health = health
         self._hedging = hedging
         self._registry = CollectorRegistry()
-        self._shared = SharedValues(self._registry) if multiprocess_dir() else None
-        self.values: Values = self._shared or LocalValues()
+        # With several workers, their shared values (None: this process's alone): the runtime
+        # tells its gauges of every request only then (`add_inflight`).
+        self.shared = SharedValues(self._registry) if multiprocess_dir() else None
+        self.values: Values = self.shared or LocalValues()
         if isinstance(self.values, LocalValues):
             self._registry.register(_LocalCollector(self.values, inflight, queued))
             self._registry.register(_CircuitCollector(health))
@@ -73,13 +75,13 @@ class Metrics:
 
     def add_inflight(self, delta: int) -> None:
         """This worker's in-flight count moved by `delta`; only several workers need telling."""
-        if self._shared is not None:
-            self._shared.inflight.inc(delta)
+        if self.shared is not None:
+            self.shared.inflight.inc(delta)
 
     def add_queued(self, delta: int) -> None:
         """This worker's queue depth moved by `delta`; only several workers need telling."""
-        if self._shared is not None:
-            self._shared.queued.inc(delta)
+        if self.shared is not None:
+            self.shared.queued.inc(delta)
 
     def queue_wait(self, key: str, seconds: float) -> None:
         """A request got its slot after waiting `seconds` (0: one was free)."""
@@ -127,7 +129,7 @@ class Metrics:
     def exposition(self, keys: bool = True) -> bytes:
         """The text `/metrics` serves: this process, or every worker's when there are several;
         without the series labelled by key unless `keys` (a reader who is not an admin)."""
-        if self._shared is None:
+        if self.shared is None:
             registry = self._registry
         else:
             registry = CollectorRegistry()

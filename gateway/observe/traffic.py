@@ -60,7 +60,6 @@ class _Second:
     shed: int = 0
     cache_hits: int = 0
     hedges: int = 0
-    seen: int = 0
     latencies: list[float] = field(default_factory=list)
 
 
@@ -80,8 +79,10 @@ class RecentTraffic:
         if not seconds or (second := seconds[-1]).at != now:
             second = _Second(now)
             seconds.append(second)
-        second.cache_hits += cache_hit
-        second.hedges += hedged
+        if cache_hit:  # each count touched only when it moves: a request moves few of them
+            second.cache_hits += 1
+        if hedged:
+            second.hedges += 1
         if client_error:
             second.client_errors += 1
             return
@@ -91,13 +92,14 @@ class RecentTraffic:
             else:
                 second.shed += 1
             return
-        second.requests += 1
-        second.errors += not ok
-        second.seen += 1
-        if len(second.latencies) < SAMPLES_PER_SECOND:
-            second.latencies.append(duration)
-        elif (slot := int(self._rng.random() * second.seen)) < SAMPLES_PER_SECOND:
-            second.latencies[slot] = duration  # reservoir sampling keeps it uniform
+        second.requests += 1  # also the requests the reservoir has seen
+        if not ok:
+            second.errors += 1
+        latencies = second.latencies
+        if len(latencies) < SAMPLES_PER_SECOND:
+            latencies.append(duration)
+        elif (slot := int(self._rng.random() * second.requests)) < SAMPLES_PER_SECOND:
+            latencies[slot] = duration  # reservoir sampling keeps it uniform
 
     def series(self, minutes: int = 5, step: int = 10) -> list[dict[str, float | int | None]]:
         """Bins of `step` seconds over the last `minutes`: rate, error rate, p50 and p99 (ms),

@@ -19,7 +19,10 @@ from prometheus_client.utils import floatToGoString
 
 from providers.contract.usage import Usage
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Floats all: a bucket is found by comparing a float with each bound, and a float compares
+# with an int the long way.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
@@ -109,7 +112,14 @@ class LocalValues:
         self.counter(family, labels)[0] += amount
 
     def observe(self, family: Family, labels: Labels, value: float) -> None:
-        _observe(self.histogram(family, labels), family, value)
+        # `histogram` and `_observe` spelled out for a row that exists: a queue's wait is
+        # observed for every request.
+        buckets = family.buckets
+        assert buckets is not None
+        if (row := self._rows[family].get(labels)) is None:
+            row = self.histogram(family, labels)
+        row[bisect_left(buckets, value)] += 1  # a bucket counts values <= its bound
+        row[-1] += value
 
     def counter(self, family: Family, labels: Labels) -> list[float]:
         """The row of `family` for `labels`: its total."""
@@ -143,7 +153,7 @@ class LocalValues:
         row[bisect_left(LATENCY_BUCKETS, duration)] += 1
         row[-1] += duration
         row = served.attempts
-        row[bisect_left(ATTEMPTS_BUCKETS, attempts)] += 1
+        row[0 if attempts == 1 else bisect_left(ATTEMPTS_BUCKETS, attempts)] += 1  # mostly one
         row[-1] += attempts
         if ttft is not None:
             if (ttfts := served.ttft) is None:
@@ -161,7 +171,9 @@ class LocalValues:
                                           self.counter(TOKENS, (model, provider, "completion")))
             tokens[0][0] += usage.prompt_tokens
             tokens[1][0] += usage.completion_tokens
-            if reasoning := usage.reasoning_tokens:
+            # `usage.reasoning_tokens`, spelled out: a property is a call of its own.
+            details = usage.completion_tokens_details
+            if details is not None and (reasoning := details.reasoning_tokens):
                 self.inc(TOKENS, (model, provider, "reasoning"), reasoning)
         if cost:
             self.inc(COST, served.labels, cost)

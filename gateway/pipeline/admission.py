@@ -62,6 +62,8 @@ def admission(runtime: Runtime, live: Live, endpoint: str) -> Stage:
             content_type=call.headers.get("content-type") if isinstance(head, FormHead)
             else None), alias)
         record.resumes = call.outgoing.resumes
+        if runtime.trace is not None:  # the stage profiler's `admitted` (`Runtime.trace`)
+            runtime.trace("admitted")
         return await following(call)
 
     return stage

@@ -79,7 +79,8 @@ def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
         followed = chain if asked is None else dataclasses.replace(
             chain, candidates=lambda name: ordered(runtime, live, endpoint, name, asked))
         try:
-            runtime.stage("provider")
+            if runtime.trace is not None:
+                runtime.trace("provider")
             began = time.perf_counter()
             try:
                 async with call.watching():
@@ -87,7 +88,8 @@ def innermost(runtime: Runtime, live: Live, endpoint: str) -> Next:
                         call.alias, call.routes, outgoing, followed, call.may_reach)
             finally:
                 record.upstream_wait += time.perf_counter() - began
-            runtime.stage("reply")
+            if runtime.trace is not None:
+                runtime.trace("reply")
         except Exception as exc:  # a flight's run must end as an answer too
             return fallen(exc, record, live.redactor)
         record.provider, record.failed = served.provider, served.failed

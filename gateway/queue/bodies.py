@@ -28,14 +28,11 @@ class Bodies:
         self.budget = budget
         self.held = 0
 
-    def holding(self, retry_after: Callable[[], float]) -> Holding:
-        """One request's share, empty until its body is read; `retry_after` says when a
-        request refused for want of room should come back."""
-        return Holding(self, retry_after)
-
 
 class Holding:
-    """What one request's body holds of the budget: taken as it is read, given back once."""
+    """What one request's body holds of the budget: empty until its body is read, taken as it
+    is read, given back once; `retry_after` says when a request refused for want of room should
+    come back."""
 
     __slots__ = ("_retry_after", "bodies", "held")
 

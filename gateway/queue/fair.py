@@ -47,10 +47,11 @@ class FairOrder(Generic[T]):
         self._turns: deque[str] = deque()  # keys with entries, the current turn first
         self._started = 0  # requests the current turn's key has started in this turn
         self._seq = 0
-        self._size = 0
+        # How many wait: what `len` says, read by the queue for every request without a call.
+        self.size = 0
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def depth(self, key: str) -> int:
         """How many of `key`'s requests wait."""
@@ -70,7 +71,7 @@ class FairOrder(Generic[T]):
             self._turns.append(key)
         self._weights[key] = max(1, weight)
         insort(entries, entry, key=Entry.rank)
-        self._size += 1
+        self.size += 1
         return entry
 
     def pop(self) -> Entry[T] | None:
@@ -80,7 +81,7 @@ class FairOrder(Generic[T]):
         key = self._turns[0]
         entries = self._keys[key]
         entry = entries.pop(0)
-        self._size -= 1
+        self.size -= 1
         self._started += 1
         if not entries:
             self._drop_key(key)
@@ -95,7 +96,7 @@ class FairOrder(Generic[T]):
         if entries is None or entry not in entries:
             return False
         entries.remove(entry)
-        self._size -= 1
+        self.size -= 1
         if not entries:
             self._drop_key(entry.key)
         return True

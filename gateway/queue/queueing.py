@@ -153,13 +153,13 @@ class Queue:
         """Overloaded now if `turn` could neither start nor wait (every slot taken and the
         queue full): asked before the request's body is read, so a flood past the queue costs
         no body reads."""
-        if len(self.order) >= self.max_queue and len(self.running) >= self.max_concurrency:
+        if self.order.size >= self.max_queue and len(self.running) >= self.max_concurrency:
             raise self._full(turn.key)
 
     def start_now(self, ticket: Ticket, turn: Turn) -> bool:
         """Give `ticket` a slot if one is free and nobody waits for it; False: `wait`."""
         ticket.key = turn.key
-        if self.order or len(self.running) >= self.max_concurrency:
+        if self.order.size or len(self.running) >= self.max_concurrency:
             return False
         self._start(ticket)
         return True
@@ -200,7 +200,7 @@ class Queue:
         self._unqueue(ticket)
         if ticket not in self.running:
             return
-        waiting = bool(self.order)
+        waiting = self.order.size > 0
         saturated = waiting or len(self.running) >= self.max_concurrency
         self.running.discard(ticket)
         assert ticket.started is not None

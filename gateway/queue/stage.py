@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from gateway.core.call import Call, Delivery, Next, Stage
+from gateway.queue.bodies import Holding
 from gateway.queue.queueing import Queue, Ticket, Turn, turn_of
 
 TICKET = "queue.ticket"
@@ -28,7 +29,7 @@ def room(queue: Queue, queue_timeout: float, enter: Callable[[], None],
     def stage(call: Call, following: Next) -> Awaitable[Delivery]:
         ticket = queue.ticket()
         enter()
-        holding = queue.bodies.holding(queue.retry_after)
+        holding = Holding(queue.bodies, queue.retry_after)
 
         def close() -> None:  # its body's bytes, then its slot or place, given back
             holding.release()

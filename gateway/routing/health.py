@@ -80,10 +80,9 @@ class ProviderHealth:
         """0 if the route may be tried now, else when it may."""
         if not policy.enabled:
             return 0.0
+        until = self.breaker(route, policy).blocked_until(now)
         cooling = self.cooldowns.get(route.provider, 0.0)
-        until = max(self.breaker(route, policy).blocked_until(now), cooling if cooling > now
-                    else 0.0)
-        return until
+        return cooling if cooling > now and cooling > until else until  # no max() to call
 
     def plan(self, routes: Sequence[Route], policies: Callable[[str], CircuitPolicy],
              now: float | None = None) -> list[Planned]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
@@ -313,7 +314,8 @@ async def attempt(model: str, routes: tuple[Route, ...], providers: Mapping[str,
     health = routing.health
     if routing.hedging is not None:
         routing.hedging.requested()
-    planned = health.plan(routes, lambda name: _policy(providers, name)) if health else [
+    # A partial, not a lambda: no frame of its own around `_policy` for each candidate.
+    planned = health.plan(routes, functools.partial(_policy, providers)) if health else [
         Planned(route) for route in routes]
     trying = _Trying(request, [_Candidate(p, plan) for plan in planned
                                if (p := providers.get(plan.route.provider)) is not None],

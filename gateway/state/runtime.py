@@ -39,7 +39,7 @@ from gateway.idempotency.flight import Idempotency
 from gateway.idempotency.store import IdempotencyStore
 from gateway.observe.logs import RequestLog
 from gateway.observe.metrics import Metrics
-from gateway.observe.observers import counted_by, drawn_by, logged_by, measured_by, spent_by
+from gateway.observe.observers import measured_by, observed_by, spent_by
 from gateway.observe.traffic import ProviderTraffic, RecentTraffic
 from gateway.queue.queueing import Queue, Ticket
 from gateway.routing.health import ProviderHealth
@@ -210,7 +210,8 @@ class Runtime:
         self.supervisor = Supervisor()  # the background tasks, restarted when they fail
         self.drain = Drain()  # open streams, ended in-band if still open late in a shutdown
         # Called with the name of each stage a relayed request passes (`STAGES`), for a
-        # profiler such as bench/stages.py; None in production, where it costs one check each.
+        # profiler such as bench/stages.py; None in production, where it costs one check each
+        # (made where the stage is passed: a method doing it was a call each).
         self.trace: Callable[[str], None] | None = None
         # Traces (`gateway.observe.tracing`): None when off, and then nothing of it runs.
         self.tracing = tracing
@@ -229,8 +230,8 @@ class Runtime:
             traced = (server_spans(),)
         # Told of every request's record when it ends, in this order.
         self.listeners: tuple[Listener, ...] = (
-            counted_by(self.metrics), drawn_by(self.traffic, self.provider_traffic),
-            logged_by(self.request_log), spent_by(self.limiter),
+            observed_by(self.metrics, self.traffic, self.provider_traffic, self.request_log),
+            spent_by(self.limiter),
             measured_by(self.throughputs, self.route_of), *charged, *journaled, *traced,
             self._staged)
         # What composes each snapshot's stages (`gateway.pipeline.stack.stacks`, given by the
@@ -263,19 +264,16 @@ class Runtime:
         return next((r for r in self.live.snapshot.routes.get(alias, ())
                      if r.provider == provider), None)
 
-    def stage(self, name: str) -> None:
-        """Tell the profiler, if one listens, that a request passed stage `name`."""
-        if self.trace is not None:
-            self.trace(name)
-
     def _staged(self, _: object) -> None:
-        self.stage("logged")
+        if self.trace is not None:
+            self.trace("logged")
 
     def enter(self) -> None:
         """A relay request arrives (`front.Front`, the one caller); its ticket for a slot
         under the concurrency cap (`queue.ticket()`) is waited on at admission."""
         self.inflight += 1
-        self.metrics.add_inflight(1)
+        if self.metrics.shared is not None:  # else read when scraped: no call to make
+            self.metrics.add_inflight(1)
 
     def hold(self) -> Callable[[], None]:
         """A slot taken at once, past the cap if need be, for work already running whose
@@ -287,7 +285,8 @@ class Runtime:
     def leave(self, ticket: Ticket) -> None:
         """Its answer is sent, or abandoned: its slot, or its place in the queue, is free."""
         self.inflight -= 1
-        self.metrics.add_inflight(-1)
+        if self.metrics.shared is not None:
+            self.metrics.add_inflight(-1)
         self.queue.leave(ticket)
 
     async def apply(self, snapshot: Snapshot) -> None:
