@@ -5,13 +5,16 @@
 
 `bench/callgrind.py` counts the gateway's Python in-process; this counts what one served
 request costs the worker process: granian, uvloop, aiohttp and the interpreter included (the
-kernel's own work is not). The upstream (`fake_upstream.py`) and the clients run outside
-valgrind; the server runs under `valgrind --tool=callgrind --trace-children=yes` with
-collection on from the start, and `callgrind_control -z` zeroes every process's counters after
-the warm-up, `-d` dumps them after the measured requests. The worker is the process whose
-command line is multiprocessing's `spawn_main`. No other process's load moves the figure, so
-it is the one to compare changes with; `--target litestar` counts the minimal Litestar + aiohttp
-proxy on granian (the throughput guard's reference) the same way.
+kernel's own work is not), its event loop's thread and the others (aiosqlite's writers,
+granian's) apart. The upstream (`fake_upstream.py`) and the clients run outside valgrind; the
+server runs under `valgrind --tool=callgrind --trace-children=yes` with collection on from the
+start, and `callgrind_control -z` zeroes the server's counters (its processes only) after the
+warm-up, `-d` dumps them after the measured requests. The worker is the process whose command
+line is multiprocessing's `spawn_main`. The disconnect guard's `ARM_AFTER` is raised, as
+`bench/callgrind.py` raises it: under valgrind every request would outlast it. Other processes
+barely move the figure (the timers' work falls on fewer requests when the machine is busy: a
+few %), so it is the one to compare changes with; `--target litestar` counts the minimal
+Litestar + aiohttp proxy on granian (the throughput guard's reference) the same way.
 """
 
 from __future__ import annotations
@@ -126,6 +129,17 @@ def main() -> None:
     for old in out.glob("cg.*"):
         old.unlink()
     env = {**os.environ, "LLMS_STATE_DIR": str(work / "state")}
+    if args.target == "gateway":
+        # Under valgrind a request takes 30-50 times as long: past the disconnect guard's
+        # `ARM_AFTER`, each would start a watcher that a request at bench speed never does.
+        # Raised in every interpreter started (the worker is spawned) through sitecustomize,
+        # as bench/callgrind.py raises it in-process.
+        site = work / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(
+            "import gateway.edge.disconnect\ngateway.edge.disconnect.ARM_AFTER = 3600.0\n")
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(site), str(BENCH.parent), os.environ.get("PYTHONPATH")]))
     upstream_port, port = free_port(), free_port()
     config = work / "llms.json"
     gateway_config(upstream_port, config)
