@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 # What the gateway keeps (its accounts database, worker logs) goes to the run's own folder, never
 # the home directory: a gateway run in-process, or by a helper script, reads the environment
 # (`GatewayProcess` gives each gateway a folder of its own). Before any test module is imported.
+# A developer's own `LLMS_STATE_DIR` (which wins over XDG_STATE_HOME) would put every test's
+# gateway in one folder, sharing keys, files and spend: the tests give their own.
+os.environ.pop("LLMS_STATE_DIR", None)
 os.environ["XDG_STATE_HOME"] = _STATE = tempfile.mkdtemp(prefix="llms-gateway-tests-state-")
 atexit.register(shutil.rmtree, _STATE, True)
 
