@@ -313,7 +313,7 @@ class Accounts:
     def ended(self, record: Record) -> None:
         """The record's listener: release its slot, settle its hold, buffer its spend row."""
         charge = record.charge if isinstance(record.charge, Charge) else None
-        cost = pricing.charged(record, charge.prompt if charge is not None else 0, self.price_of)
+        cost = self.cost(record)
         if charge is not None:
             account = charge.account
             if charge.parallel:
